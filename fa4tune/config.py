@@ -1,0 +1,177 @@
+"""Configs and problems: frozen records whose field names are upstream's constructor knob names.
+
+A `ForwardConfig` maps 1:1 onto `FlashAttentionForwardSm120(...)`, a `BackwardConfig` onto
+`FlashAttentionBackwardSm120(...)`; a `ProblemClass` is what a dispatch table is keyed on, and a
+`Problem` is one concrete attention call of a suite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+DTYPES = ("bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """Bad input: names the rule that failed and the value that broke it."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"{rule}: {message}")
+        self.rule = rule
+
+
+def _from_mapping(cls, data: Mapping[str, Any]):
+    """Builds a frozen config from a mapping, rejecting unknown knobs and wrong types by name."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
+    values = {}
+    for name, value in data.items():
+        expected = known[name].type
+        if expected == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError("knob_type", f"{name} must be true or false, got {value!r}")
+        elif expected == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError("knob_type", f"{name} must be an integer, got {value!r}")
+        elif expected == "str":
+            if not isinstance(value, str):
+                raise ConfigError("knob_type", f"{name} must be a string, got {value!r}")
+        values[name] = value
+    return cls(**values)
+
+
+class _Record:
+    """Shared behaviour of the frozen records: dict round trip and a stable, complete key."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields, in declaration order (JSON-ready)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]):
+        """Inverse of to_dict; unknown knobs and wrong types raise ConfigError."""
+        return _from_mapping(cls, data)
+
+    def key(self) -> tuple:
+        """Every field, in order: use it in any cache key so that no knob can be left out."""
+        return (type(self).__name__,) + tuple(getattr(self, f.name) for f in fields(self))
+
+    def short(self) -> str:
+        """One compact line for tables and logs."""
+        return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+@dataclass(frozen=True)
+class ForwardConfig(_Record):
+    """Knobs of the SM120 forward kernel (FlashAttentionForwardSm120 constructor names)."""
+
+    tile_m: int = 128
+    tile_n: int = 64
+    num_threads: int = 128
+    num_stages: int = 1
+    Q_in_regs: bool = False
+    # Which kernel class of experiment.py runs it ("sm120": upstream's cp.async kernel).
+    kernel: str = "sm120"
+
+
+@dataclass(frozen=True)
+class BackwardConfig(_Record):
+    """Knobs of the SM120 backward kernel (FlashAttentionBackwardSm120 constructor names)."""
+
+    m_block_size: int = 64
+    n_block_size: int = 64
+    num_stages_Q: int = 1
+    num_stages_dO: int = 1
+    num_threads: int = 128
+    SdP_swapAB: bool = False
+    dKV_swapAB: bool = False
+    dQ_swapAB: bool = False
+    AtomLayoutMSdP: int = 4
+    AtomLayoutNdKV: int = 4
+    AtomLayoutMdQ: int = 4
+    V_in_regs: bool = False
+
+
+@dataclass(frozen=True)
+class ProblemClass(_Record):
+    """What a config is tuned for: kernels specialise on these, not on batch or sequence length."""
+
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    qhead_per_kvhead: int = 1
+    dtype: str = "bf16"
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        for name in ("head_dim", "head_dim_v"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % 8:
+                raise ConfigError("head_dim_multiple_of_8", f"{name} must be a positive multiple of 8, got {value!r}")
+        if self.qhead_per_kvhead < 1:
+            raise ConfigError("gqa_ratio", f"qhead_per_kvhead must be >= 1, got {self.qhead_per_kvhead}")
+
+    @property
+    def name(self) -> str:
+        """Stable text id, e.g. 'd128-causal-gqa4-bf16' (used as a study name and a table key)."""
+        hd = f"d{self.head_dim}" if self.head_dim == self.head_dim_v else f"d{self.head_dim}v{self.head_dim_v}"
+        gqa = f"-gqa{self.qhead_per_kvhead}" if self.qhead_per_kvhead > 1 else ""
+        return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}-{self.dtype}"
+
+    @classmethod
+    def parse(cls, name: str) -> "ProblemClass":
+        """Inverse of `name`."""
+        parts = name.split("-")
+        try:
+            hd = parts[0][1:]
+            head_dim, head_dim_v = (int(x) for x in hd.split("v")) if "v" in hd else (int(hd), int(hd))
+            causal = {"causal": True, "noncausal": False}[parts[1]]
+            gqa = int(parts[2][3:]) if parts[2].startswith("gqa") else 1
+            dtype = parts[-1]
+        except (IndexError, KeyError, ValueError):
+            raise ConfigError("problem_class_name", f"cannot parse problem class {name!r} (expected e.g. d128-causal-gqa4-bf16)")
+        return cls(head_dim, head_dim_v, causal, gqa, dtype)
+
+
+@dataclass(frozen=True)
+class Problem(_Record):
+    """One attention call: (batch, seqlen, heads, head_dim), causal or not, forward(+backward)."""
+
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    num_heads: int
+    num_heads_kv: int
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    dtype: str = "bf16"
+    backward: bool = True
+    name: str = ""
+
+    def __post_init__(self):
+        if self.num_heads_kv <= 0 or self.num_heads % self.num_heads_kv:
+            raise ConfigError("gqa_ratio", f"num_heads ({self.num_heads}) must be a multiple of num_heads_kv ({self.num_heads_kv})")
+        for name in ("batch", "seqlen_q", "seqlen_k", "num_heads"):
+            if getattr(self, name) <= 0:
+                raise ConfigError("problem_size", f"{name} must be positive, got {getattr(self, name)}")
+        self.problem_class  # validates head dims and dtype
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        """The class this problem dispatches on."""
+        return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype)
+
+    @property
+    def label(self) -> str:
+        """Human label, e.g. 'b1 s8192 h16 d128 causal'."""
+        if self.name:
+            return self.name
+        s = f"s{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"sq{self.seqlen_q} sk{self.seqlen_k}"
+        h = f"h{self.num_heads}" if self.num_heads == self.num_heads_kv else f"hq{self.num_heads}/hkv{self.num_heads_kv}"
+        return f"b{self.batch} {s} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"

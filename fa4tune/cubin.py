@@ -1,0 +1,85 @@
+"""Facts read from a compiled cubin with the CUDA tools that ship inside the triton wheel.
+
+`cuobjdump --dump-resource-usage` gives registers, stack frame, static shared and local memory per
+kernel. Spill traffic is read from the SASS: the bytes moved by local-memory store (STL) and load
+(LDL) instructions, which is what ptxas -v reports as "spill stores/loads" when the stack holds only
+spills (the triton wheel's ptxas is too old for the DSL's PTX 9.4, so we read the real cubin instead).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+_RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
+_LOCAL_OP = re.compile(r"\b(STL|LDL)((?:\.[A-Z0-9]+)*)\b")
+_WIDTH = {".64": 8, ".128": 16, ".U8": 1, ".S8": 1, ".U16": 2, ".S16": 2}
+
+
+class ToolMissing(RuntimeError):
+    """cuobjdump is not where the triton wheel puts it."""
+
+
+def tool_path(name: str) -> Path:
+    """Path of a CUDA binary shipped in the triton wheel (cuobjdump, nvdisasm, ptxas)."""
+    import triton
+
+    path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not path.exists():
+        raise ToolMissing(f"{name} not found at {path} (it ships with the triton wheel; is triton installed?)")
+    return path
+
+
+@dataclass(frozen=True)
+class CubinFacts:
+    """Resource usage of one kernel in a cubin."""
+
+    registers: int
+    stack_bytes: int
+    static_smem_bytes: int
+    local_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+
+
+def local_traffic_bytes(sass: str) -> tuple[int, int]:
+    """(store bytes, load bytes) of the STL/LDL instructions in a SASS listing."""
+    stores = loads = 0
+    for op, suffixes in _LOCAL_OP.findall(sass):
+        width = 4
+        for suffix in re.findall(r"\.[A-Z0-9]+", suffixes):
+            width = _WIDTH.get(suffix, width)
+        if op == "STL":
+            stores += width
+        else:
+            loads += width
+    return stores, loads
+
+
+def parse_resource_usage(text: str, kernel_substring: str = "kernel") -> tuple[int, int, int, int]:
+    """(REG, STACK, SHARED, LOCAL) of the first function whose name contains kernel_substring."""
+    current = None
+    for line in text.splitlines():
+        if line.strip().startswith("Function "):
+            current = line.strip()[len("Function "):].rstrip(":")
+            continue
+        match = _RESOURCE.search(line)
+        if match and current is not None and kernel_substring in current:
+            return tuple(int(x) for x in match.groups())  # type: ignore[return-value]
+    raise ValueError(f"no resource usage for a function containing {kernel_substring!r} in cuobjdump output")
+
+
+def read_cubin(cubin: bytes) -> CubinFacts:
+    """Run cuobjdump on cubin bytes and return the kernel's facts."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        cuobjdump = str(tool_path("cuobjdump"))
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", str(path)], capture_output=True, text=True, check=True, timeout=120)
+        sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True, timeout=120)
+    registers, stack, shared, local = parse_resource_usage(usage.stdout)
+    stores, loads = local_traffic_bytes(sass.stdout)
+    return CubinFacts(registers, stack, shared, local, stores, loads)

@@ -1,0 +1,151 @@
+"""Static feasibility: is a config possible for a target and problem class, and if not, which rule fails.
+
+Pure functions, no GPU, no compiler. The rules are upstream's `can_implement` (SM120 shared-memory
+formula included) plus the ones upstream does not check but the kernels need; each rejection names
+its rule and the numbers. `upstream_can_implement_*` call upstream's own functions, so tests can show
+that both agree wherever upstream has a rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.targets import Target
+
+FORWARD_KERNELS = ("sm120",)
+BYTES_PER_ELEMENT = 2  # fp16 / bf16
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of a feasibility check: ok, or the failing rule with a message that has the numbers."""
+
+    ok: bool
+    rule: str = ""
+    message: str = ""
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        return "ok" if self.ok else f"{self.rule}: {self.message}"
+
+
+OK = Verdict(True)
+
+
+def _fail(rule: str, message: str) -> Verdict:
+    return Verdict(False, rule, message)
+
+
+def forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
+    """Shared memory the forward kernel's tiles need (upstream's formula) and a breakdown."""
+    q = cfg.tile_m * pc.head_dim * BYTES_PER_ELEMENT
+    k = cfg.tile_n * pc.head_dim * cfg.num_stages * BYTES_PER_ELEMENT
+    v = cfg.tile_n * pc.head_dim_v * cfg.num_stages * BYTES_PER_ELEMENT
+    if cfg.Q_in_regs:
+        return max(q, v) + k, f"max(Q {q}, V {v}) + K {k} (Q_in_regs shares Q and V)"
+    return q + k + v, f"Q {q} + K {k} + V {v}"
+
+
+def backward_smem_bytes(cfg: BackwardConfig, pc: ProblemClass) -> tuple[int, str]:
+    """Shared memory the backward kernel's tiles need (upstream's formula) and a breakdown."""
+    q = cfg.m_block_size * pc.head_dim * cfg.num_stages_Q * BYTES_PER_ELEMENT
+    do = cfg.m_block_size * pc.head_dim_v * cfg.num_stages_dO * BYTES_PER_ELEMENT
+    k = cfg.n_block_size * pc.head_dim * BYTES_PER_ELEMENT
+    v = cfg.n_block_size * pc.head_dim_v * BYTES_PER_ELEMENT
+    if cfg.V_in_regs:
+        return max(q, v) + do + k, f"max(Q {q}, V {v}) + dO {do} + K {k} (V_in_regs shares Q and V)"
+    return q + v + do + k, f"Q {q} + V {v} + dO {do} + K {k}"
+
+
+def _positive_multiple(name: str, value: int, multiple: int, upper: int) -> Verdict:
+    if value <= 0 or value % multiple or value > upper:
+        return _fail(f"{name}_domain", f"{name} must be a multiple of {multiple} in [{multiple}, {upper}], got {value}")
+    return OK
+
+
+def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdict:
+    """All static rules for a forward config, in the order a reader would check them."""
+    if cfg.kernel not in FORWARD_KERNELS:
+        return _fail("kernel_known", f"kernel {cfg.kernel!r} is not one of {', '.join(FORWARD_KERNELS)}")
+    for name, multiple, upper in (("tile_m", 16, 256), ("tile_n", 16, 256), ("num_threads", 32, 512)):
+        verdict = _positive_multiple(name, getattr(cfg, name), multiple, upper)
+        if not verdict:
+            # upstream's own names for the two rules it has
+            if name == "tile_n" and cfg.tile_n % 16:
+                return _fail("tile_n_multiple_of_16", f"tile_n must be a multiple of 16, got {cfg.tile_n}")
+            if name == "num_threads" and cfg.num_threads % 32:
+                return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {cfg.num_threads}")
+            return verdict
+    if cfg.num_stages not in (1, 2, 3, 4):
+        return _fail("num_stages_domain", f"num_stages must be 1..4 (cp.async K/V pipeline depth), got {cfg.num_stages}")
+    smem, breakdown = forward_smem_bytes(cfg, pc)
+    if smem > target.smem_per_block:
+        return _fail(
+            "smem_capacity",
+            f"needs {smem} B of shared memory ({breakdown}), {target.name} has {target.smem_per_block} B per block",
+        )
+    if (cfg.tile_m * 2) % cfg.num_threads:
+        return _fail("tile_m_x2_divisible_by_num_threads", f"tile_m*2 = {cfg.tile_m * 2} is not a multiple of num_threads={cfg.num_threads}")
+    rows = cfg.num_threads // 32 * 16
+    if cfg.tile_m % rows:
+        return _fail(
+            "tile_m_rows_per_warp",
+            f"{cfg.num_threads // 32} MMA warps of 16 rows need tile_m to be a multiple of {rows}, got {cfg.tile_m}",
+        )
+    return OK
+
+
+def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target) -> Verdict:
+    """All static rules for a backward config."""
+    for name, multiple, upper in (("m_block_size", 16, 256), ("n_block_size", 16, 256), ("num_threads", 32, 512)):
+        verdict = _positive_multiple(name, getattr(cfg, name), multiple, upper)
+        if not verdict:
+            if name == "n_block_size" and cfg.n_block_size % 16:
+                return _fail("n_block_size_multiple_of_16", f"n_block_size must be a multiple of 16, got {cfg.n_block_size}")
+            if name == "num_threads" and cfg.num_threads % 32:
+                return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {cfg.num_threads}")
+            return verdict
+    for name in ("num_stages_Q", "num_stages_dO"):
+        if getattr(cfg, name) not in (1, 2):
+            return _fail(f"{name}_domain", f"{name} must be 1 or 2, got {getattr(cfg, name)}")
+    smem, breakdown = backward_smem_bytes(cfg, pc)
+    if smem > target.smem_per_block:
+        return _fail(
+            "smem_capacity",
+            f"needs {smem} B of shared memory ({breakdown}), {target.name} has {target.smem_per_block} B per block",
+        )
+    if cfg.num_stages_Q < cfg.num_stages_dO:
+        return _fail("num_stages_Q_ge_dO", f"num_stages_Q ({cfg.num_stages_Q}) must be >= num_stages_dO ({cfg.num_stages_dO})")
+    warps = cfg.num_threads // 32
+    for name in ("AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ"):
+        value = getattr(cfg, name)
+        if value <= 0 or warps % value:
+            return _fail(f"{name}_divides_warps", f"{name}={value} must divide the {warps} MMA warps of num_threads={cfg.num_threads}")
+    return OK
+
+
+def upstream_can_implement_forward(cfg: ForwardConfig, pc: ProblemClass, is_causal: bool | None = None) -> bool:
+    """Upstream's FlashAttentionForwardSm120.can_implement for the same numbers (tests compare)."""
+    import cutlass
+    from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120
+
+    dtype = cutlass.BFloat16 if pc.dtype == "bf16" else cutlass.Float16
+    return FlashAttentionForwardSm120.can_implement(
+        dtype, pc.head_dim, pc.head_dim_v, cfg.tile_m, cfg.tile_n, cfg.num_stages, cfg.num_threads,
+        pc.causal if is_causal is None else is_causal, Q_in_regs=cfg.Q_in_regs,
+    )
+
+
+def upstream_can_implement_backward(cfg: BackwardConfig, pc: ProblemClass) -> bool:
+    """Upstream's FlashAttentionBackwardSm120.can_implement for the same numbers (tests compare)."""
+    import cutlass
+    from flash_attn.cute.flash_bwd_sm120 import FlashAttentionBackwardSm120
+
+    dtype = cutlass.BFloat16 if pc.dtype == "bf16" else cutlass.Float16
+    return FlashAttentionBackwardSm120.can_implement(
+        dtype, pc.head_dim, pc.head_dim_v, cfg.m_block_size, cfg.n_block_size, cfg.num_stages_Q,
+        cfg.num_stages_dO, cfg.num_threads, pc.causal, V_in_regs=cfg.V_in_regs,
+    )

@@ -1,0 +1,179 @@
+"""Upstream's host path (flash_attn.cute.interface) with every SM120 knob passed through.
+
+Upstream's `_flash_attn_fwd` forces 128 threads, 1 stage and Q_in_regs=False for SM120 and leaves
+num_stages / Q_in_regs out of its compile key; `_flash_attn_bwd` overwrites every SM120 backward knob
+and pins the dQ/dK/dV postprocess to 128 threads. Rather than copy ~2,000 lines of host code, we take
+the pinned version's source of those two functions, make a few exact, checked edits (each must match
+once, else we stop with an error naming the flash-attn-4 version), and compile them into a private
+copy of the interface module's namespace. Upstream's module is not modified.
+
+The edits: a `sm120_config` argument; the config's knobs replace the hard-coded ones; the kernel class
+comes from the config (`kernel_class(config)`); our key (config + class) leads every compile key; the
+postprocess uses the main kernel's thread count; the arch is always SM120 (SM80 `mma.sync` code,
+compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
+SM120_ARCH = 120
+
+
+class UpstreamMismatch(RuntimeError):
+    """The installed flash-attn-4 does not have the code these edits were written for."""
+
+
+def _replace_once(src: str, old: str, new: str, what: str) -> str:
+    count = src.count(old)
+    if count != 1:
+        from importlib.metadata import version
+
+        raise UpstreamMismatch(
+            f"cannot patch {what}: expected the text once, found it {count} times in flash-attn-4 "
+            f"{version('flash-attn-4')} (written for {PINNED_FLASH_ATTN_VERSION})"
+        )
+    return src.replace(old, new)
+
+
+FORWARD_EDITS = [
+    (
+        "    gather_bwd_recompute_p: bool = False,\n) -> Tuple[",
+        "    gather_bwd_recompute_p: bool = False,\n    sm120_config=None,\n) -> Tuple[",
+        "forward signature",
+    ),
+    (
+        "    if arch // 10 in [8, 12]:\n        num_threads = 128\n",
+        "    if arch // 10 in [8, 12]:\n        num_threads = sm120_config.num_threads if arch // 10 == 12 else 128\n",
+        "forward num_threads",
+    ),
+    (
+        "    compile_key = (\n        mla_1cta,\n",
+        "    compile_key = (\n        _fa4tune_key(sm120_config),\n        mla_1cta,\n",
+        "forward compile key",
+    ),
+    (
+        "            fa_fwd = FlashAttentionForwardSm120(\n"
+        "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
+        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
+        "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=1,\n"
+        "                num_threads=num_threads,\n                Q_in_regs=False,\n",
+        "            fa_fwd = _fa4tune_class(sm120_config)(\n"
+        "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
+        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
+        "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=sm120_config.num_stages,\n"
+        "                num_threads=num_threads,\n                Q_in_regs=sm120_config.Q_in_regs,\n",
+        "forward SM120 constructor",
+    ),
+]
+
+BACKWARD_EDITS = [
+    (
+        "    learnable_sink: Optional[torch.Tensor] = None,\n) -> Tuple[torch.Tensor, ...]:",
+        "    learnable_sink: Optional[torch.Tensor] = None,\n    sm120_config=None,\n) -> Tuple[torch.Tensor, ...]:",
+        "backward signature",
+    ),
+    (
+        "        m_block_size = 64\n        n_block_size = 64\n        if head_dim <= 64:\n"
+        "            num_stages_Q = 2\n            num_stages_dO = 2\n        else:\n"
+        "            num_stages_Q = 1\n            num_stages_dO = 1\n"
+        "        SdP_swapAB = False\n        dKV_swapAB = False\n        dQ_swapAB = False\n"
+        "        AtomLayoutMSdP = 4\n        AtomLayoutNdKV = 4\n        AtomLayoutMdQ = 4\n"
+        "        V_in_regs = False\n",
+        "        m_block_size = sm120_config.m_block_size\n        n_block_size = sm120_config.n_block_size\n"
+        "        num_stages_Q = sm120_config.num_stages_Q\n        num_stages_dO = sm120_config.num_stages_dO\n"
+        "        SdP_swapAB = sm120_config.SdP_swapAB\n        dKV_swapAB = sm120_config.dKV_swapAB\n"
+        "        dQ_swapAB = sm120_config.dQ_swapAB\n        AtomLayoutMSdP = sm120_config.AtomLayoutMSdP\n"
+        "        AtomLayoutNdKV = sm120_config.AtomLayoutNdKV\n        AtomLayoutMdQ = sm120_config.AtomLayoutMdQ\n"
+        "        V_in_regs = sm120_config.V_in_regs\n",
+        "backward SM120 knobs",
+    ),
+    (
+        "        num_threads = 128\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
+        "        num_threads = sm120_config.num_threads\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
+        "backward num_threads",
+    ),
+    (
+        "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n            arch,\n",
+        "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n            _fa4tune_key(sm120_config),\n            arch,\n",
+        "backward compile key",
+    ),
+    (
+        "            flash_bwd_obj_cls = FlashAttentionBackwardSm120 if arch // 10 == 12 else FlashAttentionBackwardSm80",
+        "            flash_bwd_obj_cls = _fa4tune_class(sm120_config) if arch // 10 == 12 else FlashAttentionBackwardSm80",
+        "backward SM120 class",
+    ),
+    (
+        "            num_threads_post_dQ = 128\n            num_threads_post_dKV = 128\n",
+        "            # the postprocess must read dQ/dK/dV accumulators in the main kernel's MMA layout\n"
+        "            num_threads_post_dQ = num_threads\n            num_threads_post_dKV = num_threads\n",
+        "backward postprocess threads",
+    ),
+]
+
+
+class CompileCache(dict):
+    """Compiled kernels by full key; `listeners` see each new compile (the static check reads cubins)."""
+
+    def __init__(self):
+        super().__init__()
+        self.listeners: list[Callable[[tuple, object], None]] = []
+
+    def __setitem__(self, key, fn):
+        super().__setitem__(key, fn)
+        for listener in list(self.listeners):
+            listener(key, fn)
+
+
+@dataclass
+class PatchedInterface:
+    """The two rewritten host functions and their compile caches."""
+
+    flash_attn_fwd: Callable
+    flash_attn_bwd: Callable
+    fwd_cache: CompileCache
+    bwd_cache: CompileCache
+
+
+def _rewrite(namespace: dict, function, edits) -> Callable:
+    src = inspect.getsource(function)
+    for old, new, what in edits:
+        src = _replace_once(src, old, new, what)
+    code = compile(src, f"<fa4tune-patched {function.__module__}.{function.__name__}>", "exec")
+    exec(code, namespace)
+    return namespace[function.__name__]
+
+
+_LOCK = threading.Lock()
+_BUILT: dict[int, PatchedInterface] = {}
+
+
+def build(class_for: Callable[[object], type]) -> PatchedInterface:
+    """Patched fwd/bwd host functions; `class_for(config)` returns the kernel class for a config."""
+    with _LOCK:
+        cached = _BUILT.get(id(class_for))
+        if cached is not None:
+            return cached
+        from flash_attn.cute import interface
+
+        def key(config):
+            if config is None:
+                raise ValueError("the fa4tune host path needs an sm120_config")
+            cls = class_for(config)
+            return (config.key(), f"{cls.__module__}.{cls.__qualname__}")
+
+        namespace = dict(vars(interface))
+        namespace["_fa4tune_key"] = key
+        namespace["_fa4tune_class"] = class_for
+        # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
+        namespace["_get_device_arch"] = lambda: SM120_ARCH
+        fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
+        bwd = _rewrite(namespace, interface._flash_attn_bwd, BACKWARD_EDITS)
+        fwd.compile_cache, bwd.compile_cache = CompileCache(), CompileCache()
+        built = PatchedInterface(fwd, bwd, fwd.compile_cache, bwd.compile_cache)
+        _BUILT[id(class_for)] = built
+        return built
