@@ -240,7 +240,15 @@ def _finish(job: StaticJob, target: Target, status: str, payload) -> StaticFacts
     base = dict(kind=job.kind, problem_class=job.problem_class.name, config=job.config.to_dict(), num_threads=job.config.num_threads)
     if status != "ok":
         return StaticFacts(status=status, reason=str(payload), **base)
-    occ = occupancy(target, job.config.num_threads, payload["registers"], payload["static_smem_bytes"] + payload["dynamic_smem_bytes"])
+    smem = payload["static_smem_bytes"] + payload["dynamic_smem_bytes"]
+    if payload["dynamic_smem_bytes"] > target.smem_per_block:
+        # upstream's formula counts only the Q/K/V(/dO) tiles; the compiled kernel's shared storage is the truth
+        reason = (
+            f"smem_capacity_compiled: the compiled kernel asks for {payload['dynamic_smem_bytes']} B of dynamic shared "
+            f"memory, {target.name} has {target.smem_per_block} B per block"
+        )
+        return StaticFacts(status="infeasible", reason=reason, **base, **payload)
+    occ = occupancy(target, job.config.num_threads, payload["registers"], smem)
     return StaticFacts(
         status="ok", blocks_per_sm=occ.blocks_per_sm, occupancy=round(occ.occupancy, 4), occupancy_limiter=occ.limiter,
         **base, **payload,

@@ -1,0 +1,391 @@
+"""The correctness gate: a config is timed only after its outputs match an fp32 reference.
+
+Upstream's rule (tests/cute/test_flash_attn.py): pass when `max|out - ref| <= 2 * max|out_pt - ref| + atol`,
+where `ref` is attention in fp32, `out_pt` is a plain PyTorch attention in the input precision, and
+`atol = 2 * max|(ref + 0.3 - 0.3) - ref|` computed in the input precision (the rounding step at the
+reference's magnitude). The same rule holds for the LSE (compared in fp32) and for dQ, dK, dV. A NaN
+anywhere fails. Outputs are poisoned with NaN before the kernel runs (NaN-filled `out=` buffers where the
+kernel accepts them, else the CUDA caching allocator's free blocks), so an element the kernel never wrote
+reads as NaN and fails.
+
+The references run in chunks of query rows, so the score matrix of a 32K-token problem never exists whole;
+gradients of the chunks are summed (autograd per chunk). Causal masking is bottom-right aligned, as
+FlashAttention's is when seqlen_q != seqlen_k: query row i sees keys j <= i + seqlen_k - seqlen_q.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import torch
+
+from fa4tune.config import Problem
+
+RTOL = 2.0
+DEFAULT_CHUNK_BYTES = 1 << 30  # score-matrix bytes per reference chunk (with its autograd intermediates)
+_INTERMEDIATES = 6  # scores, masked scores, probabilities, and their gradients, per chunk element
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ------------------------------------------------------------------------------------------------
+# Reference attention.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AttentionReference:
+    """Attention computed in one precision: out (b, sq, hq, dv), lse (b, hq, sq), and gradients if asked."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+    valid_rows: torch.Tensor | None = None  # (b, hq, sq): rows that see at least one key (their LSE is finite)
+
+
+def causal_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, num_keys: int) -> torch.Tensor:
+    """True where a key is masked for these query rows (bottom-right aligned causal)."""
+    cols = torch.arange(num_keys, device=rows.device)
+    return cols[None, :] > rows[:, None] + (seqlen_k - seqlen_q)
+
+
+@contextmanager
+def _fp32_matmul_exact():
+    # The fp32 reference must not be computed in TF32 (about bf16's mantissa): that would loosen the gate.
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def _attention_rows(q, k, v, scale, mask, group):
+    """One chunk: q (rows, hq, d), k (keys, hkv, d), v (keys, hkv, dv) -> out (rows, hq, dv), lse (hq, rows)."""
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q.transpose(0, 1), k.permute(1, 2, 0)) * scale  # (hq, rows, keys)
+    if mask is not None:
+        scores = scores.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1).float()
+    probs = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        # a row that sees no key has a softmax of NaN; its output is 0 (as FlashAttention writes it)
+        probs = probs.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
+    out = torch.matmul(probs.to(v.dtype), v.transpose(0, 1)).transpose(0, 1)  # (rows, hq, dv)
+    return out, lse
+
+
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    softmax_scale: float | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    dout: torch.Tensor | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> AttentionReference:
+    """softmax(q k^T * scale) v in `dtype` for (batch, seqlen, heads, head_dim) tensors, GQA by repeating
+    K/V heads; with `dout`, also dQ, dK, dV (computed in `dtype`, summed in fp32)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads // heads_kv
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
+    device = q.device
+    out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=dtype, device=device)
+    lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=device)
+    grads = dout is not None
+    if grads:
+        dq = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=device)
+        dk = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float32, device=device)
+        dv = torch.zeros(batch, seqlen_k, heads_kv, v.shape[-1], dtype=torch.float32, device=device)
+    rows_per_chunk = max(1, chunk_bytes // (heads * max(seqlen_k, 1) * 4 * _INTERMEDIATES))
+    offset = seqlen_k - seqlen_q
+    with _fp32_matmul_exact(), torch.set_grad_enabled(grads):
+        for b in range(batch):
+            kb = k[b].detach().to(dtype).requires_grad_(grads)
+            vb = v[b].detach().to(dtype).requires_grad_(grads)
+            for start in range(0, seqlen_q, rows_per_chunk):
+                stop = min(seqlen_q, start + rows_per_chunk)
+                # keys past the last row's causal limit are masked for every row of the chunk: skip them
+                num_keys = min(seqlen_k, stop + offset) if causal else seqlen_k
+                if num_keys <= 0:
+                    continue  # every row sees no key: out 0, lse -inf, gradients 0
+                qc = q[b, start:stop].detach().to(dtype).requires_grad_(grads)
+                rows = torch.arange(start, stop, device=device)
+                mask = causal_mask(rows, seqlen_q, seqlen_k, num_keys) if causal else None
+                oc, lc = _attention_rows(qc, kb[:num_keys], vb[:num_keys], scale, mask, group)
+                out[b, start:stop] = oc.detach()
+                lse[b, :, start:stop] = lc.detach()
+                if grads:
+                    gq, gk, gv = torch.autograd.grad(oc, (qc, kb, vb), dout[b, start:stop].to(dtype))
+                    dq[b, start:stop] = gq.float()
+                    dk[b] += gk.float()
+                    dv[b] += gv.float()
+    rows = torch.arange(seqlen_q, device=device)
+    valid = (rows + offset >= 0) if causal else torch.ones(seqlen_q, dtype=torch.bool, device=device)
+    valid_rows = valid[None, None, :].expand(batch, heads, seqlen_q)
+    if not grads:
+        return AttentionReference(out, lse, valid_rows=valid_rows)
+    return AttentionReference(out, lse, dq.to(dtype), dk.to(dtype), dv.to(dtype), valid_rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# The pass rule.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TensorCheck:
+    """One output tensor against the reference: the errors, the tolerance, and the verdict."""
+
+    name: str
+    error: float  # max |value - ref| (inf if a NaN or a wrong shape)
+    plain_error: float  # max |plain PyTorch in the input precision - ref|
+    atol: float
+    tolerance: float  # RTOL * plain_error + atol
+    relative_error: float  # ||value - ref|| / ||ref||, for the record
+    nan_count: int
+    passed: bool
+    note: str = ""
+
+    def describe(self) -> str:
+        """Why it failed (or 'ok'), with the numbers."""
+        if self.passed:
+            return "ok"
+        if self.note:
+            return f"{self.name}: {self.note}"
+        return (
+            f"{self.name} max error {self.error:.3g} > tolerance {self.tolerance:.3g} "
+            f"({RTOL:g} x plain PyTorch error {self.plain_error:.3g} + atol {self.atol:.3g})"
+        )
+
+
+def low_precision_atol(reference: torch.Tensor, dtype: torch.dtype) -> float:
+    """Upstream's absolute term: 2 * max|(ref + 0.3 - 0.3) - ref|, computed in `dtype`."""
+    r = reference[torch.isfinite(reference)].to(dtype)
+    if r.numel() == 0:
+        return 0.0
+    return 2 * ((r + 0.3 - 0.3) - r).abs().max().item()
+
+
+def _max_abs(a: torch.Tensor) -> float:
+    return a.abs().max().item() if a.numel() else 0.0
+
+
+def compare(
+    name: str,
+    value: torch.Tensor,
+    reference: torch.Tensor,
+    plain: torch.Tensor,
+    dtype: torch.dtype,
+    valid: torch.Tensor | None = None,
+) -> TensorCheck:
+    """Apply the pass rule to one tensor; `valid` selects the elements compared (NaN counts everywhere)."""
+    if tuple(value.shape) != tuple(reference.shape):
+        inf = float("inf")
+        return TensorCheck(name, inf, inf, 0.0, 0.0, inf, 0, False, f"shape {tuple(value.shape)}, expected {tuple(reference.shape)}")
+    value, reference, plain = value.float(), reference.float(), plain.float()
+    nan_count = int(torch.isnan(value).sum().item())
+    if valid is not None:
+        value, reference, plain = value[valid], reference[valid], plain[valid]
+    atol = low_precision_atol(reference, dtype)
+    plain_error = _max_abs(plain - reference)
+    tolerance = RTOL * plain_error + atol
+    diff = value - reference
+    error = float("inf") if nan_count else _max_abs(diff)
+    norm = reference.norm().item()
+    relative = float("inf") if nan_count else (diff.norm().item() / norm if norm else _max_abs(diff))
+    if nan_count:
+        note = f"{nan_count} of {value.numel()} elements are NaN (never written, or computed as NaN)"
+        return TensorCheck(name, error, plain_error, atol, tolerance, relative, nan_count, False, note)
+    return TensorCheck(name, error, plain_error, atol, tolerance, relative, 0, error <= tolerance)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The gate's verdict on one input case: every tensor's check, the case, and its seed."""
+
+    variant: str  # "normal", "scaled x8", "seqlen-37", "random seed=..."
+    problem: str  # the case's shape, e.g. "b1 sq300 sk517 hq8/hkv2 d128 causal"
+    checks: tuple[TensorCheck, ...]
+    seed: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def reason(self) -> str:
+        """'' when passed, else the first failing tensor with its numbers and the case."""
+        failing = [c.describe() for c in self.checks if not c.passed]
+        if not failing:
+            return "" if self.checks else f"{self.variant} ({self.problem}): nothing was checked"
+        return f"{self.variant} ({self.problem}): {failing[0]}"
+
+    def max_errors(self) -> dict:
+        """{tensor: max error, tensor_tolerance: tolerance} for the measurement record."""
+        errors = {}
+        for c in self.checks:
+            errors[c.name] = c.error
+            errors[f"{c.name}_tolerance"] = c.tolerance
+        return errors
+
+
+# ------------------------------------------------------------------------------------------------
+# Running a kernel under the gate.
+# ------------------------------------------------------------------------------------------------
+
+# A forward is `forward(q, k, v, causal) -> (out, lse)` (lse may be None) or -> out. One with
+# `accepts_out = True` is called as `forward(q, k, v, causal, out=..., lse=...)` and writes into them.
+Forward = Callable[..., object]
+
+
+def poison_cuda_allocator(nbytes: list[int], device) -> None:
+    """Best effort: make the blocks the caching allocator hands out next read as NaN.
+
+    After empty_cache the free blocks are the ones freed here, filled with 0xFF bytes (NaN in fp32,
+    bf16 and fp16): one block as large as all outputs together (large allocations split it), plus
+    one block of each output size (small allocations reuse those).
+    """
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    blocks = [torch.full((max(1, sum(nbytes)),), 0xFF, dtype=torch.uint8, device=device)]
+    blocks += [torch.full((max(1, n),), 0xFF, dtype=torch.uint8, device=device) for n in nbytes]
+    torch.cuda.synchronize(device)
+    del blocks
+
+
+def _unpack(result):
+    if isinstance(result, (tuple, list)):
+        return result[0], (result[1] if len(result) > 1 else None)
+    return result, None
+
+
+def _run_forward(forward: Forward, q, k, v, causal):
+    batch, seqlen_q, heads, _ = q.shape
+    out_shape = (batch, seqlen_q, heads, v.shape[-1])
+    lse_shape = (batch, heads, seqlen_q)
+    if getattr(forward, "accepts_out", False):
+        out = torch.full(out_shape, float("nan"), dtype=q.dtype, device=q.device)
+        lse = torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device)
+        forward(q, k, v, causal, out=out, lse=lse)
+    else:
+        if q.is_cuda:
+            poison_cuda_allocator([math.prod(out_shape) * q.element_size(), math.prod(lse_shape) * 4], q.device)
+        out, lse = _unpack(forward(q, k, v, causal))
+    if q.is_cuda:
+        torch.cuda.synchronize(q.device)  # a fault in the kernel surfaces here, not in a later check
+    return out, lse
+
+
+def _shape_text(q, k, v, causal) -> str:
+    return Problem(
+        q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], causal, backward=False,
+    ).label
+
+
+def gate_forward(
+    forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> GateResult:
+    """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference."""
+    out, lse = _run_forward(forward, q, k, v, causal)
+    ref = reference_attention(q, k, v, causal, chunk_bytes=chunk_bytes)
+    plain = reference_attention(q, k, v, causal, dtype=q.dtype, chunk_bytes=chunk_bytes)
+    checks = [compare("out", out, ref.out, plain.out, q.dtype)]
+    if lse is not None:
+        checks.append(compare("lse", lse, ref.lse, plain.lse, q.dtype, valid=ref.valid_rows))
+    return GateResult(variant, _shape_text(q, k, v, causal), tuple(checks), seed)
+
+
+def gate_backward(
+    forward: Forward, q, k, v, causal: bool, dout, *, variant: str = "normal", seed: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> GateResult:
+    """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    with torch.enable_grad():
+        out, lse = _run_forward(forward, q, k, v, causal)
+        if q.is_cuda:
+            poison_cuda_allocator([q.numel() * q.element_size(), k.numel() * k.element_size(), v.numel() * v.element_size()], q.device)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    if q.is_cuda:
+        torch.cuda.synchronize(q.device)
+    out, lse = out.detach(), (lse.detach() if lse is not None else None)
+    ref = reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes)
+    plain = reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes)
+    checks = [compare("out", out, ref.out, plain.out, q.dtype)]
+    if lse is not None:
+        checks.append(compare("lse", lse, ref.lse, plain.lse, q.dtype, valid=ref.valid_rows))
+    for name, value, r, p in (("dq", dq, ref.dq, plain.dq), ("dk", dk, ref.dk, plain.dk), ("dv", dv, ref.dv, plain.dv)):
+        checks.append(compare(name, value, r, p, q.dtype))
+    return GateResult(variant, _shape_text(q, k, v, causal), tuple(checks), seed)
+
+
+# ------------------------------------------------------------------------------------------------
+# The cases every (config, problem) must pass.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateCase:
+    """One input case of the gate: a problem shape, an input scale and the seed of its random inputs."""
+
+    variant: str
+    problem: Problem
+    scale: float
+    seed: int
+
+
+def gate_cases(
+    problem: Problem, seed: int, *, scale: float = 8.0, seqlen_offset: int = 37,
+    random_count: int = 2, random_max_seqlen: int = 1024,
+) -> list[GateCase]:
+    """The problem as given; its inputs scaled to large magnitude; sequence lengths shortened by
+    `seqlen_offset` (not a tile multiple); and `random_count` small problems of the same class drawn
+    from `seed` (each case's seed is recorded in its variant name)."""
+    cases = [GateCase("normal", problem, 1.0, seed), GateCase(f"scaled x{scale:g}", problem, scale, seed + 1)]
+    seqlen_k = max(1, problem.seqlen_k - seqlen_offset)
+    seqlen_q = 1 if problem.seqlen_q == 1 else max(1, problem.seqlen_q - seqlen_offset)
+    cases.append(GateCase(f"seqlen-{seqlen_offset}", replace(problem, seqlen_q=seqlen_q, seqlen_k=seqlen_k, name=""), 1.0, seed + 2))
+    draw = random.Random(seed)
+    group = problem.num_heads // problem.num_heads_kv
+    for _ in range(random_count):
+        case_seed = draw.randrange(2**31)
+        rng = random.Random(case_seed)
+        seqlen_k = rng.randint(1, max(1, min(random_max_seqlen, problem.seqlen_k)))
+        # seqlen_q <= seqlen_k: every causal row sees a key, and bottom-right alignment is exercised
+        seqlen_q = 1 if problem.seqlen_q == 1 else rng.randint(1, seqlen_k)
+        heads_kv = rng.randint(1, 2)
+        shape = replace(
+            problem, batch=rng.randint(1, 2), seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+            num_heads=heads_kv * group, num_heads_kv=heads_kv, name="",
+        )
+        cases.append(GateCase(f"random seed={case_seed}", shape, 1.0, case_seed))
+    return cases
+
+
+def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count: int = 3) -> list[torch.Tensor]:
+    """`count` tensors of random normal values for a problem: q, k, v (and dout when count is 4), scaled."""
+    dtype = TORCH_DTYPES[problem.dtype]
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shapes = [
+        (problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim),
+        (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim),
+        (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v),
+        (problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim_v),
+    ]
+    tensors = []
+    for i, shape in enumerate(shapes[:count]):
+        t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+        tensors.append((t * (scale if i < 3 else 1.0)).to(dtype))
+    return tensors

@@ -1,0 +1,202 @@
+"""What a harness run prints: a per-problem table (rich), then exactly one `name: value` line per metric.
+
+The metric lines are the interface to people and programs (`grep '^fwd_tflops_geomean:' run.log`):
+
+    fwd_tflops_peak, fwd_tflops_geomean, bwd_tflops_peak, bwd_tflops_geomean,
+    fwd_utilization, peak_vram_mb, configs_ok, target, device, mode
+
+Geomeans and peaks are over the problems whose status is ok; `configs_ok: N/M` counts the configs (one
+per direction and problem class) whose every problem passed, so a run that lost problems says so there.
+A metric with no value (no backward problem, or none passed) prints `nan`. `fwd_utilization` is the
+forward geomean as a percent of the target's peak, and the line names that peak; in emulated mode the
+rate is the device's, so the figure compares another GPU's speed with the target's peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from fa4tune.measurement import Measurement, ProblemResult, geomean
+from fa4tune.targets import Target
+
+METRIC_NAMES = (
+    "fwd_tflops_peak", "fwd_tflops_geomean", "bwd_tflops_peak", "bwd_tflops_geomean",
+    "fwd_utilization", "peak_vram_mb", "configs_ok", "target", "device", "mode",
+)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The metrics of one run over a suite."""
+
+    fwd_tflops_peak: float | None
+    fwd_tflops_geomean: float | None
+    bwd_tflops_peak: float | None
+    bwd_tflops_geomean: float | None
+    fwd_utilization: float | None  # percent of peak_tflops
+    peak_tflops: float
+    peak_source: str
+    peak_vram_mb: float | None
+    configs_ok: int
+    configs_total: int
+    target: str
+    device: str
+    mode: str
+
+    @property
+    def status(self) -> str:
+        return "ok" if self.configs_total and self.configs_ok == self.configs_total else "partial"
+
+
+def _ok_rates(results: Iterable[ProblemResult], direction: str) -> list[float]:
+    return [r.tflops for r in results if r.direction == direction and r.status == "ok" and r.tflops]
+
+
+def summarize(measurements: Sequence[Measurement], target: Target, device: str, mode: str) -> RunSummary:
+    """Peaks, geomeans, utilization, peak memory and the ok count of a run's measurements."""
+    results = [r for m in measurements for r in m.results]
+    fwd, bwd = _ok_rates(results, "fwd"), _ok_rates(results, "bwd")
+    fwd_geomean = geomean(fwd) if fwd else None
+    memory = [r.peak_vram_mb for r in results if r.peak_vram_mb is not None]
+    return RunSummary(
+        fwd_tflops_peak=max(fwd) if fwd else None,
+        fwd_tflops_geomean=fwd_geomean,
+        bwd_tflops_peak=max(bwd) if bwd else None,
+        bwd_tflops_geomean=geomean(bwd) if bwd else None,
+        fwd_utilization=100.0 * fwd_geomean / target.peak_tflops_bf16 if fwd_geomean else None,
+        peak_tflops=target.peak_tflops_bf16,
+        peak_source=target.peak_source,
+        peak_vram_mb=max(memory) if memory else None,
+        configs_ok=sum(1 for m in measurements if m.ok),
+        configs_total=len(measurements),
+        target=target.name,
+        device=device,
+        mode=mode,
+    )
+
+
+def _number(value: float | None) -> str:
+    return "nan" if value is None else f"{value:.1f}"
+
+
+def metric_lines(summary: RunSummary) -> list[str]:
+    """The ten `name: value` lines, in METRIC_NAMES order."""
+    utilization = "nan" if summary.fwd_utilization is None else f"{summary.fwd_utilization:.1f}%"
+    utilization += f" of {summary.target} peak {summary.peak_tflops:.1f} TFLOPS ({summary.peak_source})"
+    if summary.mode == "emulated":
+        utilization += f"; rate measured on {summary.device} (emulated)"
+    values = {
+        "fwd_tflops_peak": _number(summary.fwd_tflops_peak),
+        "fwd_tflops_geomean": _number(summary.fwd_tflops_geomean),
+        "bwd_tflops_peak": _number(summary.bwd_tflops_peak),
+        "bwd_tflops_geomean": _number(summary.bwd_tflops_geomean),
+        "fwd_utilization": utilization,
+        "peak_vram_mb": _number(summary.peak_vram_mb),
+        "configs_ok": f"{summary.configs_ok}/{summary.configs_total}",
+        "target": summary.target,
+        "device": summary.device,
+        "mode": summary.mode,
+    }
+    return [f"{name}: {values[name]}" for name in METRIC_NAMES]
+
+
+def parse_metric_lines(text: str) -> dict[str, str]:
+    """The metric values of a run log (the last occurrence of each name wins)."""
+    values = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(": ")
+        if sep and name in METRIC_NAMES:
+            values[name] = value
+    return values
+
+
+def metric_number(value: str) -> float:
+    """The number at the start of a metric value ('143.9% of ...' -> 143.9, 'nan' -> nan)."""
+    head = value.split()[0].rstrip("%") if value.split() else "nan"
+    try:
+        return float(head)
+    except ValueError:
+        return math.nan
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables (rich).
+# ------------------------------------------------------------------------------------------------
+
+
+def _rate(r: ProblemResult | None) -> str:
+    if r is None:
+        return ""
+    if r.status != "ok":
+        return f"[red]{r.status}[/red]"
+    return f"{r.tflops:.1f}" if r.tflops else "?"
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def _gate_margin(r: ProblemResult) -> str:
+    """Worst error/tolerance ratio of the gate (below 1 passes)."""
+    ratios = [
+        r.max_errors[name] / r.max_errors[f"{name}_tolerance"]
+        for name in ("out", "lse", "dq", "dk", "dv")
+        if name in r.max_errors and r.max_errors.get(f"{name}_tolerance")
+    ]
+    return f"{max(ratios):.2f}" if ratios else ""
+
+
+def problem_table(measurements: Sequence[Measurement], title: str):
+    """One row per (problem, direction): status, TFLOPS, time (median, min, max), memory, gate margin, reason."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("problem", "dir", "class", "status", "TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol", "config / reason"):
+        table.add_column(column, justify="right" if column in ("TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol") else "left")
+    for m in measurements:
+        config = " ".join(f"{k}={v}" for k, v in m.config.items() if k != "kernel")
+        for r in m.results:
+            table.add_row(
+                r.problem, r.direction, m.problem_class, r.status if r.status == "ok" else f"[red]{r.status}[/red]",
+                _rate(r) if r.status == "ok" else "", _ms(r.ms_median), _ms(r.ms_min), _ms(r.ms_max),
+                "" if r.peak_vram_mb is None else f"{r.peak_vram_mb:.0f}", _gate_margin(r),
+                config if r.status == "ok" else r.reason,
+            )
+    return table
+
+
+def comparison_table(candidates: dict[str, Sequence[Measurement]], title: str):
+    """One row per problem, a forward and a backward TFLOPS column per candidate (baselines side by side)."""
+    from rich.table import Table
+
+    by_key: dict[tuple[str, str], dict[str, ProblemResult]] = {}
+    problems: list[str] = []
+    for name, measurements in candidates.items():
+        for m in measurements:
+            for r in m.results:
+                if r.problem not in problems:
+                    problems.append(r.problem)
+                by_key.setdefault((r.problem, r.direction), {})[name] = r
+    table = Table(title=title, title_justify="left")
+    table.add_column("problem")
+    for direction in ("fwd", "bwd"):
+        for name in candidates:
+            table.add_column(f"{direction} {name}", justify="right")
+    for problem in problems:
+        row = [problem]
+        for direction in ("fwd", "bwd"):
+            for name in candidates:
+                row.append(_rate(by_key.get((problem, direction), {}).get(name)))
+        table.add_row(*row)
+    return table
+
+
+def print_table(table, file=None) -> None:
+    """Render a rich table wide enough for a log file (no wrapping at 80 columns)."""
+    import sys
+
+    from rich.console import Console
+
+    Console(file=file or sys.stdout, width=220, soft_wrap=False).print(table)

@@ -1,0 +1,141 @@
+"""What the model sees: the target's rules, the knob domain, the history, and the proposal tool."""
+
+from __future__ import annotations
+
+import json
+
+from fa4tune.feasibility import forward_smem_bytes
+from search.history import TrialRecord, config_key, measured
+from search.proposers.base import Context, Rejection
+
+TOOL_NAME = "propose_configs"
+MAX_LISTED_FEASIBLE = 200  # list the unmeasured feasible configs when there are at most this many
+MAX_RATIONALE_CHARS = 600
+
+_RULES = {
+    "fwd": """\
+- smem_capacity: Q = tile_m*head_dim*2 B, K = tile_n*head_dim*num_stages*2 B, V = tile_n*head_dim_v*num_stages*2 B;
+  Q + K + V (or max(Q, V) + K when Q_in_regs) must be <= {smem} B, the target's shared memory per block.
+- tile_m_x2_divisible_by_num_threads: (tile_m*2) % num_threads == 0.
+- tile_m_rows_per_warp: num_threads/32 MMA warps of 16 rows each, so tile_m must be a multiple of (num_threads/32)*16.
+- tile_n is a multiple of 16, num_threads a multiple of 32 (a warp), num_stages is the cp.async K/V pipeline depth.""",
+    "bwd": """\
+- smem_capacity: Q = m_block_size*head_dim*num_stages_Q*2 B, dO = m_block_size*head_dim_v*num_stages_dO*2 B,
+  K = n_block_size*head_dim*2 B, V = n_block_size*head_dim_v*2 B; Q + V + dO + K (or max(Q, V) + dO + K when
+  V_in_regs) must be <= {smem} B, the target's shared memory per block.
+- num_stages_Q_ge_dO: num_stages_Q >= num_stages_dO.
+- AtomLayoutMSdP, AtomLayoutNdKV and AtomLayoutMdQ must each divide the num_threads/32 MMA warps.
+- n_block_size is a multiple of 16, num_threads a multiple of 32 (a warp).""",
+}
+
+_KERNEL = {
+    "fwd": "FlashAttentionForwardSm120 (SM80 mma.sync code path, cp.async K/V pipeline)",
+    "bwd": "FlashAttentionBackwardSm120 (SM80 mma.sync code path)",
+}
+
+
+def tool(context: Context) -> dict:
+    """The proposal tool: a JSON schema whose knob properties list exactly the domain's values."""
+    knobs = {name: {"enum": list(values)} for name, values in context.space.domain.items()}
+    required = [name for name, values in context.space.domain.items() if len(values) > 1]
+    return {
+        "name": TOOL_NAME,
+        "description": f"Propose {context.k} new configs to measure next, each with a one-paragraph rationale.",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "proposals": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": context.k,
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "config": {"type": "object", "properties": knobs, "required": required, "additionalProperties": False},
+                            "rationale": {"type": "string", "description": "One paragraph: what you expect and why, citing the history."},
+                        },
+                        "required": ["config", "rationale"],
+                    },
+                }
+            },
+            "required": ["proposals"],
+        },
+    }
+
+
+def system_prompt(context: Context) -> str:
+    """The role, the target's rules and the knob domain."""
+    direction = context.space.direction
+    domain = "\n".join(f"- {name}: {', '.join(map(json.dumps, values))}" for name, values in context.space.domain.items())
+    return f"""\
+You tune the {'forward' if direction == 'fwd' else 'backward'} attention kernel {_KERNEL[direction]} of FlashAttention-4's
+CuTe DSL for one problem class. You propose configs; a harness checks each one against static rules, then measures
+it on a GPU (a correctness gate, then timing). The objective is the geometric mean of TFLOPS over the problem class's
+problems; higher is better. Measurements may come from the SM120 kernels emulated on another GPU: the rules are the
+target's, the speed is the measuring device's.
+
+Target: {context.target.description}; {context.target.smem_per_block} B of shared memory per block.
+Static rules (a config that breaks one is rejected before the GPU):
+{_RULES[direction].format(smem=context.target.smem_per_block)}
+
+Knobs and their allowed values:
+{domain}
+
+Answer only by calling the {TOOL_NAME} tool with {context.k} configs that have not been measured yet, each with a
+one-paragraph rationale that says what you expect and why, citing the history."""
+
+
+def user_message(context: Context, rejections: list[Rejection]) -> str:
+    """The problem class, its problems, upstream's default, the history and last turn's rejections."""
+    pc = context.problem_class
+    lines = [
+        f"Problem class {pc.name}: head_dim {pc.head_dim}, head_dim_v {pc.head_dim_v}, "
+        f"{'causal' if pc.causal else 'non-causal'}, {pc.qhead_per_kvhead} query heads per KV head, {pc.dtype}.",
+        "Problems (the objective is the geomean of their TFLOPS):",
+        *(f"- {p.label}" for p in context.problems),
+        f"Upstream's default config: {json.dumps(context.space.upstream(pc).to_dict())}",
+        "",
+        f"History ({len(context.history)} trials, oldest first):" if context.history else "History: no trials yet.",
+        *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state == "COMPLETE"),
+    ]
+    unmeasured = _unmeasured_feasible(context)
+    if unmeasured is not None:
+        lines += ["", f"Feasible configs not measured yet ({len(unmeasured)}), with their shared memory in bytes:"]
+        lines += [f"- {json.dumps(c)} smem {smem}" for c, smem in unmeasured]
+    if rejections:
+        lines += ["", "Your previous proposals that were rejected (not measured), with the reason:"]
+        lines += [f"- {json.dumps(r.proposal.config, default=str)}: {r.reason}" for r in rejections]
+    lines += ["", f"Propose {context.k} configs with the {TOOL_NAME} tool."]
+    return "\n".join(lines)
+
+
+def _history_entry(r: TrialRecord) -> dict:
+    entry = {"trial": r.number, "proposer": r.proposer, "config": r.config, "status": r.status}
+    if r.confirmation_of is not None:
+        entry["confirmation_of"] = r.confirmation_of
+    if r.duplicate_of is not None:
+        entry["duplicate_of"] = r.duplicate_of
+    if r.value is not None:
+        entry["geomean_tflops"] = round(r.value, 2)
+    if r.tflops:
+        entry["tflops"] = {k: round(v, 2) for k, v in r.tflops.items() if v is not None}
+    if r.reason:
+        entry["reason"] = r.reason
+    if r.static:
+        entry["static"] = r.static
+    if r.rationale:
+        entry["rationale"] = r.rationale[:MAX_RATIONALE_CHARS]
+    return entry
+
+
+def _unmeasured_feasible(context: Context) -> list[tuple[dict, int]] | None:
+    if context.space.direction != "fwd":
+        return None  # the backward product is too large to list
+    from fa4tune.space import feasible_forward
+
+    done = measured(context.history)
+    configs = [c for c in feasible_forward(context.problem_class, context.target) if config_key(c.to_dict()) not in done]
+    if len(configs) > MAX_LISTED_FEASIBLE:
+        return None
+    return [(c.to_dict(), forward_smem_bytes(c, context.problem_class)[0]) for c in configs]
+
