@@ -94,6 +94,17 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdi
             f"tile_m*2 = {cfg.tile_m * 2} is not a multiple of num_threads={cfg.num_threads} "
             f"({cfg.num_threads // 32} MMA warps of 16 rows need tile_m to be a multiple of {cfg.num_threads // 2})",
         )
+    if cfg.Q_in_regs and cfg.num_stages > 1:
+        # Measured: Q_in_regs with 2 stages compiles but gives wrong outputs (max error 3.7 vs a tolerance
+        # of 0.016, every problem class; docs/measurements/2026-11-29-h200-smoke.md). Upstream PR #2499 also
+        # pairs Q_in_regs with one stage only.
+        return _fail("Q_in_regs_one_stage", f"Q_in_regs needs num_stages=1 (Q shares its buffer with V), got num_stages={cfg.num_stages}")
+    if pc.qhead_per_kvhead > 1 and cfg.tile_m & (cfg.tile_m - 1):
+        # Found by compiling: PackGQA's layouts assert for tile_m=192 (qhead_per_kvhead 2 and 4).
+        return _fail(
+            "pack_gqa_tile_m_power_of_two",
+            f"with GQA packing (qhead_per_kvhead={pc.qhead_per_kvhead}) tile_m must be a power of two, got {cfg.tile_m}",
+        )
     return OK
 
 
@@ -118,6 +129,13 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target) -> Ver
         )
     if cfg.num_stages_Q < cfg.num_stages_dO:
         return _fail("num_stages_Q_ge_dO", f"num_stages_Q ({cfg.num_stages_Q}) must be >= num_stages_dO ({cfg.num_stages_dO})")
+    if pc.causal and cfg.m_block_size != cfg.n_block_size:
+        # Measured: causal backward with 128x64 or 64x128 blocks gives wrong dQ/dK/dV (relative error > 1.5,
+        # d64 and d128, GQA too; docs/measurements/2026-11-29-h200-smoke.md); non-causal is correct.
+        return _fail(
+            "causal_bwd_square_blocks",
+            f"causal backward needs m_block_size == n_block_size, got {cfg.m_block_size}x{cfg.n_block_size}",
+        )
     warps = cfg.num_threads // 32
     for name in ("AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ"):
         value = getattr(cfg, name)

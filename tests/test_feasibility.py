@@ -23,8 +23,9 @@ CLASSES = [
 # Rules that upstream's can_implement also has: where upstream rejects, ours must reject by one of these.
 UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity", "tile_m_x2_divisible_by_num_threads"}
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
-OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known"}
-OUR_EXTRA_RULES = {"num_stages_Q_ge_dO", "AtomLayoutMSdP_divides_warps", "AtomLayoutNdKV_divides_warps", "AtomLayoutMdQ_divides_warps"}
+OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
+                       "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two"}
+OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "AtomLayoutMSdP_divides_warps", "AtomLayoutNdKV_divides_warps", "AtomLayoutMdQ_divides_warps"}
 
 
 def _wide_forward_candidates():
@@ -105,3 +106,15 @@ def test_upstream_defaults_are_feasible():
     for pc in CLASSES[:5]:
         assert check_forward(upstream_forward(pc), pc, TARGET)
         assert check_backward(upstream_backward(pc), pc, TARGET)
+
+
+def test_rules_found_by_measuring_and_compiling():
+    target = TARGET
+    v = check_forward(ForwardConfig(128, 64, 128, 2, True), ProblemClass(128, 128, False), target)
+    assert v.rule == "Q_in_regs_one_stage" and "num_stages=2" in v.message
+    v = check_forward(ForwardConfig(192, 32, 128, 1, False), ProblemClass(128, 128, True, 4), target)
+    assert v.rule == "pack_gqa_tile_m_power_of_two" and "192" in v.message
+    assert check_forward(ForwardConfig(192, 32, 128, 1, False), ProblemClass(128, 128, True, 1), target)
+    v = check_backward(BackwardConfig(m_block_size=128, n_block_size=64, num_threads=256), ProblemClass(128, 128, True), target)
+    assert v.rule == "causal_bwd_square_blocks" and "128x64" in v.message
+    assert check_backward(BackwardConfig(m_block_size=128, n_block_size=64, num_threads=256), ProblemClass(128, 128, False), target)
