@@ -1,7 +1,7 @@
 """The static check: compile configs for sm_120a with fake tensors (no GPU) and read the cubins.
 
-Each (config, problem class) compiles in a worker process (spawned, so each has its own DSL state
-and dump folder); a compile that runs past the time limit kills its worker, is recorded as
+Each (config, problem class) compiles in a worker process (`python -m fa4tune.static_worker`: a fresh
+interpreter whose environment targets sm_120a before the DSL is imported, with its own dump folder); a compile that runs past the time limit kills its worker, is recorded as
 `compile_timeout`, and the others go on. Results are cached on disk under a key made of every knob,
 the problem class, the target, the kernel class's source and the flash-attn-4 / CUTLASS DSL versions.
 """
@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import multiprocessing
 import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -82,107 +85,57 @@ def verdict(job: StaticJob, target: Target):
 
 
 # ------------------------------------------------------------------------------------------------
-# Worker side: runs in a spawned process.
-# ------------------------------------------------------------------------------------------------
-
-_RECORDING: dict[type, type] = {}
-_LAST_SMEM: list[int] = []
-
-
-def _recording_class(base: type) -> type:
-    """A subclass of `base` that notes the shared-storage size its launch asks for."""
-    if base not in _RECORDING:
-
-        def _get_shared_storage_cls(self):
-            cls = base._get_shared_storage_cls(self)
-            _LAST_SMEM.append(int(cls.size_in_bytes()))
-            return cls
-
-        _RECORDING[base] = type(base.__name__, (base,), {"_get_shared_storage_cls": _get_shared_storage_cls, "__module__": base.__module__})
-    return _RECORDING[base]
-
-
-def _load_experiment(path: str):
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("experiment", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["experiment"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compile_in_worker(experiment_path: str, job: StaticJob) -> dict:
-    """Compile one job with fake tensors; return the cubin facts (raises on compile errors)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from fa4tune.cubin import read_cubin
-    from fa4tune.sm120_interface import build
-
-    experiment = _load_experiment(experiment_path)
-    class_for = _worker_class_for(experiment)
-    host = build(class_for)
-    compiled: list = []
-    cache = host.fwd_cache if job.kind == "fwd" else host.bwd_cache
-    cache.listeners[:] = [lambda key, fn: compiled.append(fn)]
-    _LAST_SMEM.clear()
-    pc, cfg = job.problem_class, job.config
-    dtype = torch.bfloat16 if pc.dtype == "bf16" else torch.float16
-    heads_kv = 2
-    heads = heads_kv * pc.qhead_per_kvhead
-    start = time.perf_counter()
-    with FakeTensorMode():
-        q = torch.empty(1, COMPILE_SEQLEN, heads, pc.head_dim, dtype=dtype, device="cuda")
-        k = torch.empty(1, COMPILE_SEQLEN, heads_kv, pc.head_dim, dtype=dtype, device="cuda")
-        v = torch.empty(1, COMPILE_SEQLEN, heads_kv, pc.head_dim_v, dtype=dtype, device="cuda")
-        if job.kind == "fwd":
-            host.flash_attn_fwd(q, k, v, causal=pc.causal, tile_mn=(cfg.tile_m, cfg.tile_n), return_lse=True, sm120_config=cfg)
-        else:
-            out = torch.empty(1, COMPILE_SEQLEN, heads, pc.head_dim_v, dtype=dtype, device="cuda")
-            lse = torch.empty(1, heads, COMPILE_SEQLEN, dtype=torch.float32, device="cuda")
-            host.flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, causal=pc.causal, sm120_config=cfg)
-    seconds = time.perf_counter() - start
-    if not compiled:
-        raise RuntimeError("nothing was compiled (a cache hit in a fresh worker should not happen)")
-    facts = read_cubin(compiled[-1].__cubin__)
-    return dict(
-        registers=facts.registers, stack_bytes=facts.stack_bytes, spill_store_bytes=facts.spill_store_bytes,
-        spill_load_bytes=facts.spill_load_bytes, static_smem_bytes=facts.static_smem_bytes,
-        dynamic_smem_bytes=_LAST_SMEM[-1] if _LAST_SMEM else 0, compile_seconds=seconds,
-    )
-
-
-def _worker_class_for(experiment):
-    def class_for(config):
-        return _recording_class(experiment.kernel_class(config))
-
-    return class_for
-
-
-def _worker_main(conn, experiment_path: str, env: dict) -> None:
-    os.environ.update(env)
-    os.makedirs(env["CUTE_DSL_DUMP_DIR"], exist_ok=True)
-    import warnings
-
-    warnings.filterwarnings("ignore")
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        try:
-            conn.send(("ok", _compile_in_worker(experiment_path, job)))
-        except Exception as err:  # a compile error is a result, not a crash
-            detail = traceback.format_exception_only(type(err), err)[-1].strip()
-            conn.send(("error", detail[:500]))
-        for f in Path(env["CUTE_DSL_DUMP_DIR"]).glob("*"):
-            f.unlink(missing_ok=True)
-
-
-# ------------------------------------------------------------------------------------------------
 # Parent side.
 # ------------------------------------------------------------------------------------------------
+
+
+RESULT_PREFIX = "FA4TUNE-STATIC "
+
+
+class _Worker:
+    """One compiler process (`python -m fa4tune.static_worker`): a job per line in, a result line out."""
+
+    def __init__(self, experiment_path: str, env: dict):
+        self.env = env
+        os.makedirs(env["CUTE_DSL_DUMP_DIR"], exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fa4tune.static_worker", experiment_path],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))},
+        )
+        self.job = None
+        self.started = 0.0
+
+    def send(self, job, jobs) -> None:
+        self.job, self.started = job, time.monotonic()
+        spec = jobs[job[0]]
+        self.proc.stdin.write(json.dumps({"kind": spec.kind, "config": spec.config.to_dict(), "problem_class": spec.problem_class.to_dict()}) + "\n")
+        self.proc.stdin.flush()
+
+    def poll(self):
+        """(status, payload) once the worker answered, else None; lines without the prefix are the compiler's chatter."""
+        while select.select([self.proc.stdout], [], [], 0)[0]:
+            line = self.proc.stdout.readline()
+            if not line:
+                return None
+            if line.startswith(RESULT_PREFIX):
+                reply = json.loads(line[len(RESULT_PREFIX):])
+                return reply["status"], reply["payload"]
+        return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, kill: bool = False) -> None:
+        if self.alive() and not kill:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
 
 
 def compile_env(target: Target, dump_dir: str) -> dict:
@@ -228,8 +181,8 @@ class FactsCache:
         return StaticFacts(**{**facts, "cached": True}) if facts else None
 
     def put(self, key: str, facts: StaticFacts) -> None:
-        if facts.status == "compile_timeout" or self.path is None:
-            return  # a timeout may be load, not the config: try again next time
+        if facts.status in ("compile_timeout", "compile_error") or self.path is None:
+            return  # a timeout may be load and an error may be the environment's: try again next time
         self.entries[key] = facts.to_dict()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
@@ -265,8 +218,6 @@ def run_static(
     on_result=None,
 ) -> list[StaticFacts]:
     """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel."""
-    import tempfile
-
     experiment_path = str(Path(experiment_path).resolve())
     jobs = list(jobs)
     cache = FactsCache(cache_path)
@@ -285,41 +236,27 @@ def run_static(
         if on_result:
             on_result(jobs[i], results[i])
     workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
-    ctx = multiprocessing.get_context("spawn")
     tmp_root = tempfile.mkdtemp(prefix="fa4tune-static-")
-    slots: list[dict] = []
-
-    def start_worker(n: int) -> dict:
-        parent, child = ctx.Pipe()
-        env = compile_env(target, os.path.join(tmp_root, f"w{n}-{time.monotonic_ns()}"))
-        proc = ctx.Process(target=_worker_main, args=(child, experiment_path, env), daemon=True)
-        proc.start()
-        child.close()
-        return {"proc": proc, "conn": parent, "job": None, "started": 0.0}
-
+    slots: list[_Worker] = []
     queue = list(pending)
     try:
-        slots = [start_worker(n) for n in range(workers)]
-        while queue or any(s["job"] for s in slots):
-            for n, slot in enumerate(slots):
-                if slot["job"] is None and queue:
-                    slot["job"] = queue.pop(0)
-                    slot["started"] = time.monotonic()
-                    slot["conn"].send(jobs[slot["job"][0]])
-            for n, slot in enumerate(slots):
-                if slot["job"] is None:
+        slots = [_Worker(experiment_path, compile_env(target, os.path.join(tmp_root, f"w{n}"))) for n in range(workers)]
+        while queue or any(w.job for w in slots):
+            for worker in slots:
+                if worker.job is None and queue:
+                    worker.send(queue.pop(0), jobs)
+            for n, worker in enumerate(slots):
+                if worker.job is None:
                     continue
-                i, key = slot["job"]
+                i, key = worker.job
                 outcome = None
-                if slot["conn"].poll(0.05):
-                    try:
-                        status, payload = slot["conn"].recv()
-                        outcome = _finish(jobs[i], target, "ok" if status == "ok" else "compile_error", payload)
-                    except (EOFError, OSError):
-                        outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {slot['proc'].exitcode})")
-                elif not slot["proc"].is_alive():
-                    outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {slot['proc'].exitcode})")
-                elif time.monotonic() - slot["started"] > timeout_s:
+                reply = worker.poll()
+                if reply is not None:
+                    status, payload = reply
+                    outcome = _finish(jobs[i], target, "ok" if status == "ok" else "compile_error", payload)
+                elif not worker.alive():
+                    outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {worker.proc.returncode})")
+                elif time.monotonic() - worker.started > timeout_s:
                     outcome = _finish(jobs[i], target, "compile_timeout", f"compile ran past {timeout_s:.0f} s and was killed")
                 if outcome is None:
                     continue
@@ -327,20 +264,13 @@ def run_static(
                 cache.put(key, outcome)
                 if on_result:
                     on_result(jobs[i], outcome)
-                if outcome.status == "ok" or (outcome.status == "compile_error" and slot["proc"].is_alive()):
-                    slot["job"] = None
-                else:
-                    slot["proc"].kill()
-                    slot["proc"].join()
-                    slots[n] = start_worker(n)
+                worker.job = None
+                if not worker.alive() or outcome.status == "compile_timeout":
+                    worker.stop(kill=True)
+                    slots[n] = _Worker(experiment_path, worker.env)
+            time.sleep(0.02)
     finally:
-        for slot in slots:
-            try:
-                slot["conn"].send(None)
-            except (BrokenPipeError, OSError):
-                pass
-        for slot in slots:
-            slot["proc"].join(timeout=5)
-            if slot["proc"].is_alive():
-                slot["proc"].kill()
+        for worker in slots:
+            worker.stop()
+        shutil.rmtree(tmp_root, ignore_errors=True)
     return [results[i] for i in range(len(jobs))]
