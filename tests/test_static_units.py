@@ -1,0 +1,81 @@
+"""Pure parts of the static check: cubin tool output parsing, occupancy, metric lines, patch anchors."""
+
+import pytest
+
+from fa4tune.cubin import local_traffic_bytes, parse_resource_usage
+from fa4tune.occupancy import occupancy
+from fa4tune.static_check import StaticFacts
+from fa4tune.static_report import metric_lines
+from fa4tune.targets import get_target
+
+TARGET = get_target("sm120")
+
+CUOBJDUMP = """
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function kernel_cutlass_kernel_flash_fwd_0:
+  REG:255 STACK:160 SHARED:1024 LOCAL:0 CONSTANT[0]:1160 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+SASS = """
+        /*0a10*/                   STL [R1+0x10], R4 ;
+        /*0a20*/                   STL.64 [R1+0x18], R6 ;
+        /*0a30*/                   STL.128 [R1+0x20], R8 ;
+        /*0a40*/                   LDL.LU R4, [R1+0x10] ;
+        /*0a50*/                   LDL.LU.64 R6, [R1+0x18] ;
+        /*0a60*/                   LDS.U.128 R8, [R2] ;
+        /*0a70*/                   STS [R3], R9 ;
+"""
+
+
+def test_resource_usage_parse():
+    assert parse_resource_usage(CUOBJDUMP) == (255, 160, 1024, 0)
+    with pytest.raises(ValueError):
+        parse_resource_usage("nothing here")
+
+
+def test_local_traffic_counts_only_local_memory_ops_by_width():
+    assert local_traffic_bytes(SASS) == (4 + 8 + 16, 4 + 8)
+
+
+def test_occupancy_limits():
+    # 128 threads, 255 regs -> 256 regs/thread per warp alloc = 8192 regs/warp, 8 warps fit -> 2 blocks
+    occ = occupancy(TARGET, 128, 255, 1024 + 32768)
+    assert (occ.blocks_per_sm, occ.limiter) == (2, "registers")
+    # 65 KB of shared memory: one block per SM
+    occ = occupancy(TARGET, 128, 128, 1024 + 65536)
+    assert (occ.blocks_per_sm, occ.limiter) == (1, "smem")
+    # tiny kernel: threads limit (1536 / 256 = 6 blocks)
+    occ = occupancy(TARGET, 256, 32, 1024)
+    assert (occ.blocks_per_sm, occ.limiter) == (6, "threads") and occ.occupancy == 1.0
+
+
+def test_metric_lines_format():
+    ok = StaticFacts("fwd", "d128-causal-bf16", {}, "ok", registers=255, stack_bytes=160, spill_store_bytes=268, spill_load_bytes=244, occupancy=0.0833)
+    bad = StaticFacts("fwd", "d64-causal-bf16", {}, "infeasible", reason="smem_capacity: ...")
+    lines = metric_lines([ok, bad], TARGET)
+    assert lines[:3] == ["static_configs_ok: 1/2", "static_max_registers: 255", "static_spill_bytes: 512"]
+    assert all(": " in line and line.split(": ")[0].replace("_", "").isalnum() for line in lines)
+
+
+def test_patch_stops_on_unknown_upstream_source():
+    from fa4tune.sm120_interface import UpstreamMismatch, _replace_once
+
+    with pytest.raises(UpstreamMismatch) as err:
+        _replace_once("def f():\n    pass\n", "num_threads = 128\n", "x", "forward num_threads")
+    assert "forward num_threads" in str(err.value) and "4.0.0b36" in str(err.value)
+
+
+def test_patched_functions_build_against_the_pinned_upstream():
+    import experiment
+    from fa4tune.sm120_interface import build
+
+    host = build(experiment.kernel_class)
+    assert host.flash_attn_fwd.__code__.co_filename.startswith("<fa4tune-patched")
+    assert "sm120_config" in host.flash_attn_fwd.__code__.co_varnames
+    assert "sm120_config" in host.flash_attn_bwd.__code__.co_varnames
+    from flash_attn.cute import interface
+
+    # upstream's own module is untouched
+    assert "sm120_config" not in interface._flash_attn_fwd.__code__.co_varnames
