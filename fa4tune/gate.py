@@ -386,6 +386,7 @@ def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count
     ]
     tensors = []
     for i, shape in enumerate(shapes[:count]):
-        t = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-        tensors.append((t * (scale if i < 3 else 1.0)).to(dtype))
+        # drawn in the input dtype: an fp32 draw would double the memory of a 32K-token problem's inputs
+        t = torch.randn(shape, generator=generator, device=device, dtype=dtype)
+        tensors.append(t * scale if i < 3 and scale != 1.0 else t)
     return tensors

@@ -71,13 +71,15 @@ def run_in_child(
     kwargs: Mapping | None = None,
     *,
     timeout_s: float,
+    startup_timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     sys_path: Sequence[str] = (),
     cwd: str | None = None,
     log_path: str | None = None,
     on_value: Callable[[object], None] | None = None,
 ) -> ChildResult:
-    """Call `module:function(**kwargs)` in a fresh Python process with a per-value time limit."""
+    """Call `module:function(**kwargs)` in a fresh Python process with a per-value time limit
+    (`startup_timeout_s`, if given, is the limit for the first value instead, imports included)."""
     job = json.dumps({"function": function, "kwargs": dict(kwargs or {}), "sys_path": list(sys_path)}).encode()
     read_fd, write_fd = os.pipe()
     log = open(log_path, "w+b") if log_path else tempfile.TemporaryFile()
@@ -104,12 +106,14 @@ def run_in_child(
         except BrokenPipeError:
             pass  # the child died before reading its job; its exit status says why
         pending = b""
-        deadline = time.monotonic() + timeout_s
+        limit = timeout_s if startup_timeout_s is None else startup_timeout_s
+        deadline = time.monotonic() + limit
         child_error = ""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                status, reason = TIMEOUT, f"no result within {timeout_s:g} s; the child was killed"
+                waited = "its first result" if not values else "its next result after the last"
+                status, reason = TIMEOUT, f"no progress: waited {limit:g} s for {waited}; the child was killed"
                 break
             ready, _, _ = select.select([read_fd], [], [], min(remaining, 1.0))
             if not ready:
@@ -125,7 +129,8 @@ def run_in_child(
                     child_error = message["error"]
                     continue
                 values.append(message["value"])
-                deadline = time.monotonic() + timeout_s
+                limit = timeout_s
+                deadline = time.monotonic() + limit
                 if on_value is not None:
                     on_value(message["value"])
         if status == TIMEOUT:
@@ -167,7 +172,8 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _resolve(function: str):
+def resolve(function: str):
+    """The object named 'module:attribute' (dotted attributes allowed)."""
     import importlib
 
     module_name, _, name = function.partition(":")
@@ -194,7 +200,7 @@ def child_main(argv: Sequence[str]) -> int:
         job = json.loads(sys.stdin.read())
         for entry in reversed(job.get("sys_path", [])):
             sys.path.insert(0, entry)
-        result = _resolve(job["function"])(**job.get("kwargs", {}))
+        result = resolve(job["function"])(**job.get("kwargs", {}))
         if inspect.isgenerator(result):
             for value in result:
                 send({"value": value})

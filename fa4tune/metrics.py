@@ -77,7 +77,8 @@ def summarize(measurements: Sequence[Measurement], target: Target, device: str, 
     )
 
 
-def _number(value: float | None) -> str:
+def format_number(value: float | None) -> str:
+    """One decimal, or 'nan' for a missing value."""
     return "nan" if value is None else f"{value:.1f}"
 
 
@@ -88,12 +89,12 @@ def metric_lines(summary: RunSummary) -> list[str]:
     if summary.mode == "emulated":
         utilization += f"; rate measured on {summary.device} (emulated)"
     values = {
-        "fwd_tflops_peak": _number(summary.fwd_tflops_peak),
-        "fwd_tflops_geomean": _number(summary.fwd_tflops_geomean),
-        "bwd_tflops_peak": _number(summary.bwd_tflops_peak),
-        "bwd_tflops_geomean": _number(summary.bwd_tflops_geomean),
+        "fwd_tflops_peak": format_number(summary.fwd_tflops_peak),
+        "fwd_tflops_geomean": format_number(summary.fwd_tflops_geomean),
+        "bwd_tflops_peak": format_number(summary.bwd_tflops_peak),
+        "bwd_tflops_geomean": format_number(summary.bwd_tflops_geomean),
         "fwd_utilization": utilization,
-        "peak_vram_mb": _number(summary.peak_vram_mb),
+        "peak_vram_mb": format_number(summary.peak_vram_mb),
         "configs_ok": f"{summary.configs_ok}/{summary.configs_total}",
         "target": summary.target,
         "device": summary.device,
@@ -150,25 +151,27 @@ def _gate_margin(r: ProblemResult) -> str:
 
 def problem_table(measurements: Sequence[Measurement], title: str):
     """One row per (problem, direction): status, TFLOPS, time (median, min, max), memory, gate margin, reason."""
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for column in ("problem", "dir", "class", "status", "TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol", "config / reason"):
         table.add_column(column, justify="right" if column in ("TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol") else "left")
     for m in measurements:
         config = " ".join(f"{k}={v}" for k, v in m.config.items() if k != "kernel")
         for r in m.results:
             table.add_row(
-                r.problem, r.direction, m.problem_class, r.status if r.status == "ok" else f"[red]{r.status}[/red]",
+                escape(r.problem), r.direction, escape(m.problem_class), r.status if r.status == "ok" else f"[red]{r.status}[/red]",
                 _rate(r) if r.status == "ok" else "", _ms(r.ms_median), _ms(r.ms_min), _ms(r.ms_max),
                 "" if r.peak_vram_mb is None else f"{r.peak_vram_mb:.0f}", _gate_margin(r),
-                config if r.status == "ok" else r.reason,
+                escape(config if r.status == "ok" else r.reason),
             )
     return table
 
 
 def comparison_table(candidates: dict[str, Sequence[Measurement]], title: str):
     """One row per problem, a forward and a backward TFLOPS column per candidate (baselines side by side)."""
+    from rich.markup import escape
     from rich.table import Table
 
     by_key: dict[tuple[str, str], dict[str, ProblemResult]] = {}
@@ -179,13 +182,13 @@ def comparison_table(candidates: dict[str, Sequence[Measurement]], title: str):
                 if r.problem not in problems:
                     problems.append(r.problem)
                 by_key.setdefault((r.problem, r.direction), {})[name] = r
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     table.add_column("problem")
     for direction in ("fwd", "bwd"):
         for name in candidates:
-            table.add_column(f"{direction} {name}", justify="right")
+            table.add_column(escape(f"{direction} {name}"), justify="right")
     for problem in problems:
-        row = [problem]
+        row = [escape(problem)]
         for direction in ("fwd", "bwd"):
             for name in candidates:
                 row.append(_rate(by_key.get((problem, direction), {}).get(name)))

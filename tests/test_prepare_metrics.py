@@ -1,0 +1,84 @@
+"""Metric lines (exact format) and the per-problem tables."""
+
+import io
+import re
+
+import pytest
+
+from fa4tune import metrics
+from fa4tune.measurement import Measurement, ProblemResult, geomean
+from fa4tune.targets import get_target
+
+SM120 = get_target("sm120")
+
+
+def result(problem, direction, tflops, status="ok", vram=100.0, **extra):
+    return ProblemResult(problem, direction, status, tflops=tflops if status == "ok" else None,
+                         ms_median=1.0 if status == "ok" else None, peak_vram_mb=vram, **extra)
+
+
+def measurement(kind, pc, *results):
+    return Measurement(kind, pc, {"tile_m": 128}, tuple(results), "sm120", "NVIDIA H200", "emulated")
+
+
+RUN = [
+    measurement("fwd", "d128-noncausal-bf16", result("a", "fwd", 380.0, vram=2000.0), result("b", "fwd", 250.0)),
+    measurement("fwd", "d256-noncausal-bf16", result("c", "fwd", None, status="infeasible", vram=None, reason="smem_capacity: needs 131072 B")),
+    measurement("bwd", "d128-noncausal-bf16", result("a", "bwd", 240.0, vram=3500.0), result("b", "bwd", 200.0)),
+]
+
+
+def test_metric_lines_are_exactly_name_colon_value_in_order():
+    summary = metrics.summarize(RUN, SM120, "NVIDIA H200", "emulated")
+    lines = metrics.metric_lines(summary)
+    assert [line.split(": ")[0] for line in lines] == list(metrics.METRIC_NAMES)
+    assert all(re.fullmatch(r"[a-z_0-9]+: \S.*", line) for line in lines)
+    values = dict(line.split(": ", 1) for line in lines)
+    assert values["fwd_tflops_peak"] == "380.0"
+    assert values["fwd_tflops_geomean"] == f"{geomean([380.0, 250.0]):.1f}"
+    assert values["bwd_tflops_peak"] == "240.0"
+    assert values["bwd_tflops_geomean"] == f"{geomean([240.0, 200.0]):.1f}"
+    assert values["peak_vram_mb"] == "3500.0"
+    assert values["configs_ok"] == "2/3"  # the infeasible d256 config is counted, not hidden
+    assert (values["target"], values["device"], values["mode"]) == ("sm120", "NVIDIA H200", "emulated")
+
+
+def test_utilization_is_percent_of_the_targets_peak_and_names_it():
+    summary = metrics.summarize(RUN, SM120, "NVIDIA H200", "emulated")
+    line = metrics.metric_lines(summary)[4]
+    percent = 100 * geomean([380.0, 250.0]) / SM120.peak_tflops_bf16
+    assert line.startswith(f"fwd_utilization: {percent:.1f}% of sm120 peak 209.5 TFLOPS (")
+    assert SM120.peak_source in line and "emulated" in line
+    assert metrics.metric_number(line.split(": ", 1)[1]) == pytest.approx(round(percent, 1))
+
+
+def test_missing_values_print_nan_and_a_clean_run_is_ok():
+    decode_only = [measurement("fwd", "d128-noncausal-gqa4-bf16", result("decode", "fwd", 50.0))]
+    summary = metrics.summarize(decode_only, SM120, "NVIDIA GeForce RTX 5090", "native")
+    values = metrics.parse_metric_lines("\n".join(["noise: x", "table | row", *metrics.metric_lines(summary)]))
+    assert values["bwd_tflops_geomean"] == "nan" and values["bwd_tflops_peak"] == "nan"
+    assert values["configs_ok"] == "1/1" and summary.status == "ok"
+    assert "emulated" not in values["fwd_utilization"]
+    assert metrics.metric_number(values["bwd_tflops_geomean"]) != metrics.metric_number(values["bwd_tflops_geomean"])  # nan
+
+
+def render(table):
+    buffer = io.StringIO()
+    metrics.print_table(table, file=buffer)
+    return buffer.getvalue()
+
+
+def test_problem_table_shows_each_problem_status_and_reason():
+    text = render(metrics.problem_table(RUN, "experiment.py per problem [target=sm120 device=NVIDIA H200 mode=emulated]"))
+    assert "target=sm120 device=NVIDIA H200 mode=emulated" in text
+    assert "infeasible" in text and "smem_capacity: needs 131072 B" in text
+    assert "380.0" in text and "d128-noncausal-bf16" in text
+    assert len(text.splitlines()) >= 5 + 5  # header, rule and one line per problem and direction
+
+
+def test_comparison_table_puts_candidates_side_by_side():
+    table = metrics.comparison_table({"sm120 upstream": RUN[:1], "torch sdpa": [measurement("fwd", "x", result("a", "fwd", 523.0))]}, "baselines")
+    text = render(table)
+    assert "fwd sm120 upstream" in text and "fwd torch sdpa" in text
+    row = next(line for line in text.splitlines() if " a " in line)
+    assert "380.0" in row and "523.0" in row
