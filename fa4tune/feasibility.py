@@ -13,8 +13,13 @@ from dataclasses import dataclass
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.targets import Target
 
-FORWARD_KERNELS = ("sm120",)
+FORWARD_KERNELS = ("sm120", "sm120_tma")
 BYTES_PER_ELEMENT = 2  # fp16 / bf16
+MBARRIER_BYTES = 8
+# The TMA kernel's shared storage: tiles aligned to 1024 B (the 128-byte TMA swizzle repeats every
+# 1024 B), mbarriers after them, and the struct's size rounded up to its 1024-byte alignment.
+TMA_SMEM_ALIGN = 1024
+TMA_NUM_STAGES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -40,13 +45,39 @@ def _fail(rule: str, message: str) -> Verdict:
 
 
 def forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
-    """Shared memory the forward kernel's tiles need (upstream's formula) and a breakdown."""
+    """Shared memory the config's forward kernel needs and a breakdown (upstream's formula for "sm120")."""
+    if cfg.kernel == "sm120_tma":
+        return tma_forward_smem_bytes(cfg, pc)
     q = cfg.tile_m * pc.head_dim * BYTES_PER_ELEMENT
     k = cfg.tile_n * pc.head_dim * cfg.num_stages * BYTES_PER_ELEMENT
     v = cfg.tile_n * pc.head_dim_v * cfg.num_stages * BYTES_PER_ELEMENT
     if cfg.Q_in_regs:
         return max(q, v) + k, f"max(Q {q}, V {v}) + K {k} (Q_in_regs shares Q and V)"
     return q + k + v, f"Q {q} + K {k} + V {v}"
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def tma_forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
+    """Shared memory of the TMA forward kernel (experiment.TmaForwardSm120) and a breakdown.
+
+    Tiles as upstream's formula (head dims padded to 16, each tile 1024-B aligned), plus one 8-byte
+    mbarrier for Q and one per K stage and per V stage, the whole rounded up to 1024 B; this is the
+    compiled kernel's `SharedStorage.size_in_bytes()` (tests/test_tma_kernel.py checks that).
+    """
+    hd, hdv = _round_up(pc.head_dim, 16), _round_up(pc.head_dim_v, 16)
+    q = _round_up(cfg.tile_m * hd * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
+    k = _round_up(cfg.tile_n * hd * cfg.num_stages * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
+    v = _round_up(cfg.tile_n * hdv * cfg.num_stages * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
+    barriers = (1 + 2 * cfg.num_stages) * MBARRIER_BYTES
+    if cfg.Q_in_regs:
+        tiles, shared = max(q, v) + k, f"max(Q {q}, V {v}) + K {k} (Q_in_regs shares Q and V)"
+    else:
+        tiles, shared = q + k + v, f"Q {q} + K {k} + V {v}"
+    total = _round_up(tiles + barriers, TMA_SMEM_ALIGN)
+    return total, f"{shared} + {barriers} B of mbarriers, padded to {TMA_SMEM_ALIGN} B alignment"
 
 
 def backward_smem_bytes(cfg: BackwardConfig, pc: ProblemClass) -> tuple[int, str]:
@@ -79,12 +110,20 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdi
             if name == "num_threads" and cfg.num_threads % 32:
                 return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {cfg.num_threads}")
             return verdict
-    if cfg.num_stages not in (1, 2, 3, 4):
+    if cfg.kernel == "sm120_tma":
+        # checked before the shared-memory formula, which needs a stage count
+        if isinstance(cfg.num_stages, bool) or cfg.num_stages not in TMA_NUM_STAGES:
+            return _fail(
+                "tma_num_stages",
+                f"the TMA kernel needs num_stages (the depth of its K/V mbarrier pipeline) in "
+                f"{TMA_NUM_STAGES[0]}..{TMA_NUM_STAGES[-1]}, got {cfg.num_stages!r}",
+            )
+    elif cfg.num_stages not in (1, 2, 3, 4):
         return _fail("num_stages_domain", f"num_stages must be 1..4 (cp.async K/V pipeline depth), got {cfg.num_stages}")
     smem, breakdown = forward_smem_bytes(cfg, pc)
     if smem > target.smem_per_block:
         return _fail(
-            "smem_capacity",
+            "tma_smem_capacity" if cfg.kernel == "sm120_tma" else "smem_capacity",
             f"needs {smem} B of shared memory ({breakdown}), {target.name} has {target.smem_per_block} B per block",
         )
     if (cfg.tile_m * 2) % cfg.num_threads:

@@ -15,7 +15,8 @@ FORWARD_DOMAIN: dict[str, tuple] = {
     "num_threads": (128, 256),
     "num_stages": (1, 2),
     "Q_in_regs": (False, True),
-    "kernel": ("sm120",),
+    # experiment.FORWARD_KERNELS: upstream's cp.async kernel, and the TMA-fed one (num_stages is its pipeline depth)
+    "kernel": ("sm120", "sm120_tma"),
 }
 
 BACKWARD_DOMAIN: dict[str, tuple] = {

@@ -11,7 +11,7 @@ from fa4tune.feasibility import (
     upstream_can_implement_backward,
     upstream_can_implement_forward,
 )
-from fa4tune.space import BACKWARD_DOMAIN, feasible_forward, forward_candidates
+from fa4tune.space import BACKWARD_DOMAIN, FORWARD_DOMAIN, feasible_forward, forward_candidates
 from fa4tune.targets import get_target
 
 TARGET = get_target("sm120")
@@ -24,7 +24,9 @@ CLASSES = [
 UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity", "tile_m_x2_divisible_by_num_threads"}
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
 OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
-                       "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two"}
+                       "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two", "tma_num_stages", "tma_smem_capacity"}
+# The TMA kernel's shared-memory rule: upstream's tiles plus its mbarriers, so wherever upstream's rejects, it does.
+TMA_FWD_SMEM_RULES = {"tma_smem_capacity"}
 OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "AtomLayoutMSdP_divides_warps", "AtomLayoutNdKV_divides_warps", "AtomLayoutMdQ_divides_warps"}
 
 
@@ -43,7 +45,7 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
         theirs = upstream_can_implement_forward(cfg, pc)
         if not theirs:
             assert not ours, f"upstream rejects, we accept: {cfg}"
-            assert ours.rule in UPSTREAM_FWD_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
+            assert ours.rule in UPSTREAM_FWD_RULES | TMA_FWD_SMEM_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
         elif not ours:
             # upstream has no rule here: ours must name a rule upstream lacks
             assert ours.rule in OUR_EXTRA_FWD_RULES, (cfg, ours)
@@ -91,10 +93,12 @@ def test_unknown_kernel_rejected():
 
 
 def test_feasible_space_size_is_sane():
-    # about fifty configs per class: small enough for an exhaustive sweep, large enough to tune
+    # about fifty configs per class and kernel: small enough for an exhaustive sweep, large enough to tune
     for pc in CLASSES[:5]:
-        n = len(feasible_forward(pc, TARGET))
-        assert 40 <= n <= 100, (pc.name, n)
+        feasible = feasible_forward(pc, TARGET)
+        for kernel in FORWARD_DOMAIN["kernel"]:
+            n = sum(cfg.kernel == kernel for cfg in feasible)
+            assert 40 <= n <= 100, (pc.name, kernel, n)
     assert feasible_forward(ProblemClass(256, 256, False), TARGET) == [
         cfg for cfg in feasible_forward(ProblemClass(256, 256, False), TARGET) if forward_smem_bytes(cfg, ProblemClass(256, 256, False))[0] <= 101376
     ]
