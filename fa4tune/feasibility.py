@@ -144,6 +144,13 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdi
             "pack_gqa_tile_m_power_of_two",
             f"with GQA packing (qhead_per_kvhead={pc.qhead_per_kvhead}) tile_m must be a power of two, got {cfg.tile_m}",
         )
+    if pc.qhead_per_kvhead > 1 and cfg.tile_m > cfg.num_threads:
+        # Measured on the H200 sweep (docs/measurements/2026-11-29-h200-fwd-sweep.md): with GQA packing every
+        # tile_m=256 config with 128 threads failed PackGQA's assertion at compile time; all others compiled.
+        return _fail(
+            "pack_gqa_tile_m_le_num_threads",
+            f"with GQA packing (qhead_per_kvhead={pc.qhead_per_kvhead}) tile_m ({cfg.tile_m}) must not exceed num_threads ({cfg.num_threads})",
+        )
     return OK
 
 
