@@ -4,7 +4,10 @@ Every evaluation in the project goes through here: for each (config, problem, di
 feasibility rules of the target (an infeasible config is never run), the correctness gate on several input
 cases (fa4tune.gate; a failing config is `incorrect` and never timed), then timing (fa4tune.timing: warm-up,
 L2 flushed, rotated input sets, interleaved candidates, median with spread) in a child process with a time
-limit (fa4tune.isolation: a segfault, CUDA fault or hang costs only that step).
+limit (fa4tune.isolation: a segfault, CUDA fault or hang costs only that step). experiment.py's candidates
+run under the guardrails of fa4tune.guards (static rules on its source, a trap for other attention
+implementations and side streams, output-reuse and lazy-output checks; a violation is status `guard`), and
+a run refuses to start when prepare.py or a measuring module differs from its pinned hash.
 
     uv run python experiment.py > run.log          # experiment.py's dispatch table (calls run_experiment)
     uv run python prepare.py --baseline            # upstream SM120 defaults vs FA4's own path vs torch SDPA
@@ -17,6 +20,7 @@ kernels run emulated (upstream's SM120 classes compiled for the local GPU) and t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -32,7 +36,7 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fa4tune import defaults, flops, gate, gpu, isolation, metrics, results_tsv, timing  # noqa: E402
+from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, timing  # noqa: E402
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
 from fa4tune.feasibility import check_backward, check_forward  # noqa: E402
 from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
@@ -55,13 +59,16 @@ GATE_SEQLEN_OFFSET = 37  # the gate case with sequence lengths that are not tile
 GATE_RANDOM_PROBLEMS = 2  # small problems of the same class drawn at run time (seed recorded)
 GATE_RANDOM_MAX_SEQLEN = 1024
 REFERENCE_CHUNK_BYTES = 2 << 30  # fp32 reference computed in chunks of this many score bytes
+GUARD_SEED_OFFSET = 7  # the run-time guards' inputs: gate seed + this (other values than every gate case)
 
 # Candidate kinds a step can run (baseline names as printed).
 EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
 
 
 def _status_of_error(err: BaseException) -> str:
-    """'compile_error' for errors raised by the CuTe DSL compiler, else 'crash'."""
+    """'guard' for a broken guardrail, 'compile_error' for errors raised by the CuTe DSL compiler, else 'crash'."""
+    if isinstance(err, guards.GuardViolation):
+        return "guard"
     module = type(err).__module__ or ""
     return "compile_error" if module.startswith("cutlass") else "crash"
 
@@ -102,6 +109,7 @@ class Candidate:
     name: str
     forward: Callable
     config: dict
+    guarded: bool = False  # experiment.py's code: gated under fa4tune.guards' trap and run-time checks
 
 
 def experiment_candidate(experiment_module, fwd_config: ForwardConfig, bwd_config: BackwardConfig, name: str = EXPERIMENT) -> Candidate:
@@ -110,7 +118,7 @@ def experiment_candidate(experiment_module, fwd_config: ForwardConfig, bwd_confi
     def forward(q, k, v, causal):
         return experiment_module.attention(q, k, v, causal=causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True)
 
-    return Candidate(name, forward, {"forward": fwd_config.to_dict(), "backward": bwd_config.to_dict()})
+    return Candidate(name, forward, {"forward": fwd_config.to_dict(), "backward": bwd_config.to_dict()}, guarded=True)
 
 
 def fa4_candidate() -> Candidate:
@@ -234,7 +242,16 @@ def _worst_case_errors(gate_results: Sequence[gate.GateResult]) -> dict:
 
 
 def gate_candidate(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings) -> tuple[bool, dict, str]:
-    """Run every gate case; (passed, max_errors record, reason of the first failure)."""
+    """Run every gate case; (passed, max_errors record, reason of the first failure). A guarded candidate
+    runs under fa4tune.guards' trap, and after passing, its run-time guards; GuardViolation if one fails."""
+    with guards.attention_trap() if candidate.guarded else contextlib.nullcontext():
+        passed, errors, reason = _gate_cases(candidate, problem, direction, device, settings)
+        if passed and candidate.guarded:
+            guards.check_candidate(candidate.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET)
+    return passed, errors, reason
+
+
+def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings) -> tuple[bool, dict, str]:
     cases = gate.gate_cases(
         problem, settings.gate_seed, scale=GATE_SCALE, seqlen_offset=GATE_SEQLEN_OFFSET,
         random_count=settings.gate_random_problems, random_max_seqlen=GATE_RANDOM_MAX_SEQLEN,
@@ -802,8 +819,17 @@ def run_experiment(experiment_module, suite: str = DEFAULT_SUITE, *, description
                    context: "RunContext | None" = None, device: str = "cuda", settings: Settings | None = None) -> int:
     """Run experiment_module's dispatch table over a suite: table, metric lines, one results.tsv row.
 
-    Returns 0 when every config passed, 1 when some did not, 2 for bad input (one line on stderr).
-    `context`, `device` and `settings` default to this GPU and the module constants."""
+    Returns 0 when every config passed, 1 when some did not, 2 for bad input or a broken guardrail (one
+    line each on stderr). `context`, `device` and `settings` default to this GPU and the module constants."""
+    changed = guards.harness_changes()
+    refusals = [str(v) for v in guards.check_module(experiment_module)]
+    refusals += [guards.harness_edit_error(changed)] if changed and not guards.harness_edit_allowed() else []
+    for line in refusals:
+        _error(line)
+    if refusals:
+        return 2
+    if changed:
+        description = f"{guards.harness_edit_mark(changed)} {description}".rstrip()
     try:
         problems, context, settings, clocks_start = _begin(suite, only, context, settings, device)
     except ConfigError as err:
@@ -831,7 +857,8 @@ def run_experiment(experiment_module, suite: str = DEFAULT_SUITE, *, description
         fwd_tflops_peak=summary.fwd_tflops_peak, bwd_tflops_peak=summary.bwd_tflops_peak,
         peak_vram_mb=summary.peak_vram_mb, configs_ok=f"{summary.configs_ok}/{summary.configs_total}",
         status="ok" if not statuses else ",".join(statuses), prepare_sha256=prepare_sha256(), description=description,
-        config={"suite": suite, "gate_seed": settings.gate_seed, "forward": configs["fwd"], "backward": configs["bwd"]},
+        config={"suite": suite, "gate_seed": settings.gate_seed, "forward": configs["fwd"], "backward": configs["bwd"],
+                **({"harness_edited": changed} if changed else {})},
     )
     results_tsv.append_row(results_path, row)
     return 0 if not statuses else 1

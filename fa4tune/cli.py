@@ -29,6 +29,13 @@ def _parser() -> argparse.ArgumentParser:
 def experiment_main(module, argv: list[str] | None = None) -> int:
     """Entry point of `python experiment.py`; returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
+    from fa4tune import guards
+
+    violations = guards.check_module(module)
+    for violation in violations:  # before any compile or GPU work (program.md's guardrails)
+        print(f"error: {violation}", file=sys.stderr)
+    if violations:
+        return 2
     try:
         if args.static or not _gpu_available():
             return static_main(module, args)

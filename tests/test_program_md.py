@@ -1,0 +1,163 @@
+"""program.md's commands exist and run: the files and modules it runs, the metric names it greps, the options it
+passes, and the one-liners it gives for the spread and the log."""
+
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fa4tune import cli, metrics, static_report
+from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.results_tsv import COLUMNS, ResultRow, append_row
+from fa4tune.targets import get_target
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAM = (ROOT / "program.md").read_text()
+
+
+def commands() -> list[str]:
+    """Every command line of program.md: its fenced code blocks, and inline code that starts like a command."""
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", PROGRAM, flags=re.S)
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    inline = re.findall(r"(?<!`)`((?:uv run|git|grep|tail|timeout) [^`]+)`(?!`)", re.sub(r"```.*?```", "", PROGRAM, flags=re.S))
+    return [line for line in lines + inline if line and not line.startswith("#")]
+
+
+def segments(command: str) -> list[list[str]]:
+    """The simple commands of a line (split at `|`, `&&`, `;`), as words, without redirections or `timeout N`."""
+    words = shlex.split(command.replace("$'\\t'", "TAB"))
+    out, current, skip = [], [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("|", "&&", ";"):
+            out.append(current)
+            current = []
+        elif word == ">":
+            skip = True  # the file name that follows
+        elif not re.match(r"\d?>", word):
+            current.append(word)
+    out.append(current)
+    return [s[2:] if s[:1] == ["timeout"] else s for s in out if s]
+
+
+def python_invocations() -> list[list[str]]:
+    """The arguments after `uv run python` in every command."""
+    found = []
+    for command in commands():
+        for words in segments(command):
+            if words[:3] == ["uv", "run", "python"]:
+                found.append(words[3:])
+    return found
+
+
+def test_program_md_has_the_commands_a_loop_needs():
+    text = " ".join(commands())
+    for needle in ("git checkout -b autotune/", "uv run python experiment.py", "> run.log 2>&1", "grep \"^fwd_tflops_geomean:",
+                   "git reset --keep HEAD~1", "git checkout experiment.py", "uv run python -m fa4tune.guards", "timeout 600"):
+        assert needle in text, needle
+
+
+def test_every_program_it_runs_is_installed():
+    for command in commands():
+        for words in segments(command):
+            assert shutil.which(words[0]), f"{words[0]} (in {command!r}) is not on PATH"
+
+
+def test_every_python_file_and_module_it_runs_exists():
+    seen = set()
+    for args in python_invocations():
+        if args[0] == "-c":
+            continue
+        if args[0] == "-m":
+            assert importlib.util.find_spec(args[1]) is not None, args[1]
+            seen.add(args[1])
+        else:
+            assert (ROOT / args[0]).is_file(), args[0]
+            seen.add(args[0])
+    assert {"experiment.py", "fa4tune.guards"} <= seen
+    for command in commands():
+        for words in segments(command):
+            if words[:3] == ["uv", "run", "pytest"]:
+                assert all((ROOT / arg).is_file() for arg in words[3:] if not arg.startswith("-")), words
+
+
+def test_every_experiment_py_option_it_passes_is_accepted():
+    for args in python_invocations():
+        if args[0] == "experiment.py":
+            cli._parser().parse_args(args[1:])  # exits (SystemExit) on an unknown option
+        if args[:2] == ["-m", "fa4tune.guards"]:
+            assert set(args[2:]) <= {"--pin"}
+
+
+def test_every_grepped_metric_is_one_the_harness_prints():
+    printed = set(metrics.METRIC_NAMES)
+    printed |= {line.split(":")[0] for line in static_report.metric_lines([], get_target("sm120"))}
+    grepped = set()
+    for command in commands():
+        for words in segments(command):
+            if words[0] == "grep":
+                grepped |= set(re.findall(r"\^([A-Za-z_]+):", words[1]))
+    assert {"fwd_tflops_geomean", "bwd_tflops_geomean", "configs_ok", "static_configs_ok"} <= grepped
+    printed.add("error")  # prepare.py's one-line problem reports, `error: <candidate> <direction> <problem>: <status>: ...`
+    assert grepped <= printed, grepped - printed
+
+
+def test_experiment_py_help_runs():
+    done = subprocess.run([sys.executable, "experiment.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "--description" in done.stdout and "--static" in done.stdout
+
+
+def test_the_guards_command_passes_on_this_checkout():
+    done = subprocess.run([sys.executable, "-m", "fa4tune.guards"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "guards: 0 violation(s) in experiment.py; harness as pinned"
+
+
+def _one(needle: str) -> str:
+    (command,) = [c for c in commands() if needle in c]
+    return command
+
+
+def test_the_spread_one_liner_reads_the_run_table(tmp_path):
+    results = (
+        ProblemResult("b1 s8192 h16 d128", "fwd", "ok", tflops=380.0, ms_median=1.0, ms_min=0.99, ms_max=1.03),  # 4%
+        ProblemResult("b4 s2048 h32 d64", "fwd", "ok", tflops=300.0, ms_median=2.0, ms_min=1.98, ms_max=2.02),  # 2%
+        ProblemResult("gqa decode 4k", "fwd", "incorrect", reason="out max error 1 > tolerance 0.1"),
+        ProblemResult("b1 s8192 h16 d128", "bwd", "ok", tflops=250.0, ms_median=4.0, ms_min=3.96, ms_max=4.12),  # 4%
+        ProblemResult("b2 s4096 h16 d96", "fwd", "ok", tflops=290.0, ms_median=0.5, ms_min=0.5, ms_max=0.505),  # 1%
+    )
+    m = Measurement("fwd", "suite", {"tile_m": 128}, results, "sm120", "NVIDIA H200", "emulated")
+    with open(tmp_path / "run.log", "w") as log:
+        metrics.print_table(metrics.problem_table([m], "experiment.py per problem [target=sm120]"), file=log)
+    done = subprocess.run(["bash", "-c", _one("spread_pct")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "spread_pct: 2"  # median of 1, 2, 4, 4 (the lower middle); the incorrect row is not counted
+
+
+def test_the_log_one_liner_shows_the_named_columns(tmp_path):
+    command = _one("results.tsv | column")
+    fields = [int(f) for f in re.search(r"cut -f ([\d,]+)", command).group(1).split(",")]
+    assert [COLUMNS[f - 1] for f in fields] == ["timestamp", "commit", "fwd_tflops_geomean", "bwd_tflops_geomean", "configs_ok", "status", "description"]
+    append_row(tmp_path / "results.tsv", ResultRow("2026-11-29T10:00:00+00:00", "abc1234", "manual", "sm120", "NVIDIA H200", "emulated",
+                                                   301.5, 240.0, 380.0, 250.0, 900.0, "15/15", "ok", "0" * 64, "baseline (run 1)", {}))
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()
+    assert header.split() == ["timestamp", "commit", "fwd_tflops_geomean", "bwd_tflops_geomean", "configs_ok", "status", "description"]
+    assert row.split()[:6] == ["2026-11-29T10:00:00+00:00", "abc1234", "301.5", "240.0", "15/15", "ok"]
+
+
+@pytest.mark.parametrize("rule", ["other_attention", "self_timing", "side_stream", "not_ready", "deferred_work", "output_reuse",
+                                  "output_type", "harness_access", "harness_edit"])
+def test_every_guard_rule_is_explained(rule):
+    from fa4tune import guards
+
+    assert rule in guards.WHY
+    assert f"| `{rule}` |" in PROGRAM
