@@ -1,0 +1,83 @@
+"""Compiles through a patched upstream interface (fake tensors, sm_120a) and prints what reached the kernels.
+
+Run by tests/test_search_export.py in a subprocess whose PYTHONPATH starts with the patched copy of
+flash_attn/cute, since the DSL reads its arch from the environment at import time. Reads a JSON list of
+problem classes on stdin: {"kind": "fwd"|"bwd", "head_dim", "causal", "qhead_per_kvhead"}.
+"""
+
+import json
+import os
+import sys
+import warnings
+
+os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH="sm_120a", FLASH_ATTENTION_NUM_SMS="170")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from flash_attn.cute import interface  # noqa: E402
+
+FWD_ATTRS = ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")
+BWD_ATTRS = ("m_block_size", "n_block_size", "num_stages_Q", "num_stages_dO", "num_threads", "SdP_swapAB", "dKV_swapAB",
+             "dQ_swapAB", "AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ", "V_in_regs")
+built, postprocess = [], []
+
+
+def recording(base, into):
+    """A subclass of a kernel class that remembers every object the interface builds."""
+    def __init__(self, *args, **kwargs):
+        base.__init__(self, *args, **kwargs)
+        into.append(self)
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+
+
+interface.FlashAttentionForwardSm120 = recording(interface.FlashAttentionForwardSm120, built)
+interface.FlashAttentionBackwardSm120 = recording(interface.FlashAttentionBackwardSm120, built)
+interface.FlashAttentionBackwardPostprocess = recording(interface.FlashAttentionBackwardPostprocess, postprocess)
+compiled = []
+_compile = interface.cute.compile
+
+
+def counting_compile(*args, **kwargs):
+    """cute.compile, counted: the kernels of a job really compile for sm_120a (fake tensors only skip the launch)."""
+    fn = _compile(*args, **kwargs)
+    compiled.append(type(args[0]).__name__)
+    return fn
+
+
+interface.cute.compile = counting_compile
+
+report = []
+for job in json.loads(sys.stdin.read()):
+    s, hd, gqa = 512, job["head_dim"], job["qhead_per_kvhead"]
+    if job["kind"] == "fwd_config":  # what the interface picks, without compiling
+        cfg = interface._get_fwd_config(
+            arch=120, head_dim=hd, head_dim_v=hd, max_seqlen_q=s, max_seqlen_k=s, num_head_kv=2, qhead_per_kvhead=gqa,
+            pack_gqa=gqa > 1, batch_size=1, causal=job["causal"], local=False, window_size_left=None,
+            window_size_right=None, num_splits=1, device=None,
+        )
+        report.append({"job": job, "config": {"tile_m": cfg.m_block_size, "tile_n": cfg.n_block_size, "num_threads": cfg.num_threads,
+                                              "num_stages": cfg.num_stages, "Q_in_regs": cfg.Q_in_regs}})
+        continue
+    if job["kind"] == "bwd_config":
+        cfg = interface._tile_size_bwd_sm120(hd, hd, job["causal"], False, gqa)
+        report.append({"job": job, "config": {n: getattr(cfg, n) for n in BWD_ATTRS}})
+        continue
+    before, compiled_before = len(postprocess), len(compiled)
+    with FakeTensorMode():
+        q = torch.empty(1, s, 2 * gqa, hd, dtype=torch.bfloat16, device="cuda")
+        kv = torch.empty(1, s, 2, hd, dtype=torch.bfloat16, device="cuda")
+        if job["kind"] == "fwd":
+            interface._flash_attn_fwd(q, kv, kv, causal=job["causal"], return_lse=True)
+            names = FWD_ATTRS
+        else:
+            lse = torch.empty(1, q.shape[2], s, dtype=torch.float32, device="cuda")
+            interface._flash_attn_bwd(q, kv, kv, q, q, lse, causal=job["causal"])
+            names = BWD_ATTRS
+    kernel = built[-1]
+    entry = {"job": job, "kernel": {n: getattr(kernel, n) for n in names if hasattr(kernel, n)}, "compiled": compiled[compiled_before:]}
+    if job["kind"] == "bwd":
+        entry["postprocess_threads"] = sorted({p.num_threads for p in postprocess[before:]})
+    report.append(entry)
+print("PROBE " + json.dumps({"jobs": report, "interface": interface.__file__}))

@@ -1,0 +1,109 @@
+"""report --plots: the four figures, their numbers, and where each figure says its numbers come from."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from review_studies import BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, backward_table, forward_table, run_study  # noqa: E402
+from search import plots  # noqa: E402
+from search.evidence import load_studies, source_label  # noqa: E402
+from search.storage import open_storage  # noqa: E402
+from search.table import load_table  # noqa: E402
+from search_helpers import run_cli  # noqa: E402
+
+MHA, GQA = "d128-causal-bf16", "d128-causal-gqa4-bf16"
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("plots")
+    url = f"sqlite:///{tmp / 'search.db'}"
+    table = forward_table(tmp)
+    run_study(url, "fwd", MHA, table, [FWD_MHA, FWD_MHA_RUNNER_UP], sampler_trials=4, seed=2)
+    run_study(url, "fwd", GQA, table, [FWD_GQA, FWD_GQA_RUNNER_UP])
+    run_study(url, "bwd", BWD_CLASS, backward_table(tmp), [BWD])
+    return url, table, {(ev.direction, ev.problem_class.name): ev for ev in load_studies(open_storage(url))}
+
+
+def test_report_plots_writes_four_pngs_next_to_the_text_report(studies, tmp_path):
+    url, table, _ = studies
+    done = run_cli("report", "--storage", url, "--plots", tmp_path / "figures", "--table", table, "--plot-class", MHA)
+    assert done.returncode == 0, done.stderr
+    assert "winner #" in done.stdout  # the text report is still printed
+    for name in ("best_so_far.png", "speedup.png", "tile_heatmap.png", "registers_spills.png"):
+        path = tmp_path / "figures" / name
+        assert f"wrote {path}" in done.stdout and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_speedup_bars_are_the_confirmed_winners_over_upstream_defaults_per_problem(studies):
+    _, _, found = studies
+    fig = plots.speedup(list(found.values()), "label", None, needed=2)
+    forward, backward = fig.axes[:2]
+    expected = []
+    for name in (MHA, GQA):
+        ev = found[("fwd", name)]
+        expected += [v / ev.default().tflops[p] for p, v in ev.winner().tflops.items()]
+    assert [round(bar.get_width(), 6) for bar in forward.patches] == [round(v, 6) for v in expected]
+    bwd = found[("bwd", BWD_CLASS)]
+    assert [round(bar.get_width(), 6) for bar in backward.patches] == [
+        round(v / bwd.default().tflops[p], 6) for p, v in bwd.winner().tflops.items()]
+    assert "label" in fig._suptitle.get_text()
+
+
+def test_a_study_without_two_confirmations_is_left_out_of_the_speedups(studies):
+    _, _, found = studies
+    fig = plots.speedup([found[("fwd", MHA)]], "label", None, needed=3)
+    assert not fig.axes[0].patches
+    assert any("no winner confirmed 3 times" in t.get_text() for t in fig.axes[0].texts)
+
+
+def test_heat_map_cells_hold_the_best_tflops_of_each_tile_over_the_other_knobs(studies):
+    _, table_path, found = studies
+    table = load_table(str(table_path))
+    fig = plots.tile_heatmap(found[("fwd", MHA)], "label", table)
+    by_threads = {ax.get_title(): ax.images[0].get_array() for ax in fig.axes if ax.images}
+    best = max(m.geomean_tflops() for m in table.measurements("fwd", MHA)
+               if m.ok and m.config["num_threads"] == 256 and m.config["tile_m"] == 128 and m.config["tile_n"] == 128)
+    assert by_threads["num_threads=256"][1, 3] == pytest.approx(best)  # rows tile_m 64..256, columns tile_n 32..128
+    assert "infeasible" in " ".join(t.get_text() for ax in fig.axes for t in ax.texts)  # tile_m=64 with 256 threads
+
+
+def test_registers_plot_takes_static_facts_from_trials_else_from_the_cache_else_says_there_are_none(studies, tmp_path):
+    url, _, found = studies
+    ev = found[("fwd", MHA)]
+    assert "static facts from the trials" in plots.registers_spills(ev, "label", None)._suptitle.get_text()
+    bare = replace(ev, history=[replace(r, static={}) for r in ev.history])
+    cache = tmp_path / "static-facts.jsonl"
+    facts = {"kind": "fwd", "problem_class": MHA, "config": FWD_MHA.to_dict(), "status": "ok", "registers": 200,
+             "spill_store_bytes": 0, "spill_load_bytes": 0}
+    cache.write_text(json.dumps({"key": "k", "facts": facts}) + "\n")
+    fig = plots.registers_spills(bare, "label", None, cache)
+    assert "static facts from static-facts.jsonl" in fig._suptitle.get_text()
+    offsets = fig.axes[0].collections[1].get_offsets()  # num_threads=256 points: the winner
+    assert [tuple(p) for p in offsets] == [(200, pytest.approx(bare.winner().value))]
+    empty = plots.registers_spills(bare, "label", None, tmp_path / "missing.jsonl")
+    assert "no static facts for this class" in empty._suptitle.get_text()
+
+
+def test_best_so_far_ends_at_the_study_best_and_colours_each_proposer(studies):
+    _, _, found = studies
+    ev = found[("fwd", MHA)]
+    fig = plots.best_so_far([ev], "label")
+    line = fig.axes[0].lines[0]
+    assert line.get_ydata()[-1] == pytest.approx(max(r.value for r in ev.search_trials if r.evaluated and r.ok))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["baseline", "scripted", "random"]
+
+
+def test_figures_name_their_source_and_never_call_emulation_sm120():
+    replayed = "NVIDIA H200 (replayed from h200_fwd_sweep.json)"
+    assert source_label(replayed, "replay", {"device": "NVIDIA H200", "mode": "emulated"}) == \
+        "SM120 kernels emulated on NVIDIA H200 (replayed from h200_fwd_sweep.json)"
+    assert source_label("NVIDIA H200", "emulated") == "SM120 kernels emulated on NVIDIA H200"
+    assert source_label("NVIDIA GeForce RTX 5090", "native") == "SM120 hardware: NVIDIA GeForce RTX 5090"
+    assert source_label("x (replayed from t.json)", "replay", {"synthetic": True, "mode": "synthetic"}).startswith("SYNTHETIC")
