@@ -77,7 +77,7 @@ def test_dry_run_prints_the_patch_with_its_evidence_and_writes_nothing(winners_u
     assert f"uv run python -m search export --storage {winners_url} --out {out}" in message
 
 
-def test_the_patch_applies_to_the_pinned_wheel_and_the_interface_picks_every_winner(winners_url, tmp_path):
+def test_the_patch_applies_with_git_to_a_pristine_copy_of_the_pinned_wheel(winners_url, tmp_path):
     patch = tmp_path / "sm120-tuned.patch"
     done = _export(winners_url, "--allow-replay", out=patch)
     assert done.returncode == 0, done.stderr
@@ -95,7 +95,7 @@ def test_the_patch_applies_to_the_pinned_wheel_and_the_interface_picks_every_win
 
 
 @pytest.mark.compile
-def test_the_patched_package_compiles_the_exported_configs_for_sm120a(winners_url, tmp_path):
+def test_the_patched_package_compiles_each_exported_config_for_sm120a_and_picks_it(winners_url, tmp_path):
     patch = tmp_path / "sm120-tuned.patch"
     assert _export(winners_url, "--allow-replay", out=patch).returncode == 0
     checkout = _pristine_checkout(tmp_path / "flash-attention")
