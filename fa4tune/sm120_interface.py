@@ -173,7 +173,9 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
         bwd = _rewrite(namespace, interface._flash_attn_bwd, BACKWARD_EDITS)
-        fwd.compile_cache, bwd.compile_cache = CompileCache(), CompileCache()
+        from fa4tune.kernel_cache import new_cache  # on disk when FA4TUNE_KERNEL_CACHE is set (the compile pipeline)
+
+        fwd.compile_cache, bwd.compile_cache = new_cache(class_for), new_cache(class_for)
         built = PatchedInterface(fwd, bwd, fwd.compile_cache, bwd.compile_cache)
         _BUILT[id(class_for)] = built
         return built

@@ -1,0 +1,418 @@
+"""A worker: `python -m search worker --storage URL [--study NAME ...] [--gpu N]` joins studies and works on them
+next to any number of other workers, on this machine or others, through the storage alone.
+
+The search settings (trials, sampler, proposer, turns, confirmations) come from the study, where
+`python -m search run --workers N` recorded them, so every worker searches the same way; the worker's own
+options say only where it runs: storage, GPU, evaluator, results file. Each worker runs search.loop's
+StudyLoop with the rules of search.coordination (study lock, claims, shares that count other workers'
+trials) and search.heartbeat (a dead worker's trial is failed and queued again by the others).
+
+Bad input (unknown storage scheme, unreachable database, wrong credentials, a study that does not exist,
+was made with another search space, or has no recorded settings) is one line on stderr and exit code 2,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import optuna
+
+from fa4tune.config import ConfigError, Problem, ProblemClass
+from fa4tune.suites import load_suite
+from fa4tune.targets import get_target
+from search import attrs
+from search.coordination import (PROBLEM_SPECS, SEARCH_SETTINGS, WORKER, StudyLock, counted_history, default_worker_id,
+                                 find_claim, in_flight_evaluations, pending_turns, set_pending_turn)
+from search.heartbeat import Heartbeat, enable, fail_stale
+from search.history import TrialRecord, confirmations, evaluated_count, records, winner
+from search.live import PlainView, trial_line
+from search.loop import CONFIRMATION, LoopSettings, Outcome, StopFlag, StudyLoop
+from search.run_config import RunConfig, check_values
+from search.samplers import make_sampler
+from search.space import get_space
+from search.storage import check_url, describe, open_existing_storage
+from search.study import StudySpec, waiting
+from search.turns import make_policy, parse_ratio
+
+INTERRUPTED = 130
+POLL_S = 0.25  # how often a worker looks again while others finish what it needs
+# The RunConfig fields that belong to the study (recorded by `run --workers`), not to the machine.
+SEARCH_FIELDS = ("n_trials", "sampler", "seed", "proposer", "model", "k", "ratio", "policy", "window", "api_timeout",
+                 "api_retries", "api_backoff", "confirmations", "tolerance", "baseline")
+
+
+def add_parser(sub) -> None:
+    """The `worker` subcommand's options."""
+    p = sub.add_parser("worker", help="join studies in a shared storage and work on them next to other workers")
+    p.add_argument("--storage", default="sqlite:///search.db", help="Optuna storage URL (default sqlite:///search.db)")
+    p.add_argument("--study", action="append", dest="studies", help="study name (repeatable; default every study with recorded settings)")
+    p.add_argument("--gpu", help="the GPU to use, as CUDA_VISIBLE_DEVICES names it (an index or a UUID)")
+    p.add_argument("--evaluator", default="gpu", help="gpu or replay (default gpu)")
+    p.add_argument("--table", default="", help="recorded table for the replay evaluator")
+    p.add_argument("--replay-delay", type=float, default=0.0, help="seconds the replay evaluator waits per config")
+    p.add_argument("--compile-jobs", type=int, default=0, help="CPU compile processes ahead of the GPU (0: compile on the GPU's turn)")
+    p.add_argument("--slots", type=int, default=0, help="trials in flight in this worker (default 1; compile jobs + 2 with --compile-jobs)")
+    p.add_argument("--results", default="results.tsv", help="results.tsv path ('' for none)")
+    p.add_argument("--description", default="", help="text for the results.tsv rows")
+    p.add_argument("--heartbeat", type=int, default=10, help="seconds between heartbeats of a running trial (default 10)")
+    p.add_argument("--grace", type=int, default=60, help="a trial whose heartbeat is older is failed and requeued (default 60)")
+    p.add_argument("--worker-id", default="", help="name in the trials' `worker` attribute (default host:pid)")
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop of one worker on one study.
+# ------------------------------------------------------------------------------------------------
+
+
+class SharedPolicy:
+    """The run's turn policy; a decision taken under the study lock is replayed to StudyLoop._take_turn."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.decided: str | None = None
+
+    def next(self, history: list[TrialRecord], available: list[str]) -> str:
+        if self.decided is not None:
+            name, self.decided = self.decided, None
+            return name
+        return self.inner.next(history, available)
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+
+class WorkerLoop(StudyLoop):
+    """StudyLoop for one of several workers: ask, turns and claims under the study lock; heartbeats; waits for
+    the others instead of closing their running trials."""
+
+    def __init__(self, *args, worker_id: str, lock: StudyLock, requeue=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.policy = SharedPolicy(self.policy)
+        self.worker_id = worker_id
+        self.lock = lock
+        self.requeue = requeue  # heartbeat.RequeueStale of the storage (what this process requeued)
+        self.storage = self.study._storage
+
+    def _resume(self) -> list[int]:
+        """Fails the trials of dead workers (they are queued again); enqueues upstream's default into a new study."""
+        with self.lock.held():
+            requeued = self._fail_stale()
+            if self.settings.baseline and not self.study.get_trials(deepcopy=False):
+                self.study.enqueue_trial(self.space.params(self.space.upstream(self.spec.problem_class)), user_attrs={attrs.PROPOSER: "baseline"})
+        return requeued
+
+    def _fail_stale(self) -> list[int]:
+        """fail_stale, saying which trials it closed and queued again; lock held."""
+        seen = len(self.requeue.requeued) if self.requeue else 0
+        fail_stale(self.study)
+        requeued = self.requeue.requeued[seen:] if self.requeue else []
+        if requeued:
+            self.view.message(f"[{self.spec.name}] trials {', '.join(map(str, requeued))} lost their worker: closed as failed and requeued")
+        return requeued
+
+    def _search(self) -> str:
+        stall = 0
+        while True:
+            asked, turn = None, None
+            with self.lock.held():
+                self._fail_stale()
+                history = records(self.study)
+                evaluated = evaluated_count(history)
+                if evaluated >= self.settings.n_trials:
+                    return ""
+                if self.stop.requested:
+                    return "interrupted"
+                if stall >= self.settings.max_stall:
+                    self.view.message(f"[{self.spec.name}] stopped: {stall} trials in a row were infeasible or already measured")
+                    return "stalled"
+                remaining = self.settings.n_trials - evaluated - in_flight_evaluations(history, self.study)
+                if remaining > 0:
+                    if waiting(self.study):
+                        asked = self._ask()
+                    else:
+                        turn = self._decide(history, remaining)
+                        if turn is None:
+                            asked = self._ask()
+            if turn is not None:
+                self._proposer_turn(turn, history, remaining)
+                continue
+            if asked is None:  # the last configs are being measured by others (or a dead worker's trial awaits its grace)
+                time.sleep(POLL_S)
+                continue
+            r = self._measure(asked)
+            if r is None:
+                continue
+            stall = 0 if r.evaluated else stall + 1
+            self.repeats = self.repeats + 1 if r.duplicate_of is not None and r.proposer == self.sampler_name else 0
+
+    def _decide(self, history: list[TrialRecord], remaining: int) -> str | None:
+        """Whose turn it is, counting every worker's trials; None for the sampler (explore first if it repeats)."""
+        others = {w: t for w, t in pending_turns(self.study).items() if w != self.worker_id}
+        name = self.policy.inner.next(counted_history(history, others), self._available())
+        if name != self.sampler_name:
+            set_pending_turn(self.study, self.worker_id, name, min(self.settings.k, remaining))
+            return name
+        self.view.turn(self.spec.name, name)
+        if self.repeats >= self.settings.max_repeats:
+            self._explore(history)
+        return None
+
+    def _proposer_turn(self, name: str, history: list[TrialRecord], remaining: int) -> None:
+        """The proposer's call runs outside the lock; its pending turn counts for it meanwhile."""
+        try:
+            self.policy.decided = name
+            self._take_turn(history, remaining)
+        finally:
+            self.policy.decided = None
+            with self.lock.held():
+                set_pending_turn(self.study, self.worker_id, None)
+
+    def _ask(self) -> tuple[optuna.Trial, Heartbeat, str]:
+        """A trial (queued ones first) with its heartbeat beating, its proposer recorded and its config claimed,
+        all before the lock is released, so that the others count it at once; lock held."""
+        trial = self.study.ask(self.distributions)
+        beat = Heartbeat(self.storage, trial).__enter__()
+        trial.set_user_attr(attrs.PROPOSER, trial.user_attrs.get(attrs.PROPOSER) or self.sampler_name)
+        return trial, beat, self._claim(trial)
+
+    def _claim(self, trial: optuna.Trial) -> str:
+        """'evaluate' (claimed: `worker` set), 'copy' (measured already), 'wait' (being measured), or 'skip':
+        infeasible (never measured) or a confirmation (measured again on purpose, `worker` set); lock held."""
+        config = self.space.config(trial.params)
+        if not self.space.check(config, self.spec.problem_class, self.spec.target):
+            return "skip"
+        if trial.user_attrs.get(attrs.CONFIRMATION_OF) is not None:
+            trial.set_user_attr(WORKER, self.worker_id)
+            return "skip"
+        state, _ = find_claim(self.study, trial, config, self.space)
+        if state == "free":
+            trial.set_user_attr(WORKER, self.worker_id)
+            return "evaluate"
+        return "copy" if state == "measured" else "wait"
+
+    def _measure(self, asked: tuple[optuna.Trial, Heartbeat, str]) -> TrialRecord | None:
+        """StudyLoop's trial (evaluate, or copy what another trial measured), after any wait for the one measuring it."""
+        trial, beat, claim = asked
+        try:
+            while claim == "wait":
+                time.sleep(POLL_S)
+                with self.lock.held():
+                    self._fail_stale()  # the worker measuring it may be dead
+                    claim = self._claim(trial)
+            try:
+                return self._run_trial(trial, records(self.study))
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # our heartbeat stopped long enough for another worker to fail and requeue the trial
+                self.view.message(f"[{self.spec.name}] trial {trial.number} was closed by another worker (heartbeat late); its requeued copy goes on")
+                return None
+        finally:
+            beat.__exit__(None, None, None)
+
+    def _confirm(self) -> tuple[TrialRecord | None, bool]:
+        """Re-measures the winner until it has `confirmations` passing re-measurements, sharing the work."""
+        need, ran = self.settings.confirmations, 0
+        while True:
+            asked = None
+            with self.lock.held():
+                self._fail_stale()
+                history = records(self.study)
+                w = winner(history)
+                if w is None:
+                    return None, False
+                if sum(1 for c in confirmations(history, w.number) if c.confirmed) >= need:
+                    return w, True
+                if self.stop.requested or ran >= 4 * need + 4:
+                    return w, False
+                underway = [r for r in history if r.confirmation_of == w.number and r.state in ("RUNNING", "WAITING")]
+                if waiting(self.study):
+                    asked = self._ask()
+                elif sum(1 for c in confirmations(history, w.number) if c.confirmed) + len(underway) < need:
+                    self.study.enqueue_trial(self.space.params(self.space.config(w.config)),
+                                             user_attrs={attrs.PROPOSER: CONFIRMATION, attrs.CONFIRMATION_OF: w.number})
+                    asked = self._ask()
+            if asked is None:
+                time.sleep(POLL_S)
+                continue
+            self._measure(asked)
+            ran += 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Studies as the storage holds them.
+# ------------------------------------------------------------------------------------------------
+
+
+def spec_of(study: optuna.Study, suite: str) -> StudySpec:
+    """The StudySpec a study was made for; ConfigError when this version's space differs from the study's."""
+    a = study.user_attrs
+    missing = [k for k in (attrs.DIRECTION, attrs.PROBLEM_CLASS, attrs.TARGET, attrs.SPACE_SIGNATURE) if k not in a]
+    if missing:
+        raise ConfigError("study_attrs", f"study {study.study_name!r} was not made by fa4-tune (no {', '.join(missing)})")
+    target = get_target(a[attrs.TARGET])
+    space = get_space(a[attrs.DIRECTION])
+    if a[attrs.SPACE_SIGNATURE] != space.signature(target):
+        raise ConfigError(
+            "study_space",
+            f"study {study.study_name!r} was made with another search space (signature {a[attrs.SPACE_SIGNATURE]}, "
+            f"this version's is {space.signature(target)}); use this version's space in another study or storage",
+        )
+    problem_class = ProblemClass.parse(a[attrs.PROBLEM_CLASS])
+    if a.get(PROBLEM_SPECS):
+        problems = tuple(Problem.from_dict(p) for p in a[PROBLEM_SPECS])
+    else:
+        by_label = {p.label: p for p in load_suite(suite)}
+        unknown = [label for label in a.get(attrs.PROBLEMS, []) if label not in by_label]
+        if unknown:
+            raise ConfigError("study_problems", f"study {study.study_name!r} has problems the suite {suite!r} lacks: {', '.join(unknown)}")
+        problems = tuple(by_label[label] for label in a.get(attrs.PROBLEMS, []))
+    return StudySpec(a[attrs.DIRECTION], problem_class, problems, target)
+
+
+def settings_of(study: optuna.Study) -> RunConfig:
+    """The search settings `run --workers` recorded on the study."""
+    recorded = study.user_attrs.get(SEARCH_SETTINGS)
+    if not recorded:
+        raise ConfigError(
+            "study_settings",
+            f"study {study.study_name!r} has no recorded search settings; start it with "
+            "`python -m search run --workers N` (N=0 only records them)",
+        )
+    return RunConfig(**check_values({k: v for k, v in recorded.items() if k in SEARCH_FIELDS}, f"study {study.study_name}"))
+
+
+def _select(storage, names: list[str] | None) -> list[optuna.Study]:
+    existing = optuna.study.get_all_study_names(storage)
+    if names:
+        unknown = [n for n in names if n not in existing]
+        if unknown:
+            listed = ", ".join(existing) or "none"
+            raise ConfigError("study_name", f"no study named {unknown[0]!r} in the storage (studies there: {listed})")
+        chosen = names
+    else:
+        chosen = [n for n in existing if SEARCH_SETTINGS in optuna.load_study(study_name=n, storage=storage).user_attrs]
+        if not chosen:
+            raise ConfigError("study_name", "no study in the storage has recorded search settings; start one with `python -m search run --workers N`")
+    return [optuna.load_study(study_name=n, storage=storage) for n in chosen]
+
+
+class WorkerView(PlainView):
+    """Plain lines tagged with the worker (several workers share a terminal)."""
+
+    def __init__(self, tag: str, out=None):
+        super().__init__(out)
+        self.tag = tag
+
+    def trial(self, study: str, r: TrialRecord, best, done: int, n_trials: int) -> None:
+        print(f"{self.tag} {trial_line(study, r, best, done, n_trials)}", file=self.out, flush=True)
+
+    def message(self, text: str) -> None:
+        print(f"{self.tag} {text}", file=self.out, flush=True)
+
+
+def _seed(base: int, worker_id: str) -> int:
+    """Each worker its own sampler seed (equal seeds and histories would propose equal configs)."""
+    return (base + int.from_bytes(hashlib.sha256(worker_id.encode()).digest()[:4], "big")) % 2**31
+
+
+# ------------------------------------------------------------------------------------------------
+# The command.
+# ------------------------------------------------------------------------------------------------
+
+
+def _make_evaluator(args, target):
+    from search.runner import make_evaluator
+
+    for name in ("compile_jobs", "slots"):
+        if getattr(args, name) < 0:
+            raise ConfigError(name, f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.evaluator == "gpu" and args.compile_jobs:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("gpu_evaluator", "no CUDA GPU here: use --evaluator replay --table PATH")
+        from search.gpu_pipeline import PipelinedGpuEvaluator
+
+        return PipelinedGpuEvaluator(target, args.compile_jobs)
+    return make_evaluator(RunConfig(evaluator=args.evaluator, table=args.table, replay_delay=args.replay_delay), target)
+
+
+def main(args, out=None) -> int:
+    """Runs the worker; 0 when every study is done, 130 after Ctrl-C; ConfigError for bad input."""
+    out = out or sys.stdout
+    if args.gpu is not None:
+        if not args.gpu.strip() or "," in args.gpu:
+            raise ConfigError("gpu", f"--gpu takes one GPU (an index or a UUID), got {args.gpu!r}")
+        os.environ["CUDA_VISIBLE_DEVICES"] = args.gpu  # before torch is imported (the evaluator imports it)
+    check_url(args.storage)
+    worker_id = args.worker_id or default_worker_id()
+    storage = open_existing_storage(args.storage)
+    studies = _select(storage, args.studies)
+    plans = [(study, spec_of(study, "standard"), settings_of(study)) for study in studies]
+    for _, spec, settings in plans:
+        make_sampler(settings.sampler, settings.seed)
+        make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
+    evaluator = _make_evaluator(args, plans[0][1].target)
+    requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
+    print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} studies, evaluator {args.evaluator}"
+          + (f" on GPU {args.gpu}" if args.gpu is not None else ""), file=out, flush=True)
+
+    stop = StopFlag()
+    previous = signal.signal(signal.SIGINT, _stop_handler(stop, out, worker_id))
+    slots = args.slots or (args.compile_jobs + 2 if args.compile_jobs else 1)  # in flight: compiling, ready, on the GPU
+    outcomes: list[Outcome] = []
+    try:
+        for study, spec, settings in plans:
+            if slots == 1:
+                outcomes.append(_run_study(storage, study.study_name, spec, settings, evaluator, worker_id, args, stop, requeue, out))
+            else:  # one trial in flight per slot, so that compiles run ahead of the GPU
+                with ThreadPoolExecutor(slots) as pool:
+                    found = [pool.submit(_run_study, storage, study.study_name, spec, settings, evaluator, f"{worker_id}/{i}", args, stop, requeue, out)
+                             for i in range(slots)]
+                    outcomes.append([f.result() for f in found][0])
+            if stop.requested:
+                break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if hasattr(evaluator, "close"):
+            evaluator.close()
+    for o in outcomes:
+        best = f"best {o.winner.value:.1f} TFLOPS (#{o.winner.number}, {'confirmed' if o.confirmed else 'not confirmed'})" if o.winner else "no config passed"
+        print(f"worker {worker_id}: {o.study}: {o.evaluated} evaluated, {best}", file=out, flush=True)
+    return INTERRUPTED if stop.requested else 0
+
+
+def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluator, worker_id: str, args, stop, requeue, out) -> Outcome:
+    from search.runner import git_commit
+
+    study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, worker_id)))
+    proposers = []
+    if settings.proposer == "claude":
+        from search.proposers.claude import ClaudeProposer
+
+        proposers.append(ClaudeProposer(settings.model, timeout_s=settings.api_timeout, retries=settings.api_retries, backoff_s=settings.api_backoff))
+    policy = make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
+    loop_settings = LoopSettings(
+        n_trials=settings.n_trials, k=settings.k, confirmations=settings.confirmations, tolerance=settings.tolerance,
+        baseline=settings.baseline, results_path=args.results or None, git_commit=git_commit(), description=args.description,
+    )
+    loop = WorkerLoop(study, spec, evaluator, settings.sampler, proposers, policy, loop_settings, WorkerView(f"[{worker_id}]", out), stop,
+                      worker_id=worker_id, lock=StudyLock(storage, name), requeue=requeue)
+    try:
+        return loop.run()
+    finally:
+        for p in proposers:
+            p.close()
+
+
+def _stop_handler(stop: StopFlag, out, worker_id: str):
+    def handler(signum, frame):
+        stop.requested = True
+        print(f"[{worker_id}] Ctrl-C: stopping after the current trial", file=out, flush=True)
+
+    return handler
