@@ -19,7 +19,7 @@ OBJECTIVE = "objective"  # a sentence: what the trial value means
 REJECTED_PROPOSALS = "rejected_proposals"  # {proposer: proposals rejected before enqueueing}
 
 # trial
-PROPOSER = "proposer"  # "tpe" | "gp" | "random" | "claude" | "scripted" | "baseline" | "confirmation"
+PROPOSER = "proposer"  # "tpe" | "gp" | "random" | "claude" | "scripted" | "baseline" | "explore" | "confirmation"
 RATIONALE = "rationale"  # the proposer's one-paragraph reason ("" for samplers)
 CONFIG = "config"  # the full config dict (ForwardConfig / BackwardConfig .to_dict())
 STATUS = "status"  # "ok", a Measurement status, "infeasible", or "missing" (replay table lacks it)

@@ -7,10 +7,12 @@ calls the harness (prepare.evaluate: correctness gate, then timing, in an isolat
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Protocol
 
 from fa4tune.config import Problem, ProblemClass
 from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.targets import Target
 from search.table import ReplayTable
 
 MISSING = "missing"  # status of a replayed config that the table does not have
@@ -44,10 +46,12 @@ class ReplayEvaluator:
             results = tuple(self._missing(label, kind, "config") for label in labels or ["(all problems)"])
             return self._measurement(kind, problem_class, config, results, recorded)
         by_label = {r.problem: r for r in recorded.results}
+        whole = by_label.get("")  # a result for the config as a whole (e.g. the sweep died on it)
         if not labels:
             results = recorded.results
         else:
-            results = tuple(by_label.get(label) or self._missing(label, kind, "problem") for label in labels)
+            results = tuple(by_label.get(label) or (replace(whole, problem=label) if whole else self._missing(label, kind, "problem"))
+                            for label in labels)
         return self._measurement(kind, problem_class, config, results, recorded)
 
     def _missing(self, label: str, kind: str, what: str) -> ProblemResult:
@@ -64,16 +68,21 @@ class ReplayEvaluator:
 
 
 class GpuEvaluator:
-    """The harness on the local GPU: prepare.evaluate(kind, config, problems, experiment module)."""
+    """The harness on the local GPU: gate, then timing, each step in a child process (prepare.evaluate_isolated).
 
-    def __init__(self):
+    A config that faults or hangs costs its step, not the study. The other direction's config comes
+    from experiment.py's dispatch table.
+    """
+
+    def __init__(self, target: Target, experiment_path: str | None = None):
         # Imported here, not at module level: torch, CUDA and the kernels only where a GPU is used.
-        import experiment
         import prepare
 
         self._prepare = prepare
-        self._experiment = experiment
+        self.experiment_path = experiment_path or prepare.EXPERIMENT_PATH
+        self.target = target
+        self.harness_sha256 = prepare.prepare_sha256()
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
-        """One isolated harness run: correctness gate, then timing."""
-        return self._prepare.evaluate(kind, config, problems, self._experiment)
+        """One harness evaluation of a config on the problems of its class."""
+        return self._prepare.evaluate_isolated(kind, config, problems, self.experiment_path, target=self.target)

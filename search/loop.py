@@ -8,6 +8,7 @@ can trust it.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import optuna
@@ -18,13 +19,15 @@ from search.evaluators import Evaluator
 from search.history import TrialRecord, best, config_key, confirmations, evaluated_count, measured, record, records, winner
 from search.live import PlainView
 from search.proposers.base import Context, Proposer, ProposerUnavailable, check_proposals
-from search.results_log import append_row
+from fa4tune import results_tsv
+from search.results_log import trial_row
 from search.study import StudySpec, close_interrupted, waiting
 from search.turns import FixedRatio
 
 PENALTY = 0.0  # the value of an infeasible or failed trial (its constraint says why)
 BASELINE = "baseline"
 CONFIRMATION = "confirmation"
+EXPLORE = "explore"  # a random unmeasured feasible config, drawn when the sampler keeps repeating itself
 
 
 class StopFlag:
@@ -44,6 +47,7 @@ class LoopSettings:
     tolerance: float = 0.05  # a confirmation may be this much slower than the original and still confirm
     baseline: bool = True  # measure upstream's default config first
     max_stall: int = 60  # stop after this many trials in a row that measured nothing new
+    max_repeats: int = 2  # after this many sampler proposals in a row of measured configs, explore instead
     pass_cooldown: int = 2  # trials a proposer sits out after passing a turn
     results_path: str | None = None  # results.tsv; None: no rows
     git_commit: str = ""
@@ -92,36 +96,47 @@ class StudyLoop:
         self.disabled = disabled if disabled is not None else {}  # proposer -> why (shared by a run's studies)
         self.cooldown_until: dict[str, int] = {}
         self.trials_run = 0
+        self.repeats = 0  # sampler proposals in a row that were already measured
+        self.rng = random.Random(f"{spec.name}:{len(study.trials)}")
 
     def run(self) -> Outcome:
         """Search, then confirm the winner; returns how it ended."""
-        outcome = Outcome(self.spec.name, 0, requeued=close_interrupted(self.study))
-        if outcome.requeued:
-            self.view.message(f"[{self.spec.name}] resumed: trials {', '.join(map(str, outcome.requeued))} were left running, closed as failed and requeued")
+        outcome = Outcome(self.spec.name, 0, requeued=self._resume())
+        outcome.stopped = self._search()
+        if outcome.stopped != "interrupted":
+            outcome.winner, outcome.confirmed = self._confirm()
+            if self.stop.requested and not outcome.confirmed:
+                outcome.stopped = "interrupted"
+        outcome.evaluated = evaluated_count(records(self.study))
+        return outcome
+
+    def _resume(self) -> list[int]:
+        """Requeues what a killed run left running; enqueues upstream's default into a new study."""
+        requeued = close_interrupted(self.study)
+        if requeued:
+            self.view.message(f"[{self.spec.name}] resumed: trials {', '.join(map(str, requeued))} were left running, closed as failed and requeued")
         if self.settings.baseline and not self.study.get_trials(deepcopy=False):
             self.study.enqueue_trial(self.space.params(self.space.upstream(self.spec.problem_class)), user_attrs={attrs.PROPOSER: BASELINE})
+        return requeued
+
+    def _search(self) -> str:
+        """Trials until n_trials configs were evaluated; '' then, or 'interrupted' / 'stalled'."""
         stall = 0
         while True:
             history = records(self.study)
-            outcome.evaluated = evaluated_count(history)
-            if outcome.evaluated >= self.settings.n_trials:
-                break
+            evaluated = evaluated_count(history)
+            if evaluated >= self.settings.n_trials:
+                return ""
             if self.stop.requested:
-                outcome.stopped = "interrupted"
-                return outcome
+                return "interrupted"
             if stall >= self.settings.max_stall:
-                outcome.stopped = "stalled"
                 self.view.message(f"[{self.spec.name}] stopped: {stall} trials in a row were infeasible or already measured")
-                break
+                return "stalled"
             if not waiting(self.study):
-                self._take_turn(history, self.settings.n_trials - outcome.evaluated)
+                self._take_turn(history, self.settings.n_trials - evaluated)
             r = self._run_trial(self.study.ask(self.distributions), history)
             stall = 0 if r.evaluated else stall + 1
-        outcome.winner, outcome.confirmed = self._confirm()
-        if self.stop.requested and not outcome.confirmed:
-            outcome.stopped = "interrupted"
-        outcome.evaluated = evaluated_count(records(self.study))
-        return outcome
+            self.repeats = self.repeats + 1 if r.duplicate_of is not None and r.proposer == self.sampler_name else 0
 
     # -- turns -------------------------------------------------------------------------------
 
@@ -136,6 +151,8 @@ class StudyLoop:
         name = self.policy.next(history, self._available())
         self.view.turn(self.spec.name, name)
         if name == self.sampler_name:
+            if self.repeats >= self.settings.max_repeats:
+                self._explore(history)
             return
         proposer = self.proposers[name]
         context = Context(self.space, self.spec.problem_class, list(self.spec.problems), self.spec.target, history, min(self.settings.k, remaining))
@@ -160,6 +177,14 @@ class StudyLoop:
             reasons = "; ".join(r.reason for r in checked.rejected[:3])
             self._pass(name, f"no valid proposal ({len(checked.rejected)} rejected: {reasons})")
 
+    def _explore(self, history: list[TrialRecord]) -> None:
+        """Enqueues a random feasible config not measured yet: the sampler has converged or is stuck."""
+        config = self.space.random_feasible(self.spec.problem_class, self.spec.target, self.rng, set(measured(history)))
+        if config is not None:
+            why = f"{self.sampler_name} proposed {self.repeats} measured configs in a row: a random unmeasured feasible config instead"
+            self.study.enqueue_trial(self.space.params(config), user_attrs={attrs.PROPOSER: EXPLORE, attrs.RATIONALE: why})
+        self.repeats = 0
+
     def _pass(self, name: str, why: str) -> None:
         self.cooldown_until[name] = self.trials_run + self.settings.pass_cooldown
         self.view.message(f"[{self.spec.name}] {name}: {why}; the sampler takes the turn")
@@ -176,6 +201,7 @@ class StudyLoop:
         confirmation_of = given.get(attrs.CONFIRMATION_OF)
         verdict = self.space.check(config, self.spec.problem_class, self.spec.target)
         earlier = measured(history).get(config_key(config.to_dict())) if confirmation_of is None else None
+        m = None
         if not verdict:
             violation = self.space.violation(config, self.spec.problem_class, self.spec.target, verdict)
             value, found = PENALTY, {attrs.STATUS: "infeasible", attrs.RULE: verdict.rule, attrs.REASON: verdict.message, attrs.EVALUATED: False}
@@ -201,7 +227,9 @@ class StudyLoop:
         trial.set_constraint(attrs.CONSTRAINT_KEY, violation)
         r = record(self.study.tell(trial, value))
         self.trials_run += 1
-        self._log(r)
+        if self.settings.results_path:
+            row = trial_row(self.spec, r, m, self.settings.git_commit, getattr(self.evaluator, "harness_sha256", ""), self.settings.description)
+            results_tsv.append_row(self.settings.results_path, row)
         history = history + [r]
         self.view.trial(self.spec.name, r, best(history), evaluated_count(history), self.settings.n_trials)
         return r
@@ -213,16 +241,6 @@ class StudyLoop:
             results = tuple(ProblemResult(p.label, self.space.direction, "crash", reason=f"{type(err).__name__}: {err}") for p in self.spec.problems)
             return Measurement(self.space.direction, self.spec.problem_class.name, config.to_dict(), results,
                                self.spec.target.name, "", "", evaluator=type(self.evaluator).__name__)
-
-    def _log(self, r: TrialRecord) -> None:
-        if not self.settings.results_path:
-            return
-        append_row(self.settings.results_path, {
-            "commit": self.settings.git_commit, "kind": self.space.direction, "problem_class": self.spec.problem_class.name,
-            "geomean_tflops": r.value if r.value is not None else "", "status": r.status, "proposer": r.proposer,
-            "study": self.spec.name, "trial": r.number, "config": r.config,
-            "description": self.settings.description or r.reason,
-        })
 
     # -- confirmation --------------------------------------------------------------------------
 

@@ -1,42 +1,36 @@
-"""One results.tsv row per trial, through fa4tune.results_tsv when the harness provides it.
+"""One results.tsv row per trial, in the format of the harness's fa4tune.results_tsv (which appends it).
 
-The fallback writes the same kind of line itself: tab-separated, header once, one write per line
-under an exclusive lock, so concurrent writers never interleave.
+The row mirrors a harness run's: the geomean and peak of the trial's direction, the device and mode,
+and in `config` the tuned config under "forward"/"backward" keyed by problem class, with the study and
+trial that produced it.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
+from datetime import datetime, timezone
 
-try:
-    from fa4tune import results_tsv as _harness
-except ImportError:  # the harness module is not there yet: write rows ourselves
-    _harness = None
-
-COLUMNS = ("commit", "kind", "problem_class", "geomean_tflops", "status", "proposer", "study", "trial", "config", "description")
+from fa4tune import metrics, results_tsv
+from fa4tune.measurement import Measurement
+from search.history import TrialRecord
 
 
-def append_row(path: str, row: dict) -> None:
-    """Appends one row (keys: COLUMNS) to the results file."""
-    if _harness is not None and hasattr(_harness, "append_row"):
-        _harness.append_row(path, row)
-        return
-    line = "\t".join(_cell(row.get(c, "")) for c in COLUMNS) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        if os.fstat(fd).st_size == 0:
-            os.write(fd, ("\t".join(COLUMNS) + "\n").encode())
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.2f}"
-    if isinstance(value, dict):
-        return json.dumps(value, separators=(",", ":"))
-    return str(value).replace("\t", " ").replace("\n", " ")
+def trial_row(spec, r: TrialRecord, m: Measurement | None, commit: str, harness_sha256: str, description: str) -> results_tsv.ResultRow:
+    """The results.tsv row of one finished trial of a StudySpec (m: its measurement, None if not evaluated)."""
+    direction, target = spec.direction, spec.target
+    summary = metrics.summarize([m], target, m.device, m.mode) if m is not None else None
+    geomean = r.value if r.ok else None
+    peak = (summary.fwd_tflops_peak if direction == "fwd" else summary.bwd_tflops_peak) if summary else None
+    what = f"search {spec.name} trial {r.number}" + (f" confirming #{r.confirmation_of}" if r.confirmation_of is not None else "")
+    if r.duplicate_of is not None:
+        what += f" (duplicate of #{r.duplicate_of}, not measured)"
+    if r.reason:
+        what += f": {r.reason}"
+    return results_tsv.ResultRow(
+        timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"), commit=commit, proposer=r.proposer,
+        target=target.name, device=m.device if m else "", mode=m.mode if m else "static",
+        fwd_tflops_geomean=geomean if direction == "fwd" else None, bwd_tflops_geomean=geomean if direction == "bwd" else None,
+        fwd_tflops_peak=peak if direction == "fwd" else None, bwd_tflops_peak=peak if direction == "bwd" else None,
+        peak_vram_mb=summary.peak_vram_mb if summary else None, configs_ok=f"{int(r.ok)}/1", status=r.status,
+        prepare_sha256=harness_sha256, description=f"{description}; {what}" if description else what,
+        config={"forward" if direction == "fwd" else "backward": {spec.problem_class.name: r.config}, "study": spec.name, "trial": r.number},
+    )

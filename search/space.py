@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemCl
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward, forward_smem_bytes
 from fa4tune.space import BACKWARD_DOMAIN, FORWARD_DOMAIN
 from fa4tune.targets import Target
+from search.history import config_key
 
 DIRECTIONS = ("fwd", "bwd")
 
@@ -68,6 +70,15 @@ class Space:
             excess = self.smem_bytes(config, problem_class)[0] - target.smem_per_block
             return max(excess / target.smem_per_block, 1e-3)
         return 1.0
+
+    def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set, tries: int = 20000):
+        """A uniformly drawn feasible config whose to_dict() items are not in `exclude` (None if none found)."""
+        names = list(self.domain)
+        for _ in range(tries):
+            config = self.config({n: rng.choice(self.domain[n]) for n in names})
+            if config_key(config.to_dict()) not in exclude and self.check(config, problem_class, target):
+                return config
+        return None
 
     def signature(self, target: Target) -> str:
         """A short hash of everything that decides which configs exist and which are feasible."""

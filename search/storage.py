@@ -12,7 +12,6 @@ from fa4tune.config import ConfigError
 
 DEFAULT_STORAGE = "sqlite:///search.db"
 SCHEMES = ("sqlite", "postgresql")  # postgresql through psycopg2 (postgresql+psycopg2:// works too)
-_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def describe(url: str) -> str:
@@ -37,8 +36,26 @@ def check_url(url: str) -> None:
         path = _sqlite_path(url)
         if not path.parent.is_dir():
             raise ConfigError("storage_unreachable", f"cannot open {url}: directory {str(path.parent)!r} does not exist")
-        if path.exists() and path.stat().st_size and not path.read_bytes()[:16] == _SQLITE_HEADER:
+        if path.exists() and path.stat().st_size and not _is_sqlite(path):
             raise ConfigError("storage_unreachable", f"cannot open {url}: {str(path)!r} is not a SQLite database")
+
+
+def _is_sqlite(path: Path) -> bool:
+    """Whether a file is a SQLite database, asked through SQLite itself: closing a plain file handle on the
+    database would drop this process's SQLite locks on it, and another process could then delete the WAL."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    except sqlite3.Error:
+        return False
+    try:
+        connection.execute("PRAGMA schema_version")
+        return True
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        connection.close()
 
 
 def open_storage(url: str):
@@ -48,12 +65,43 @@ def open_storage(url: str):
 
     check_url(url)
     engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {}
+    # SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3; the installed driver is psycopg2
+    driver_url = "postgresql+psycopg2://" + url[len("postgresql://"):] if url.startswith("postgresql://") else url
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+        storage = optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs)
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as err:
         first_line = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
         raise ConfigError("storage_unreachable", f"cannot open {describe(url)}: {first_line}")
+    if url.startswith("sqlite"):
+        _write_ahead_log(storage.engine)
+    return storage
+
+
+def _write_ahead_log(engine) -> None:
+    """SQLite in WAL mode with synchronous=NORMAL: a commit survives a killed process without an fsync each.
+
+    A trial writes a dozen attributes, each its own transaction; with the default rollback journal
+    every one of them waits for the disk.
+    """
+    import sqlalchemy
+
+    def on_connect(connection, record):
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    sqlalchemy.event.listen(engine, "connect", on_connect)
+    engine.dispose()  # connections opened before the listener reconnect with it
 
 
 def _sqlite_path(url: str) -> Path:
     return Path(url[len("sqlite:///"):])
+
+
+def open_existing_storage(url: str):
+    """Like open_storage, but a SQLite file that does not exist is an error instead of a new database."""
+    check_url(url)
+    if url.startswith("sqlite:///") and not _sqlite_path(url).exists():
+        raise ConfigError("storage_empty", f"no studies: {describe(url)} does not exist")
+    return open_storage(url)

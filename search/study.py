@@ -33,10 +33,11 @@ class StudySpec:
     problem_class: ProblemClass
     problems: tuple[Problem, ...]
     target: Target
+    space_override: Space | None = None  # a narrower space (the bench: the knob values a table covers)
 
     @property
     def space(self) -> Space:
-        return get_space(self.direction)
+        return self.space_override or get_space(self.direction)
 
     @property
     def name(self) -> str:

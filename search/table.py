@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from fa4tune.config import ConfigError, Problem
-from fa4tune.measurement import Measurement, ProblemResult, geomean
+from fa4tune.measurement import Measurement, ProblemResult
 from search.space import get_space
 
 TABLE_FORMAT = "fa4tune-replay-table/1"
@@ -32,6 +32,7 @@ class ReplayTable:
     def __init__(self, measurements: list[Measurement], meta: dict | None = None, path: str = ""):
         self.meta = dict(meta or {})
         self.path = path
+        self.recorded_problems = [Problem.from_dict(p) for p in self.meta.get("problems", [])]  # may be empty
         self.entries: dict[tuple, Measurement] = {}
         for m in measurements:
             config = get_space(m.kind).config(m.config)
@@ -65,8 +66,7 @@ class ReplayTable:
 
     def problems(self, problem_class: str) -> list[Problem]:
         """The recorded Problem records of a class (empty when the table does not list them)."""
-        problems = [Problem.from_dict(p) for p in self.meta.get("problems", [])]
-        return [p for p in problems if p.problem_class.name == problem_class]
+        return [p for p in self.recorded_problems if p.problem_class.name == problem_class]
 
 
 def load_table(path: str) -> ReplayTable:
@@ -128,10 +128,3 @@ def _parse_knob(text: str):
     except ValueError:
         return text
 
-
-def geomean_of(results, labels: list[str] | None = None) -> float | None:
-    """Geomean TFLOPS of the ok results (restricted to labels when given); None if any is not ok."""
-    chosen = [r for r in results if labels is None or r.problem in labels]
-    if not chosen or any(r.status != "ok" for r in chosen):
-        return None
-    return geomean([r.tflops for r in chosen])

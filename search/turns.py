@@ -23,10 +23,14 @@ class FixedRatio:
     def weight(self, name: str, history: list[TrialRecord]) -> float:
         return self.weights.get(name, 1.0)
 
+    def counted(self, history: list[TrialRecord]) -> list[TrialRecord]:
+        """The trials whose shares are compared (all of them)."""
+        return history
+
     def next(self, history: list[TrialRecord], available: list[str]) -> str:
         """The available proposer furthest behind its share (ties: the order of the weights)."""
         used = {name: 0 for name in available}
-        for r in history:
+        for r in self.counted(history):
             if r.is_search and r.proposer in used and r.proposer not in NOT_COUNTED:
                 used[r.proposer] += 1
         order = [n for n in self.weights if n in available] + [n for n in available if n not in self.weights]
@@ -37,7 +41,7 @@ class FixedRatio:
 
 
 class Adaptive(FixedRatio):
-    """A fixed ratio whose weights grow with each proposer's improvements in the last `window` trials."""
+    """Shares over the last `window` trials, with weights multiplied by 1 + each proposer's improvements there."""
 
     def __init__(self, weights: dict[str, float], window: int = 10):
         super().__init__(weights)
@@ -45,6 +49,10 @@ class Adaptive(FixedRatio):
 
     def weight(self, name: str, history: list[TrialRecord]) -> float:
         return self.weights.get(name, 1.0) * (1 + recent_improvements(history, self.window).get(name, 0))
+
+    def counted(self, history: list[TrialRecord]) -> list[TrialRecord]:
+        # only the window: turns given for old improvements are not paid back later
+        return [r for r in history if r.is_search][-self.window:]
 
     def describe(self) -> str:
         return f"adaptive (window {self.window}) " + ":".join(f"{n}={w:g}" for n, w in self.weights.items())

@@ -15,8 +15,8 @@ import anthropic
 
 from search.proposers import prompt
 from search.proposers.base import Context, Proposal, Proposer, ProposerUnavailable, Rejection
+from search.run_config import DEFAULT_MODEL
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
 # Worth retrying: the request may succeed a moment later.
 RETRYABLE = (anthropic.RateLimitError, anthropic.InternalServerError, anthropic.APITimeoutError, anthropic.APIConnectionError)
 # Not worth another turn in this run: the key itself is refused.

@@ -2,35 +2,35 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+from functools import lru_cache
 
+from fa4tune.config import ProblemClass
 from fa4tune.feasibility import forward_smem_bytes
+from fa4tune.targets import Target
 from search.history import TrialRecord, config_key, measured
 from search.proposers.base import Context, Rejection
+from search.space import get_space
 
 TOOL_NAME = "propose_configs"
 MAX_LISTED_FEASIBLE = 200  # list the unmeasured feasible configs when there are at most this many
 MAX_RATIONALE_CHARS = 600
 
-_RULES = {
-    "fwd": """\
-- smem_capacity: Q = tile_m*head_dim*2 B, K = tile_n*head_dim*num_stages*2 B, V = tile_n*head_dim_v*num_stages*2 B;
-  Q + K + V (or max(Q, V) + K when Q_in_regs) must be <= {smem} B, the target's shared memory per block.
-- tile_m_x2_divisible_by_num_threads: (tile_m*2) % num_threads == 0.
-- tile_m_rows_per_warp: num_threads/32 MMA warps of 16 rows each, so tile_m must be a multiple of (num_threads/32)*16.
-- tile_n is a multiple of 16, num_threads a multiple of 32 (a warp), num_stages is the cp.async K/V pipeline depth.""",
-    "bwd": """\
-- smem_capacity: Q = m_block_size*head_dim*num_stages_Q*2 B, dO = m_block_size*head_dim_v*num_stages_dO*2 B,
-  K = n_block_size*head_dim*2 B, V = n_block_size*head_dim_v*2 B; Q + V + dO + K (or max(Q, V) + dO + K when
-  V_in_regs) must be <= {smem} B, the target's shared memory per block.
-- num_stages_Q_ge_dO: num_stages_Q >= num_stages_dO.
-- AtomLayoutMSdP, AtomLayoutNdKV and AtomLayoutMdQ must each divide the num_threads/32 MMA warps.
-- n_block_size is a multiple of 16, num_threads a multiple of 32 (a warp).""",
+# Upstream's can_implement formula: the rule that shapes the space most, spelled out. The other rules are
+# listed from fa4tune.feasibility itself (rule_examples), so the prompt cannot drift from the checks.
+_SMEM_FORMULA = {
+    "fwd": "Q = tile_m*head_dim*2 B, K = tile_n*head_dim*num_stages*2 B, V = tile_n*head_dim_v*num_stages*2 B; "
+           "Q + K + V (or max(Q, V) + K when Q_in_regs) must fit in {smem} B.",
+    "bwd": "Q = m_block_size*head_dim*num_stages_Q*2 B, dO = m_block_size*head_dim_v*num_stages_dO*2 B, "
+           "K = n_block_size*head_dim*2 B, V = n_block_size*head_dim_v*2 B; Q + V + dO + K (or max(Q, V) + dO + K "
+           "when V_in_regs) must fit in {smem} B.",
 }
 
 _KERNEL = {
-    "fwd": "FlashAttentionForwardSm120 (SM80 mma.sync code path, cp.async K/V pipeline)",
-    "bwd": "FlashAttentionBackwardSm120 (SM80 mma.sync code path)",
+    "fwd": "of FlashAttention-4's SM120 forward (SM80 mma.sync math; the `kernel` knob names the class in experiment.py: "
+           "sm120 is upstream's cp.async-fed kernel, other names are variants written for this project)",
+    "bwd": "of FlashAttention-4's SM120 backward, FlashAttentionBackwardSm120 (SM80 mma.sync math)",
 }
 
 
@@ -66,17 +66,20 @@ def tool(context: Context) -> dict:
 def system_prompt(context: Context) -> str:
     """The role, the target's rules and the knob domain."""
     direction = context.space.direction
+    rules = "\n".join(f"- {rule}: {example}" for rule, example in rule_examples(direction, context.problem_class, context.target))
     domain = "\n".join(f"- {name}: {', '.join(map(json.dumps, values))}" for name, values in context.space.domain.items())
     return f"""\
-You tune the {'forward' if direction == 'fwd' else 'backward'} attention kernel {_KERNEL[direction]} of FlashAttention-4's
-CuTe DSL for one problem class. You propose configs; a harness checks each one against static rules, then measures
-it on a GPU (a correctness gate, then timing). The objective is the geometric mean of TFLOPS over the problem class's
-problems; higher is better. Measurements may come from the SM120 kernels emulated on another GPU: the rules are the
-target's, the speed is the measuring device's.
+You tune the configs {_KERNEL[direction]}, written in the CuTe DSL, for one problem class.
+You propose configs; a harness checks each one against static rules, then measures it on a GPU (a correctness
+gate, then timing). The objective is the geometric mean of TFLOPS over the problem class's problems; higher is
+better. Measurements may come from the SM120 kernels emulated on another GPU: the rules are the target's, the speed
+is the measuring device's.
 
 Target: {context.target.description}; {context.target.smem_per_block} B of shared memory per block.
-Static rules (a config that breaks one is rejected before the GPU):
-{_RULES[direction].format(smem=context.target.smem_per_block)}
+Shared memory (upstream's can_implement): {_SMEM_FORMULA[direction].format(smem=context.target.smem_per_block)}
+Static rules that reject configs of this domain for this problem class (a rejected config never reaches the GPU),
+each with one example rejection:
+{rules}
 
 Knobs and their allowed values:
 {domain}
@@ -90,13 +93,14 @@ def user_message(context: Context, rejections: list[Rejection]) -> str:
     pc = context.problem_class
     lines = [
         f"Problem class {pc.name}: head_dim {pc.head_dim}, head_dim_v {pc.head_dim_v}, "
-        f"{'causal' if pc.causal else 'non-causal'}, {pc.qhead_per_kvhead} query heads per KV head, {pc.dtype}.",
+        f"{'causal' if pc.causal else 'non-causal'}, qhead_per_kvhead {pc.qhead_per_kvhead}, {pc.dtype}.",
         "Problems (the objective is the geomean of their TFLOPS):",
         *(f"- {p.label}" for p in context.problems),
         f"Upstream's default config: {json.dumps(context.space.upstream(pc).to_dict())}",
         "",
         f"History ({len(context.history)} trials, oldest first):" if context.history else "History: no trials yet.",
-        *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state == "COMPLETE"),
+        # duplicates carry nothing new: the model sees each config once
+        *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state == "COMPLETE" and r.duplicate_of is None),
     ]
     unmeasured = _unmeasured_feasible(context)
     if unmeasured is not None:
@@ -109,12 +113,22 @@ def user_message(context: Context, rejections: list[Rejection]) -> str:
     return "\n".join(lines)
 
 
+@lru_cache(maxsize=64)
+def rule_examples(direction: str, problem_class: ProblemClass, target: Target) -> list[tuple[str, str]]:
+    """Every feasibility rule that rejects some config of the domain, with the first rejection it gave."""
+    space = get_space(direction)
+    found: dict[str, str] = {}
+    for values in itertools.product(*space.domain.values()):
+        verdict = space.check(space.config(dict(zip(space.domain, values))), problem_class, target)
+        if not verdict:
+            found.setdefault(verdict.rule, verdict.message)
+    return list(found.items())
+
+
 def _history_entry(r: TrialRecord) -> dict:
     entry = {"trial": r.number, "proposer": r.proposer, "config": r.config, "status": r.status}
     if r.confirmation_of is not None:
         entry["confirmation_of"] = r.confirmation_of
-    if r.duplicate_of is not None:
-        entry["duplicate_of"] = r.duplicate_of
     if r.value is not None:
         entry["geomean_tflops"] = round(r.value, 2)
     if r.tflops:

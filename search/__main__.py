@@ -1,0 +1,187 @@
+"""Command line: python -m search run | worker | report | apply | bench | dashboard | export. Bad input: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import optuna
+
+from fa4tune.config import ConfigError
+from search import review_cli
+
+BAD_INPUT = 2
+REFUSED = 1
+
+
+def _run_parser(sub) -> None:
+    p = sub.add_parser("run", help="run or resume the studies (sampler and Claude take turns)")
+    p.add_argument("--config", help="settings file (.toml or .json) with the keys below, dashes or underscores")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///search.db)")
+    p.add_argument("--suite", help="suite name or path (default standard)")
+    p.add_argument("--direction", choices=("fwd", "bwd", "both"), help="which kernels to tune (default both)")
+    p.add_argument("--problem-class", action="append", dest="problem_classes", help="tune only this class (repeatable)")
+    p.add_argument("--target", help="target rules (default sm120)")
+    p.add_argument("--n-trials", type=int, help="evaluated configs per study (default 40)")
+    p.add_argument("--sampler", help="tpe, gp or random")
+    p.add_argument("--seed", type=int, help="sampler seed (default 0)")
+    p.add_argument("--proposer", help="claude or none (default claude)")
+    p.add_argument("--model", help="Claude model")
+    p.add_argument("--k", type=int, help="configs Claude proposes per turn (default 4)")
+    p.add_argument("--ratio", help="sampler:proposer trials (default 1:1)")
+    p.add_argument("--policy", help="fixed or adaptive (default fixed)")
+    p.add_argument("--window", type=int, help="adaptive policy look-back in trials (default 10)")
+    p.add_argument("--api-timeout", type=float, help="seconds per API request (default 60)")
+    p.add_argument("--api-retries", type=int, help="retries of 429/529/timeouts/refused connections (default 3)")
+    p.add_argument("--api-backoff", type=float, help="first retry delay in seconds, doubled per retry (default 2)")
+    p.add_argument("--evaluator", help="gpu or replay (default gpu)")
+    p.add_argument("--table", help="recorded table for the replay evaluator (.json or .csv)")
+    p.add_argument("--replay-delay", type=float, help="seconds the replay evaluator waits per config")
+    p.add_argument("--confirmations", type=int, help="re-measurements of the winner (default 2)")
+    p.add_argument("--tolerance", type=float, help="a confirmation may be this fraction slower (default 0.05)")
+    p.add_argument("--no-baseline", action="store_const", const=False, dest="baseline", help="do not measure upstream's default first")
+    p.add_argument("--results", help="results.tsv path ('' for none; default results.tsv)")
+    p.add_argument("--description", help="text for the results.tsv rows")
+    p.add_argument("--workers", type=int, help="run N worker processes (one per GPU; 0: only create the studies)")
+    p.add_argument("--compile-jobs", type=int, default=0, help="with --workers: CPU compile processes per worker")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m search", description="Tune FlashAttention-4's SM120 configs per problem class.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _run_parser(sub)
+    p = sub.add_parser("report", help="best config per study and credit per proposer")
+    p.add_argument("--storage", default=None)
+    review_cli.add_report_options(p)
+    p = sub.add_parser("apply", help="write confirmed winners into experiment.py's dispatch tables")
+    p.add_argument("--storage", default=None)
+    p.add_argument("--experiment", default="experiment.py", help="the file to edit (default experiment.py)")
+    p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
+    p.add_argument("--target", default="sm120", help="apply the studies of this target (default sm120)")
+    p.add_argument("--allow-replay", action="store_true", help="also apply winners replayed from a table")
+    p.add_argument("--dry-run", action="store_true", help="print the diff, do not write")
+    p = sub.add_parser("bench", help="search efficiency of the strategies on a recorded table (CPU only)")
+    p.add_argument("--table", default=None, help="recorded table (default search/data/h200_fwd_sweep.json)")
+    p.add_argument("--strategies", default="random,tpe,gp,turns")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--threshold", type=float, default=0.99)
+    p.add_argument("--problem-class", action="append", dest="problem_classes")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    review_cli.add_parsers(sub)
+    from search import worker
+
+    worker.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code."""
+    args = _parser().parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        commands = {"run": _run, "report": _report, "apply": _apply, "bench": _bench,
+                    "dashboard": review_cli.dashboard, "export": review_cli.export, "worker": _worker}
+        return commands[args.command](args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return BAD_INPUT
+
+
+def _run(args) -> int:
+    from search import run_config, runner
+
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "direction", "workers", "compile_jobs")}
+    if args.direction:
+        cli["directions"] = ["fwd", "bwd"] if args.direction == "both" else [args.direction]
+    file_values = run_config.load_file(args.config) if args.config else {}
+    config = run_config.build(file_values, cli)
+    if args.workers is not None:
+        from search.launch import run_workers
+
+        return run_workers(config, args.workers, args.compile_jobs)
+    code = runner.run(config)
+    review_cli.after_run(config)
+    return code
+
+
+def _worker(args) -> int:
+    from search.worker import main as worker_main
+
+    return worker_main(args)
+
+
+def _storage_url(args) -> str:
+    from search.storage import DEFAULT_STORAGE
+
+    return args.storage or DEFAULT_STORAGE
+
+
+def _report(args) -> int:
+    from search.report import report
+    from search.storage import describe, open_existing_storage
+
+    url = _storage_url(args)
+    print(f"storage: {describe(url)}")
+    storage = open_existing_storage(url)
+    report(storage, sys.stdout)
+    review_cli.plots(args, storage)
+    return 0
+
+
+def _apply(args) -> int:
+    from search import apply
+    from search.storage import describe, open_existing_storage
+
+    url = _storage_url(args)
+    path = Path(args.experiment)
+    if not path.exists():
+        raise ConfigError("experiment_file", f"{args.experiment!r} does not exist")
+    print(f"storage: {describe(url)}")
+    decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target)
+    old = path.read_text()
+    new = apply.apply(old, decisions)
+    for d in decisions:
+        print(d.refusal or d.note)
+    if new != old:
+        print(apply.unified_diff(old, new, args.experiment), end="")
+        if not args.dry_run:
+            path.write_text(new)
+            print(f"wrote {args.experiment}")
+    elif any(d.config for d in decisions):
+        print(f"{args.experiment} already holds the confirmed winners")
+    if not decisions:
+        print("nothing to apply: no search studies for this target")
+    return REFUSED if any(d.refusal for d in decisions) or not decisions else 0
+
+
+def _bench(args) -> int:
+    from search import bench
+
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in bench.STRATEGIES]
+    if unknown:
+        raise ConfigError("bench_strategy", f"strategy {unknown[0]!r} is not one of {', '.join(bench.STRATEGIES)}")
+    if "gp" in strategies:
+        import importlib.util
+
+        if importlib.util.find_spec("scipy") is None:
+            print("gp left out: the GP sampler needs scipy, which is not installed", file=sys.stderr)
+            strategies.remove("gp")
+    if args.seeds < 1:
+        raise ConfigError("bench_seeds", f"--seeds must be at least 1, got {args.seeds}")
+    from search.table import load_table
+
+    path = args.table or bench.DEFAULT_TABLE
+    table = load_table(path)
+    classes = bench.classes_of(table, classes=args.problem_classes)
+    if not classes:
+        raise ConfigError("table_file", f"table {path!r} has no problem class with a passing forward config")
+    print(bench.header(table, classes, args.seeds, args.threshold), flush=True)
+    for strategy in strategies:  # row by row: a long GP row does not hold back the others
+        print(bench.row(table, strategy, bench.bench(path, strategy, classes, args.seeds, args.threshold, jobs=args.jobs)), flush=True)
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())

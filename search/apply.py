@@ -1,0 +1,143 @@
+"""`python -m search apply`: confirmed winners -> experiment.py's FORWARD_DISPATCH / BACKWARD_DISPATCH.
+
+A winner is applied only if it passed the correctness gate and the harness re-measured it
+`confirmations` times within tolerance (trials with user attr confirmation_of). The dict entries are
+edited as text (one entry per line, long ones wrapped), so the file stays readable and the diff small.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from dataclasses import dataclass, fields
+
+import optuna
+
+from fa4tune.config import ConfigError
+from search import attrs
+from search.history import confirmations, records, winner
+from search.live import short_config
+from search.space import get_space
+
+DISPATCH = {"fwd": "FORWARD_DISPATCH", "bwd": "BACKWARD_DISPATCH"}
+MAX_LINE = 120
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What apply does with one study: a config to write, or why not."""
+
+    study: str
+    direction: str
+    problem_class: str
+    config: dict | None
+    refusal: str = ""
+    note: str = ""
+
+
+def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | None = None) -> list[Decision]:
+    """One decision per search study in the storage (of one target when given)."""
+    decisions = []
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        meta = summary.user_attrs
+        if attrs.DIRECTION not in meta or (target and meta.get(attrs.TARGET) != target):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        decisions.append(_decide(summary.study_name, meta, records(study), needed, allow_replay))
+    return decisions
+
+
+def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> Decision:
+    direction, pc = meta[attrs.DIRECTION], meta[attrs.PROBLEM_CLASS]
+    w = winner(history)
+    if w is None:
+        return Decision(name, direction, pc, None, f"{name}: refused: no trial passed the correctness gate")
+    head = f"{name}: best trial #{w.number} ({w.value:.1f} TFLOPS, {short_config(w.config)})"
+    if w.evaluator == "replay" and not allow_replay:
+        return Decision(name, direction, pc, None, f"{head}: refused: replayed from a table, not measured by the harness (--allow-replay to apply anyway)")
+    confirmed = [c for c in confirmations(history, w.number) if c.confirmed]
+    if len(confirmed) < needed:
+        return Decision(name, direction, pc, None, f"{head}: refused: confirmed {len(confirmed)} of {needed} times; run the same `python -m search run` again to confirm it")
+    values = ", ".join(f"{c.value:.1f}" for c in confirmed)
+    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS")
+
+
+def render_entry(key: str, config, indent: str = "    ") -> str:
+    """A dispatch entry line (wrapped when long): '"d128-causal-bf16": ForwardConfig(tile_m=..., ...),'."""
+    defaults = {f.name: f.default for f in fields(config)}
+    knobs = [f"{f.name}={_literal(getattr(config, f.name))}" for f in fields(config)
+             if not (f.name == "kernel" and getattr(config, f.name) == defaults["kernel"])]
+    cls = type(config).__name__
+    line = f'{indent}"{key}": {cls}({", ".join(knobs)}),'
+    if len(line) <= MAX_LINE:
+        return line
+    rows, current = [], ""
+    for knob in knobs:
+        candidate = f"{current}, {knob}" if current else knob
+        if len(indent) * 2 + len(candidate) + 1 > MAX_LINE:
+            rows.append(current + ",")
+            current = knob
+        else:
+            current = candidate
+    rows.append(current + ",")
+    return "\n".join([f'{indent}"{key}": {cls}(', *(f"{indent * 2}{r}" for r in rows), f"{indent}),"])
+
+
+def _literal(value) -> str:
+    return f'"{value}"' if isinstance(value, str) else repr(value)  # the file's quotes
+
+
+def edit_dispatch(source: str, direction: str, key: str, config) -> str:
+    """The source with the dispatch entry for `key` replaced (or added before the closing brace)."""
+    table = _dispatch_node(source, DISPATCH[direction])
+    lines = source.splitlines(keepends=True)
+    entry = render_entry(key, config) + "\n"
+    for k, v in zip(table.keys, table.values):
+        if isinstance(k, ast.Constant) and k.value == key:
+            first, last = k.lineno - 1, v.end_lineno - 1
+            before, after = lines[first][: k.col_offset], lines[last][v.end_col_offset:]
+            if before.strip() or after.strip() not in (",", ""):
+                raise ConfigError("dispatch_format", f"{DISPATCH[direction]}[{key!r}] does not sit on lines of its own; edit it by hand")
+            return "".join(lines[:first] + [entry] + lines[last + 1:])
+    closing = table.end_lineno - 1
+    if lines[closing].strip() != "}":
+        raise ConfigError("dispatch_format", f"{DISPATCH[direction]} does not end with a '}}' line; edit it by hand")
+    return "".join(lines[:closing] + [entry] + lines[closing:])
+
+
+def _dispatch_node(source: str, name: str) -> ast.Dict:
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict):
+            return node.value
+    raise ConfigError("dispatch_format", f"experiment.py has no {name} = {{...}} dict")
+
+
+def entry_config(source: str, direction: str, key: str) -> dict | None:
+    """The knob values written in a dispatch entry, read back from the source (None if absent or not literal)."""
+    table = _dispatch_node(source, DISPATCH[direction])
+    for k, v in zip(table.keys, table.values):
+        if isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call):
+            try:
+                return {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+            except ValueError:
+                return None
+    return None
+
+
+def apply(source: str, decisions: list[Decision]) -> str:
+    """The source with every accepted decision written; each written entry is read back and compared."""
+    for d in decisions:
+        if d.config is None:
+            continue
+        config = get_space(d.direction).config(d.config)
+        source = edit_dispatch(source, d.direction, d.problem_class, config)
+        written = entry_config(source, d.direction, d.problem_class)
+        if get_space(d.direction).config(written or {}) != config:
+            raise ConfigError("dispatch_format", f"{DISPATCH[d.direction]}[{d.problem_class!r}] did not read back as written")
+    return source
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    """A unified diff of the edit, for the terminal."""
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{path}", f"b/{path}"))

@@ -1,0 +1,149 @@
+"""A run: every study of the suite, one after another, on one storage.
+
+Everything that can be wrong with the input is checked before the storage is opened for writing:
+settings, suite, target, sampler, evaluator, table, storage URL, and existing studies' spaces.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from fa4tune.config import ConfigError
+from fa4tune.suites import load_suite
+from fa4tune.targets import get_target
+from search.evaluators import GpuEvaluator, ReplayEvaluator
+from search.live import make_view, short_config
+from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop
+from search.run_config import RunConfig
+from search.samplers import make_sampler
+from search.storage import describe, open_storage
+from search.study import check_existing, open_study, specs_for
+from search.table import load_table
+from search.turns import make_policy, parse_ratio
+
+INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
+
+
+def git_commit() -> str:
+    """The short commit of the working tree, '+dirty' when it has changes; 'unknown' outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _check_numbers(config: RunConfig) -> None:
+    for name in ("n_trials", "k"):
+        if getattr(config, name) < 1:
+            raise ConfigError("run_config_value", f"{name} must be at least 1, got {getattr(config, name)}")
+    for name in ("confirmations", "api_retries"):
+        if getattr(config, name) < 0:
+            raise ConfigError("run_config_value", f"{name} must be >= 0, got {getattr(config, name)}")
+    if not 0 <= config.tolerance < 1:
+        raise ConfigError("run_config_value", f"tolerance must be in [0, 1), got {config.tolerance}")
+    if config.proposer not in ("claude", "none"):
+        raise ConfigError("run_config_value", f"proposer must be claude or none, got {config.proposer!r}")
+
+
+def make_evaluator(config: RunConfig, target):
+    """The replay evaluator on --table, or the GPU harness."""
+    if config.evaluator == "replay":
+        if not config.table:
+            raise ConfigError("table_file", "the replay evaluator needs --table PATH")
+        return ReplayEvaluator(load_table(config.table), delay_s=config.replay_delay)
+    if config.evaluator == "gpu":
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("gpu_evaluator", "no CUDA GPU here: use --evaluator replay --table PATH")
+            return GpuEvaluator(target)
+        except ImportError as err:
+            raise ConfigError("gpu_evaluator", f"the gpu evaluator needs the harness (prepare.py) importable: {err}")
+    raise ConfigError("evaluator", f"evaluator must be gpu or replay, got {config.evaluator!r}")
+
+
+def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
+    """The suite's problems and the asked directions; with a recorded table, only what the table measured."""
+    problems, directions = load_suite(config.suite), list(config.directions)
+    if not isinstance(evaluator, ReplayEvaluator):
+        return problems, directions
+    table = evaluator.table
+    if table.recorded_problems:
+        problems = table.recorded_problems
+        print(f"problems: the {len(problems)} recorded in {table.name} (the suite is not used)", file=out)
+    directions = [d for d in directions if table.problem_classes(d)]
+    if not directions:
+        raise ConfigError("table_file", f"table {table.name} has no {' or '.join(config.directions)} measurements")
+    if directions != list(config.directions):
+        print(f"directions: {', '.join(directions)} (the table has nothing for the others)", file=out)
+    return problems, directions
+
+
+def run(config: RunConfig, out=None) -> int:
+    """Runs (or resumes) every study; 0 when done, 130 after Ctrl-C; ConfigError for bad input."""
+    out = out or sys.stdout
+    _check_numbers(config)
+    target = get_target(config.target)
+    evaluator = make_evaluator(config, target)
+    problems, directions = _what_to_tune(config, evaluator, out)
+    specs = specs_for(problems, directions, target, config.problem_classes or None)
+    make_sampler(config.sampler, config.seed)
+    policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
+    print(f"storage: {describe(config.storage)}", file=out, flush=True)
+    storage = open_storage(config.storage)
+    check_existing(storage, specs)
+
+    proposers = []
+    if config.proposer == "claude":
+        from search.proposers.claude import ClaudeProposer  # the SDK takes seconds to import: only when used
+
+        proposers.append(ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff))
+    settings = LoopSettings(
+        n_trials=config.n_trials, k=config.k, confirmations=config.confirmations, tolerance=config.tolerance,
+        baseline=config.baseline, results_path=config.results or None, git_commit=git_commit(), description=config.description,
+    )
+    print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
+          f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe()}", file=out, flush=True)
+    stop = StopFlag()
+    previous = signal.signal(signal.SIGINT, _stop_handler(stop, out))
+    outcomes: list[Outcome] = []
+    disabled: dict[str, str] = {}
+    try:
+        with make_view(out) as view:
+            for spec in specs:
+                study = open_study(storage, spec, make_sampler(config.sampler, config.seed))
+                loop = StudyLoop(study, spec, evaluator, config.sampler, proposers, policy, settings, view, stop, disabled)
+                outcomes.append(loop.run())
+                if stop.requested:
+                    break
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        for p in proposers:
+            p.close()
+    for o in outcomes:
+        print(_summary(o), file=out)
+    if stop.requested:
+        print("stopped by Ctrl-C after the current trial; run the same command again to continue", file=out)
+        return INTERRUPTED
+    return 0
+
+
+def _stop_handler(stop: StopFlag, out):
+    def handler(signum, frame):
+        stop.requested = True
+        print("Ctrl-C: stopping after the current trial (Ctrl-C again aborts)", file=out, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return handler
+
+
+def _summary(o: Outcome) -> str:
+    if o.winner is None:
+        return f"{o.study}: {o.evaluated} evaluated, no config passed"
+    state = "confirmed" if o.confirmed else "not confirmed"
+    return f"{o.study}: {o.evaluated} evaluated, best {o.winner.value:.1f} TFLOPS (#{o.winner.number}, {o.winner.proposer}, {state}): {short_config(o.winner.config)}"

@@ -1,0 +1,87 @@
+"""Shared pieces of the search tests: a synthetic table, a study loop on it, the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+
+from fa4tune.config import ProblemClass
+from fa4tune.suites import load_suite
+from fa4tune.targets import get_target
+from search.evaluators import ReplayEvaluator
+from search.loop import LoopSettings, StopFlag, StudyLoop
+from search.samplers import make_sampler
+from search.study import StudySpec, open_study
+from search.table import load_table
+from search.turns import FixedRatio
+from synthetic_table import write_synthetic_table
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = "quick"
+CLASS = "d128-causal-bf16"
+TARGET = get_target("sm120")
+
+
+def write_table(tmp_path, drop: int = 0) -> Path:
+    """A SYNTHETIC table of the quick suite's classes."""
+    path = tmp_path / "synthetic_table.json"
+    write_synthetic_table(path, load_suite(SUITE), drop=drop)
+    return path
+
+
+def spec(direction: str = "fwd", name: str = CLASS) -> StudySpec:
+    pc = ProblemClass.parse(name)
+    return StudySpec(direction, pc, tuple(p for p in load_suite(SUITE) if p.problem_class == pc), TARGET)
+
+
+class Recorder:
+    """A view that keeps every trial record and message."""
+
+    def __init__(self):
+        self.trials, self.messages, self.turns = [], [], []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def turn(self, study, proposer):
+        self.turns.append(proposer)
+
+    def trial(self, study, r, best, done, n_trials):
+        self.trials.append(r)
+
+    def message(self, text):
+        self.messages.append(text)
+
+
+def make_loop(table_path, sampler="tpe", proposers=(), weights=None, storage=None, evaluator=None, seed=0, **settings):
+    """A StudyLoop on the synthetic table (in-memory storage unless one is given); returns (loop, evaluator, view)."""
+    storage = storage or optuna.storages.InMemoryStorage()
+    s = spec()
+    study = open_study(storage, s, make_sampler(sampler, seed))
+    evaluator = evaluator or ReplayEvaluator(load_table(str(table_path)))
+    view = Recorder()
+    settings = {"results_path": None, **settings}
+    weights = weights or {sampler: 1.0, **{p.name: 1.0 for p in proposers}}
+    loop = StudyLoop(study, s, evaluator, sampler, list(proposers), FixedRatio(weights), LoopSettings(**settings), view, StopFlag())
+    return loop, evaluator, view
+
+
+def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    """`python -m search ARGS` in the project root, without an API key unless env gives one."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "search", *map(str, args)], cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def replay_args(storage_url: str, table, *extra) -> list:
+    """The run arguments of a replayed forward study of CLASS."""
+    return ["run", "--storage", storage_url, "--evaluator", "replay", "--table", table, "--suite", SUITE,
+            "--direction", "fwd", "--problem-class", CLASS, "--results", "", *extra]

@@ -1,0 +1,93 @@
+"""apply: confirmed winners go into a copy of experiment.py as readable dict entries; anything else is refused."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+
+import optuna
+import pytest
+
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from search import apply as apply_module
+from search.history import records, winner
+from search.storage import open_storage
+from search_helpers import CLASS, ROOT, replay_args, run_cli, write_table
+
+STUDY = "fwd:d128-causal-bf16:sm120"
+
+
+def _dispatch_entry(path, table: str, key: str) -> dict:
+    """The keywords of experiment.py's TABLE[key] call, read by parsing the file."""
+    return apply_module.entry_config(path.read_text(), "fwd" if table == "FORWARD_DISPATCH" else "bwd", key)
+
+
+@pytest.fixture
+def experiment_copy(tmp_path):
+    path = tmp_path / "experiment.py"
+    shutil.copy(ROOT / "experiment.py", path)
+    return path
+
+
+def _search(tmp_path, confirmations: int) -> str:
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    done = run_cli(*replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "8", "--confirmations", confirmations))
+    assert done.returncode == 0, done.stderr
+    return url
+
+
+def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path, experiment_copy):
+    url = _search(tmp_path, confirmations=0)
+    before = experiment_copy.read_text()
+    done = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
+    assert done.returncode == 1
+    refusal = [line for line in done.stdout.splitlines() if "refused" in line]
+    assert len(refusal) == 1 and "confirmed 0 of 2 times" in refusal[0] and STUDY in refusal[0]
+    assert experiment_copy.read_text() == before
+
+
+def test_apply_refuses_a_replayed_winner_unless_allowed(tmp_path, experiment_copy):
+    url = _search(tmp_path, confirmations=2)
+    before = experiment_copy.read_text()
+    done = run_cli("apply", "--storage", url, "--experiment", experiment_copy)
+    assert done.returncode == 1 and "replayed from a table, not measured by the harness" in done.stdout
+    assert experiment_copy.read_text() == before
+
+
+def test_apply_writes_a_confirmed_winner_and_prints_the_diff(tmp_path, experiment_copy):
+    url = _search(tmp_path, confirmations=2)
+    study = optuna.load_study(study_name=STUDY, storage=open_storage(url))
+    best = winner(records(study))
+    before = experiment_copy.read_text()
+    done = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
+    assert done.returncode == 0, done.stdout + done.stderr
+    after = experiment_copy.read_text()
+    assert ForwardConfig.from_dict(_dispatch_entry(experiment_copy, "FORWARD_DISPATCH", CLASS)) == ForwardConfig.from_dict(best.config)
+    # the diff replaces the one entry (wrapped if long) and nothing else; the file still parses
+    diff = [line for line in done.stdout.splitlines() if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
+    removed, added = [line[1:] for line in diff if line[0] == "-"], [line[1:] for line in diff if line[0] == "+"]
+    assert len(removed) == 1 and CLASS in removed[0]
+    assert "\n".join(added) == apply_module.render_entry(CLASS, ForwardConfig.from_dict(best.config))
+    assert "confirmed at" in done.stdout and f"+++ b/{experiment_copy}" in done.stdout
+    ast.parse(after)
+    assert len(after.splitlines()) == len(before.splitlines()) + len(added) - 1
+    again = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
+    assert again.returncode == 0 and "already holds the confirmed winners" in again.stdout
+
+
+def test_a_long_backward_entry_is_wrapped_and_a_new_class_is_added():
+    source = (ROOT / "experiment.py").read_text()
+    config = BackwardConfig(m_block_size=128, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=256,
+                            SdP_swapAB=True, AtomLayoutMSdP=2, AtomLayoutNdKV=8, AtomLayoutMdQ=2, V_in_regs=True)
+    edited = apply_module.edit_dispatch(source, "bwd", "d128-causal-bf16", config)
+    assert BackwardConfig.from_dict(apply_module.entry_config(edited, "bwd", "d128-causal-bf16")) == config
+    assert max(len(line) for line in edited.splitlines()) <= max(120, max(len(line) for line in source.splitlines()))
+    added = apply_module.edit_dispatch(edited, "fwd", "d256-noncausal-bf16", ForwardConfig(tile_m=64, tile_n=32))
+    assert ForwardConfig.from_dict(apply_module.entry_config(added, "fwd", "d256-noncausal-bf16")) == ForwardConfig(tile_m=64, tile_n=32)
+    ast.parse(added)
+
+
+def test_an_entry_that_does_not_sit_on_its_own_lines_is_refused():
+    source = 'FORWARD_DISPATCH = {"d128-causal-bf16": ForwardConfig(tile_m=128)}\n'
+    with pytest.raises(ConfigError, match="dispatch_format"):
+        apply_module.edit_dispatch(source, "fwd", "d128-causal-bf16", ForwardConfig())

@@ -1,0 +1,172 @@
+"""The study loop on a replayed SYNTHETIC table: feasibility before the evaluator, constraints, duplicates,
+missing configs, confirmation of the winner, results.tsv rows."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import TrialState
+
+from fa4tune import results_tsv
+from fa4tune.config import ForwardConfig
+from fa4tune.feasibility import check_forward
+from fa4tune.measurement import Measurement, ProblemResult
+from search import attrs
+from search.evaluators import MISSING, ReplayEvaluator
+from search.history import records
+from search.proposers.base import Proposal, Proposer
+from search.table import load_table
+from search_helpers import TARGET, make_loop, spec, write_table
+
+
+def test_an_infeasible_config_never_reaches_the_evaluator_and_is_told_as_a_constraint(tmp_path):
+    loop, evaluator, view = make_loop(write_table(tmp_path), sampler="random", n_trials=15, confirmations=0)
+    loop.run()
+    trials = loop.study.get_trials()
+    infeasible = [t for t in trials if t.user_attrs[attrs.STATUS] == "infeasible"]
+    assert infeasible, "random sampling of this domain proposes infeasible configs"
+    for t in infeasible:
+        # COMPLETE with the penalty and a positive constraint: TPE and GP both read it (FAIL would be ignored)
+        assert t.state == TrialState.COMPLETE and t.value == 0.0
+        assert t.constraints[attrs.CONSTRAINT_KEY] > 0 and t.user_attrs[attrs.CONSTRAINT][0] > 0
+        assert t.user_attrs[attrs.RULE] and not t.user_attrs[attrs.EVALUATED]
+    pc = spec().problem_class
+    assert all(check_forward(ForwardConfig.from_dict(c), pc, TARGET) for _, _, c in evaluator.calls)
+    assert len(evaluator.calls) == sum(t.user_attrs[attrs.EVALUATED] for t in trials) == 15
+
+
+def test_shared_memory_overflow_is_graded_so_the_sampler_sees_the_boundary(tmp_path):
+    loop, _, _ = make_loop(write_table(tmp_path), sampler="random", n_trials=15, confirmations=0)
+    loop.run()
+    smem = [t.constraints[attrs.CONSTRAINT_KEY] for t in loop.study.get_trials() if t.user_attrs.get(attrs.RULE) == "smem_capacity"]
+    assert smem and all(0 < v < 1 for v in smem) and len(set(smem)) > 1
+
+
+def test_a_config_the_sampler_proposes_again_is_not_measured_again(tmp_path):
+    loop, evaluator, _ = make_loop(write_table(tmp_path), sampler="tpe", n_trials=15, confirmations=0)
+    loop.run()
+    duplicates = [t for t in loop.study.trials if attrs.DUPLICATE_OF in t.user_attrs]
+    assert duplicates, "TPE re-proposes good configs of a small categorical space"
+    configs = [tuple(sorted(c.items())) for _, _, c in evaluator.calls]
+    assert len(configs) == len(set(configs))
+    for t in duplicates:
+        original = loop.study.trials[t.user_attrs[attrs.DUPLICATE_OF]]
+        assert t.params == original.params and t.value == original.value and not t.user_attrs[attrs.EVALUATED]
+
+
+class _Repeater(Proposer):
+    name = "repeater"
+
+    def __init__(self):
+        self.rejections = []
+
+    def propose(self, context):
+        return [Proposal(ForwardConfig().to_dict(), "upstream again")]
+
+    def feedback(self, rejections):
+        self.rejections.extend(rejections)
+
+
+def test_a_proposal_of_a_measured_config_is_rejected_before_enqueueing(tmp_path):
+    proposer = _Repeater()
+    loop, evaluator, view = make_loop(write_table(tmp_path), proposers=[proposer], n_trials=4, confirmations=0)
+    loop.run()
+    assert [c for _, _, c in evaluator.calls].count(ForwardConfig().to_dict()) == 1  # the baseline only
+    assert proposer.rejections and all("already measured in trial #0" in r.reason for r in proposer.rejections)
+    assert loop.study.user_attrs[attrs.REJECTED_PROPOSALS]["repeater"] == len(proposer.rejections)
+    assert not any(t.user_attrs[attrs.PROPOSER] == "repeater" for t in loop.study.trials)
+
+
+def test_a_config_missing_from_the_table_is_counted_as_missing(tmp_path):
+    table = write_table(tmp_path, drop=30)
+    loop, evaluator, view = make_loop(table, sampler="random", n_trials=30, confirmations=0)
+    loop.run()
+    missing = [r for r in records(loop.study) if r.status == MISSING and r.duplicate_of is None]
+    assert missing and all("missing from table" in r.reason for r in missing)
+    assert all(t.constraints[attrs.CONSTRAINT_KEY] == 1.0 for t in loop.study.get_trials() if t.user_attrs[attrs.STATUS] == MISSING)
+
+
+def test_the_winner_is_confirmed_twice_by_re_measurement(tmp_path):
+    loop, evaluator, view = make_loop(write_table(tmp_path), n_trials=10, confirmations=2)
+    outcome = loop.run()
+    history = records(loop.study)
+    confirming = [r for r in history if r.confirmation_of is not None]
+    assert outcome.confirmed and len(confirming) == 2
+    assert {r.confirmation_of for r in confirming} == {outcome.winner.number}
+    assert all(r.confirmed and r.config == outcome.winner.config and r.proposer == "confirmation" for r in confirming)
+    assert outcome.evaluated == 10  # confirmations do not count towards n_trials
+
+
+class _SlowerOnSecondLook(ReplayEvaluator):
+    """Replays, except that the first config measured twice comes out 20% slower the second time."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.seen, self.victim = set(), None
+
+    def evaluate(self, kind, config, problem_class, problems):
+        m = super().evaluate(kind, config, problem_class, problems)
+        key = config.key()
+        if key in self.seen and self.victim in (None, key):
+            self.victim = key
+            results = tuple(ProblemResult(r.problem, r.direction, r.status, tflops=r.tflops * 0.8) for r in m.results)
+            return Measurement(m.kind, m.problem_class, m.config, results, m.target, m.device, m.mode, m.evaluator)
+        self.seen.add(key)
+        return m
+
+
+def test_a_winner_that_does_not_reproduce_is_refuted_and_the_next_best_confirmed(tmp_path):
+    table = write_table(tmp_path)
+    loop, evaluator, _ = make_loop(table, n_trials=10, confirmations=2, evaluator=_SlowerOnSecondLook(load_table(str(table))))
+    outcome = loop.run()
+    history = records(loop.study)
+    refuted = [r for r in history if r.confirmation_of is not None and not r.confirmed]
+    assert len(refuted) == 1
+    assert outcome.confirmed and outcome.winner.number != refuted[0].confirmation_of
+    first = next(r for r in history if r.number == refuted[0].confirmation_of)
+    assert outcome.winner.value < first.value
+
+
+def test_every_trial_appends_a_results_tsv_row(tmp_path):
+    path = tmp_path / "results.tsv"
+    loop, _, _ = make_loop(write_table(tmp_path), sampler="random", n_trials=5, confirmations=1, results_path=str(path), git_commit="abc1234")
+    loop.run()
+    rows = results_tsv.read_rows(path).rows
+    trials = loop.study.get_trials()
+    assert len(rows) == len(trials)
+    by_trial = {row.config["trial"]: row for row in rows}
+    for t in trials:
+        row = by_trial[t.number]
+        assert row.proposer == t.user_attrs[attrs.PROPOSER] and row.commit == "abc1234" and row.status == t.user_attrs[attrs.STATUS]
+        assert row.config["forward"]["d128-causal-bf16"] == t.user_attrs[attrs.CONFIG]
+        if t.user_attrs[attrs.STATUS] == "ok":
+            assert abs(row.fwd_tflops_geomean - t.value) < 1e-9
+        else:
+            assert row.fwd_tflops_geomean is None
+
+
+def test_trials_record_per_problem_tflops_device_mode_and_commit(tmp_path):
+    loop, _, _ = make_loop(write_table(tmp_path), n_trials=2, confirmations=0, git_commit="abc1234")
+    loop.run()
+    baseline = loop.study.trials[0]
+    a = baseline.user_attrs
+    assert a[attrs.PROPOSER] == "baseline" and a[attrs.STATUS] == "ok" and a[attrs.MODE] == "replay"
+    assert set(a[attrs.TFLOPS]) == {p.label for p in spec().problems}
+    assert a[attrs.GIT_COMMIT] == "abc1234" and "replayed from" in a[attrs.DEVICE]
+    assert a[attrs.ERRORS] and a[attrs.CONFIG] == ForwardConfig().to_dict()
+
+
+def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_path):
+    class Flaky(ReplayEvaluator):
+        def evaluate(self, kind, config, problem_class, problems):
+            if len(self.calls) == 1:
+                self.calls.append(None)
+                raise RuntimeError("CUDA error: an illegal memory access")
+            return super().evaluate(kind, config, problem_class, problems)
+
+    table = write_table(tmp_path)
+    loop, _, _ = make_loop(table, n_trials=4, confirmations=0, evaluator=Flaky(load_table(str(table))))
+    outcome = loop.run()
+    statuses = [t.user_attrs[attrs.STATUS] for t in loop.study.trials]
+    assert "crash" in statuses and outcome.evaluated == 4
+    crash = next(t for t in loop.study.trials if t.user_attrs[attrs.STATUS] == "crash")
+    assert "illegal memory access" in crash.user_attrs[attrs.REASON] and crash.constraints[attrs.CONSTRAINT_KEY] == 1.0

@@ -1,0 +1,91 @@
+"""Resume: a real `python -m search run` killed with SIGKILL mid-trial, then the same command again;
+Ctrl-C (SIGINT) stops after the current trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from search import attrs
+from search.history import evaluated_count, records
+from search.storage import open_storage
+from search_helpers import ROOT, replay_args, run_cli, write_table
+
+STUDY = "fwd:d128-causal-bf16:sm120"
+DELAY = 0.4  # seconds per replayed config: long enough to be caught mid-trial
+
+
+def _start(args) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    return subprocess.Popen([sys.executable, "-m", "search", *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_trials(proc: subprocess.Popen, n: int) -> list[str]:
+    """Reads the plain per-trial lines until n trials were printed."""
+    lines = []
+    deadline = time.time() + 60
+    while sum(" trial " in line for line in lines) < n:
+        assert time.time() < deadline and proc.poll() is None, "".join(lines) + proc.stderr.read()
+        lines.append(proc.stdout.readline())
+    return lines
+
+
+def _study(url):
+    return optuna.load_study(study_name=STUDY, storage=open_storage(url))
+
+
+def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "8", "--confirmations", "0",
+                       "--replay-delay", DELAY)
+    proc = _start(args)
+    _wait_for_trials(proc, 3)
+    time.sleep(DELAY / 2)  # inside the next trial's evaluation
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    before = _study(url).get_trials()
+    running = [t for t in before if t.state == TrialState.RUNNING]
+    finished = {t.number: (t.params, t.value, t.user_attrs[attrs.STATUS]) for t in before if t.state == TrialState.COMPLETE}
+    assert len(running) == 1 and len(finished) >= 3
+
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert f"trials {running[0].number} were left running, closed as failed and requeued" in done.stdout
+    after = _study(url).get_trials()
+    for number, (params, value, status) in finished.items():  # no finished trial lost or changed
+        assert (after[number].params, after[number].value, after[number].user_attrs[attrs.STATUS]) == (params, value, status)
+    assert after[running[0].number].state == TrialState.FAIL
+    requeued = [t for t in after if t.user_attrs.get(attrs.REQUEUED_FROM) == running[0].number]
+    assert len(requeued) == 1 and requeued[0].params == running[0].params and requeued[0].state == TrialState.COMPLETE
+    assert requeued[0].user_attrs[attrs.PROPOSER] == running[0].user_attrs[attrs.PROPOSER]
+    assert evaluated_count(records(_study(url))) == 8
+    assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def test_ctrl_c_stops_after_the_current_trial_and_the_run_continues_later(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "8", "--confirmations", "0",
+                       "--replay-delay", DELAY)
+    proc = _start(args)
+    _wait_for_trials(proc, 2)
+    time.sleep(DELAY / 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "stopping after the current trial" in out and "Traceback" not in err
+    trials = _study(url).get_trials()
+    assert trials and all(t.state == TrialState.COMPLETE for t in trials)  # the trial under way finished
+    assert evaluated_count(records(_study(url))) < 8
+
+    done = run_cli(*args)
+    assert done.returncode == 0, done.stderr
+    assert "left running" not in done.stdout
+    assert evaluated_count(records(_study(url))) == 8
