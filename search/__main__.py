@@ -64,10 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the diff, do not write")
     p = sub.add_parser("bench", help="search efficiency of the strategies on a recorded table (CPU only)")
     p.add_argument("--table", default=None, help="recorded table (default search/data/h200_fwd_sweep.json)")
-    p.add_argument("--strategies", default="random,tpe,gp,turns")
+    p.add_argument("--strategies", default="random,tpe,gp,turns,default")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--threshold", type=float, default=0.99)
     p.add_argument("--problem-class", action="append", dest="problem_classes")
+    p.add_argument("--sampler", default=None, help="the sampler of the turns and default strategies (default: run's default)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     review_cli.add_parsers(sub)
     from search import worker
@@ -158,17 +159,12 @@ def _apply(args) -> int:
 
 def _bench(args) -> int:
     from search import bench
+    from search.samplers import DEFAULT_SAMPLER, make_sampler
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in bench.STRATEGIES]
     if unknown:
         raise ConfigError("bench_strategy", f"strategy {unknown[0]!r} is not one of {', '.join(bench.STRATEGIES)}")
-    if "gp" in strategies:
-        import importlib.util
-
-        if importlib.util.find_spec("scipy") is None:
-            print("gp left out: the GP sampler needs scipy, which is not installed", file=sys.stderr)
-            strategies.remove("gp")
     if args.seeds < 1:
         raise ConfigError("bench_seeds", f"--seeds must be at least 1, got {args.seeds}")
     from search.table import load_table
@@ -178,10 +174,14 @@ def _bench(args) -> int:
     classes = bench.classes_of(table, classes=args.problem_classes)
     if not classes:
         raise ConfigError("table_file", f"table {path!r} has no problem class with a passing forward config")
+    sampler = args.sampler or DEFAULT_SAMPLER
+    make_sampler(sampler)  # a one-line error for an unknown name
     print(bench.header(table, classes, args.seeds, args.threshold), flush=True)
     for strategy in strategies:  # row by row: a long GP row does not hold back the others
-        print(bench.row(table, strategy, bench.bench(path, strategy, classes, args.seeds, args.threshold, jobs=args.jobs)), flush=True)
+        runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, jobs=args.jobs, sampler=sampler)
+        print(bench.row(table, bench.label(strategy, sampler), runs), flush=True)
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

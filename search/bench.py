@@ -1,9 +1,11 @@
 """`python -m search bench`: how many evaluated configs each strategy needs to reach 99% of a table's best.
 
-Replays a recorded table (CPU only) through the same loop a run uses, per problem class and seed,
-and prints median and spread. The space is the table's: the knob values it measured, under today's
-rules; a config the table lacks is looked up, counted apart, and not counted as an evaluation. "turns" is the turn-taking loop: the default sampler and a scripted
-proposer in Claude's seat (a fixed expert ordering, not a model), at the run's default ratio.
+Replays a recorded table (CPU only) through the same loop a run uses, per problem class and seed, and
+prints median and spread. The space is the table's: the knob values it measured, under today's rules; a
+config the table lacks is looked up, counted apart, and not counted as an evaluation. "turns" is the
+turn-taking loop: a sampler and a scripted proposer in Claude's seat (a fixed expert ordering, not a
+model) at the run's default ratio; "default" is what `search run` does without an API key: upstream's
+default config first, then the sampler.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from search.study import StudySpec
 from search.table import ReplayTable, load_table
 from search.turns import FixedRatio, parse_ratio
 
-STRATEGIES = ("random", "tpe", "gp", "turns")
+STRATEGIES = ("random", "tpe", "gp", "turns", "default")
 DEFAULT_TABLE = "search/data/h200_fwd_sweep.json"
 
 
@@ -102,17 +104,20 @@ def expert_script(table: ReplayTable, kind: str, pc: ProblemClass, target) -> li
     return [upstream.to_dict()] + [c.to_dict() for c in configs if c != upstream]
 
 
-def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: int, threshold: float) -> Run:
-    """Replays one search until it reaches threshold x the table's best or runs out of budget."""
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if strategy == "gp":
-        import torch
+def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: int, threshold: float,
+            sampler: str = DEFAULT_SAMPLER) -> Run:
+    """Replays one search until it reaches threshold x the table's best or runs out of budget.
 
-        torch.set_num_threads(1)  # one run per process: GP's small matrices lose time to thread hand-offs
+    `sampler` is the sampler of the "turns" and "default" strategies (the others name their own)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     pc = ProblemClass.parse(pc_name)
     target = get_target(table.meta.get("target") or None)
     budget = len(table.measurements(kind, pc_name))
-    sampler_name = DEFAULT_SAMPLER if strategy == "turns" else strategy
+    sampler_name = sampler if strategy in ("turns", "default") else strategy
+    if sampler_name == "gp":
+        import torch
+
+        torch.set_num_threads(1)  # one run per process: GP's small matrices lose time to thread hand-offs
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed), direction="maximize")
     space = table_space(table, kind)
     spec = StudySpec(kind, pc, tuple(table.problems(pc_name)), target, space)
@@ -122,7 +127,7 @@ def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: in
         proposers = [ScriptedProposer(expert_script(table, kind, pc, target))]
         weights = parse_ratio(defaults.ratio, sampler_name, "scripted")
     # missing lookups count in the loop's n_trials but not here: give the loop room beyond the table
-    settings = LoopSettings(n_trials=3 * budget, k=RunConfig().k, confirmations=0, baseline=False)
+    settings = LoopSettings(n_trials=3 * budget, k=RunConfig().k, confirmations=0, baseline=strategy == "default")
     stop = StopFlag()
     view = _Until(threshold * reachable_best(table, space, kind, pc, target), stop)
     StudyLoop(study, spec, ReplayEvaluator(table), sampler_name, proposers, FixedRatio(weights), settings, view, stop).run()
@@ -130,8 +135,8 @@ def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: in
 
 
 def _one_run_from_path(args) -> Run:
-    path, strategy, kind, pc_name, seed, threshold = args
-    return one_run(load_table(path), strategy, kind, pc_name, seed, threshold)
+    path, strategy, kind, pc_name, seed, threshold, sampler = args
+    return one_run(load_table(path), strategy, kind, pc_name, seed, threshold, sampler)
 
 
 def classes_of(table: ReplayTable, kind: str = "fwd", classes: list[str] | None = None) -> list[str]:
@@ -139,14 +144,20 @@ def classes_of(table: ReplayTable, kind: str = "fwd", classes: list[str] | None 
     return [c for c in table.problem_classes(kind) if (not classes or c in classes) and table.best(kind, c)]
 
 
-def bench(path: str, strategy: str, classes: list[str], seeds: int, threshold: float = 0.99, kind: str = "fwd", jobs: int = 1) -> list[Run]:
+def bench(path: str, strategy: str, classes: list[str], seeds: int, threshold: float = 0.99, kind: str = "fwd", jobs: int = 1,
+          sampler: str = DEFAULT_SAMPLER) -> list[Run]:
     """One strategy on every (problem class, seed); runs in `jobs` processes."""
-    work = [(path, strategy, kind, c, seed, threshold) for c in classes for seed in range(seeds)]
+    work = [(path, strategy, kind, c, seed, threshold, sampler) for c in classes for seed in range(seeds)]
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
             return list(pool.map(_one_run_from_path, work))
     table = load_table(path)
-    return [one_run(table, strategy, kind, c, seed, threshold) for (_, _, kind, c, seed, threshold) in work]
+    return [one_run(table, *args[1:]) for args in work]
+
+
+def label(strategy: str, sampler: str = DEFAULT_SAMPLER) -> str:
+    """The row name: the strategies that use a sampler name it."""
+    return f"{strategy} ({sampler})" if strategy in ("turns", "default") else strategy
 
 
 def _summary(needed: list[int | None], budget: int) -> str:

@@ -247,6 +247,7 @@ class StudyLoop:
     def _confirm(self) -> tuple[TrialRecord | None, bool]:
         """Re-measures the winner until it has `confirmations` passing re-measurements (or is refuted)."""
         need = self.settings.confirmations
+        self.view.turn(self.spec.name, CONFIRMATION)
         for _ in range(4 * need + 4):
             history = records(self.study)
             w = winner(history)

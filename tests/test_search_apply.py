@@ -36,6 +36,12 @@ def _search(tmp_path, confirmations: int) -> str:
     return url
 
 
+@pytest.fixture(scope="module")
+def confirmed_url(tmp_path_factory) -> str:
+    """A replayed study whose winner was confirmed twice."""
+    return _search(tmp_path_factory.mktemp("confirmed"), confirmations=2)
+
+
 def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path, experiment_copy):
     url = _search(tmp_path, confirmations=0)
     before = experiment_copy.read_text()
@@ -46,16 +52,16 @@ def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path,
     assert experiment_copy.read_text() == before
 
 
-def test_apply_refuses_a_replayed_winner_unless_allowed(tmp_path, experiment_copy):
-    url = _search(tmp_path, confirmations=2)
+def test_apply_refuses_a_replayed_winner_unless_allowed(confirmed_url, experiment_copy):
+    url = confirmed_url
     before = experiment_copy.read_text()
     done = run_cli("apply", "--storage", url, "--experiment", experiment_copy)
     assert done.returncode == 1 and "replayed from a table, not measured by the harness" in done.stdout
     assert experiment_copy.read_text() == before
 
 
-def test_apply_writes_a_confirmed_winner_and_prints_the_diff(tmp_path, experiment_copy):
-    url = _search(tmp_path, confirmations=2)
+def test_apply_writes_a_confirmed_winner_and_prints_the_diff(confirmed_url, experiment_copy):
+    url = confirmed_url
     study = optuna.load_study(study_name=STUDY, storage=open_storage(url))
     best = winner(records(study))
     before = experiment_copy.read_text()

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
+import json
 
-import pytest
-
-from search.bench import Run, one_run, row
+from fa4tune.config import ForwardConfig
+from search.bench import Run, one_run, row, table_space
 from search.table import load_table
 from search_helpers import CLASS, run_cli, write_table
 
 
 def test_bench_prints_median_and_spread_per_strategy_and_class(tmp_path):
     table = write_table(tmp_path)
-    done = run_cli("bench", "--table", table, "--strategies", "random,tpe,turns", "--seeds", "3",
+    done = run_cli("bench", "--table", table, "--strategies", "random,tpe,turns,default", "--seeds", "3",
                    "--problem-class", CLASS, "--problem-class", "d64-noncausal-bf16", "--jobs", "1")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -21,7 +20,7 @@ def test_bench_prints_median_and_spread_per_strategy_and_class(tmp_path):
     header = next(line for line in lines if line.startswith("| strategy"))
     assert CLASS in header and "d64-noncausal-bf16" in header
     rows = {line.split("|")[1].strip(): line for line in lines if line.startswith("| ") and not line.startswith("| strategy")}
-    assert set(rows) == {"random", "tpe", "turns"}
+    assert set(rows) == {"random", "tpe", "turns (tpe)", "default (tpe)"}
 
 
 def test_one_run_stops_when_it_reaches_99_percent_of_the_tables_best(tmp_path):
@@ -33,10 +32,24 @@ def test_one_run_stops_when_it_reaches_99_percent_of_the_tables_best(tmp_path):
     assert one_run(table, "random", "fwd", CLASS, seed=0, threshold=1.0).needed >= run.needed
 
 
-def test_the_scripted_turns_find_the_best_first_when_the_script_starts_there(tmp_path):
+def test_default_measures_upstreams_default_first(tmp_path):
     table = load_table(str(write_table(tmp_path)))
-    run = one_run(table, "turns", "fwd", CLASS, seed=0, threshold=0.0)
-    assert run.needed == 1  # any passing config reaches 0% of the best: the first evaluation
+    default = table.lookup("fwd", CLASS, ForwardConfig()).geomean_tflops()
+    threshold = default / table.best("fwd", CLASS)
+    assert one_run(table, "default", "fwd", CLASS, seed=0, threshold=threshold).needed == 1
+    assert one_run(table, "tpe", "fwd", CLASS, seed=0, threshold=threshold).needed > 1
+
+
+def test_the_space_is_the_tables_and_its_gaps_are_not_evaluations(tmp_path):
+    path = write_table(tmp_path, drop=20)
+    data = json.loads(path.read_text())
+    data["measurements"] = [m for m in data["measurements"] if m["config"]["kernel"] == "sm120"]
+    path.write_text(json.dumps(data))
+    table = load_table(str(path))
+    assert table_space(table, "fwd").domain["kernel"] == ("sm120",)
+    runs = [one_run(table, "random", "fwd", CLASS, seed=s, threshold=1.0) for s in range(3)]
+    assert any(r.missing for r in runs)  # configs dropped from the table were looked up...
+    assert all(r.needed <= len(table.measurements("fwd", CLASS)) for r in runs)  # ...and not counted
 
 
 def test_a_row_of_unreached_runs_shows_the_budget(tmp_path):
@@ -46,14 +59,6 @@ def test_a_row_of_unreached_runs_shows_the_budget(tmp_path):
     assert line.startswith(f"| tpe | >{budget} [>{budget}->{budget}] |")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("scipy") is None, reason="the GP sampler needs scipy")
 def test_gp_runs_on_the_table(tmp_path):
     table = load_table(str(write_table(tmp_path)))
     assert one_run(table, "gp", "fwd", CLASS, seed=0, threshold=0.9).needed is not None
-
-
-def test_bench_without_scipy_leaves_gp_out_with_a_note(tmp_path):
-    if importlib.util.find_spec("scipy") is not None:
-        pytest.skip("scipy is installed")
-    done = run_cli("bench", "--table", write_table(tmp_path), "--strategies", "gp,random", "--seeds", "1", "--problem-class", CLASS, "--jobs", "1")
-    assert done.returncode == 0 and "gp left out" in done.stderr and "| random |" in done.stdout

@@ -41,14 +41,25 @@ def _study(url):
     return optuna.load_study(study_name=STUDY, storage=open_storage(url))
 
 
-def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_path):
+def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subprocess.Popen]:
+    """Starts a replayed 8-trial study, and sends `signum` while the trial after `after_trials` is running."""
     url = f"sqlite:///{tmp_path / 'search.db'}"
     args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "8", "--confirmations", "0",
                        "--replay-delay", DELAY)
+    storage = open_storage(url)  # before the run: opening it the first time takes seconds of imports
     proc = _start(args)
-    _wait_for_trials(proc, 3)
-    time.sleep(DELAY / 2)  # inside the next trial's evaluation
-    proc.send_signal(signal.SIGKILL)
+    _wait_for_trials(proc, after_trials)
+    deadline = time.time() + 30
+    # a fresh load each time: a loaded study caches its trials' states
+    while not optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,)):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    return url, args, proc
+
+
+def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_path):
+    url, args, proc = _interrupted(tmp_path, 3, signal.SIGKILL)
     proc.wait()
 
     before = _study(url).get_trials()
@@ -71,13 +82,7 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
 
 
 def test_ctrl_c_stops_after_the_current_trial_and_the_run_continues_later(tmp_path):
-    url = f"sqlite:///{tmp_path / 'search.db'}"
-    args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "8", "--confirmations", "0",
-                       "--replay-delay", DELAY)
-    proc = _start(args)
-    _wait_for_trials(proc, 2)
-    time.sleep(DELAY / 2)
-    proc.send_signal(signal.SIGINT)
+    url, args, proc = _interrupted(tmp_path, 2, signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "stopping after the current trial" in out and "Traceback" not in err
