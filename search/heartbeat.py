@@ -18,8 +18,8 @@ from optuna.trial import FrozenTrial
 
 from fa4tune.config import ConfigError
 from search import attrs
+from search.study import requeue, requeue_params
 
-KEPT_ATTRS = (attrs.PROPOSER, attrs.RATIONALE, attrs.CONFIRMATION_OF)  # what the requeued trial keeps
 MAX_RETRY = 2
 
 # ask/tell with a heartbeat is what we do on purpose; Optuna warns because optimize() is its usual user.
@@ -36,13 +36,12 @@ class RequeueStale:
         self.dropped: list[int] = []  # ... and those it did not queue again (retried too often)
 
     def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if not trial.params:
+        if not requeue_params(trial):
             return
         if _retries(study, trial) >= self.max_retry:
             self.dropped.append(trial.number)
             return
-        kept = {k: trial.user_attrs[k] for k in KEPT_ATTRS if k in trial.user_attrs}
-        study.enqueue_trial(dict(trial.params), user_attrs={**kept, attrs.REQUEUED_FROM: trial.number})
+        requeue(study, trial)
         self.requeued.append(trial.number)
 
 

@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from fa4tune.config import ConfigError, Problem, ProblemClass
 from fa4tune.targets import Target
@@ -20,7 +20,7 @@ from search.space import Space, get_space
 
 OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible or failed configs get 0 and a constraint > 0"
 # Attributes a proposer sets when it enqueues; a requeued trial keeps them.
-_PROPOSER_ATTRS = (attrs.PROPOSER, attrs.RATIONALE, attrs.CONFIRMATION_OF)
+PROPOSER_ATTRS = (attrs.PROPOSER, attrs.RATIONALE, attrs.CONFIRMATION_OF)
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
@@ -119,12 +119,27 @@ def close_interrupted(study: optuna.Study) -> list[int]:
     """Closes trials left RUNNING by a killed run as FAIL and enqueues their params again; their numbers."""
     closed = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        kept = {k: trial.user_attrs[k] for k in _PROPOSER_ATTRS if k in trial.user_attrs}
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
-        if trial.params:
-            study.enqueue_trial(dict(trial.params), user_attrs={**kept, attrs.REQUEUED_FROM: trial.number})
+        requeue(study, trial)
         closed.append(trial.number)
     return closed
+
+
+def requeue_params(trial: FrozenTrial) -> dict:
+    """The params a killed trial is queued again with: those it was enqueued with (a proposer's full config,
+    even when the kill came before every param was suggested), then those it had suggested."""
+    return {**trial.params, **trial.system_attrs.get("fixed_params", {})}
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Enqueues a killed trial's params again with its proposer's attributes and `requeued_from`.
+    A trial killed before it had any param (nothing was evaluated) is not queued again."""
+    params = requeue_params(trial)
+    if not params:
+        return False
+    kept = {k: trial.user_attrs[k] for k in PROPOSER_ATTRS if k in trial.user_attrs}
+    study.enqueue_trial(params, user_attrs={**kept, attrs.REQUEUED_FROM: trial.number})
+    return True
 
 
 def waiting(study: optuna.Study) -> list:

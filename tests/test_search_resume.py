@@ -15,6 +15,7 @@ from optuna.trial import TrialState
 from search import attrs
 from search.history import evaluated_count, records
 from search.storage import open_storage
+from search.study import close_interrupted
 from search_helpers import ROOT, replay_args, run_cli, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"
@@ -50,8 +51,13 @@ def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subpro
     proc = _start(args)
     _wait_for_trials(proc, after_trials)
     deadline = time.time() + 30
-    # a fresh load each time: a loaded study caches its trials' states
-    while not optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,)):
+    # a fresh load each time: a loaded study caches its trials' states. Wait for a trial under evaluation
+    # (its config recorded), not one the sampler is still filling param by param.
+    def evaluating():
+        running = optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,))
+        return [t for t in running if attrs.CONFIG in t.user_attrs]
+
+    while not evaluating():
         assert time.time() < deadline and proc.poll() is None
         time.sleep(0.02)
     proc.send_signal(signum)
@@ -94,3 +100,24 @@ def test_ctrl_c_stops_after_the_current_trial_and_the_run_continues_later(tmp_pa
     assert done.returncode == 0, done.stderr
     assert "left running" not in done.stdout
     assert evaluated_count(records(_study(url))) == 8
+
+
+def test_a_trial_killed_between_suggestions_is_queued_again_with_its_whole_enqueued_config(tmp_path):
+    storage = open_storage(f"sqlite:///{tmp_path / 'search.db'}")
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    config = {"tile_m": 128, "tile_n": 64, "num_threads": 256}
+    study.enqueue_trial(config, user_attrs={attrs.PROPOSER: "claude", attrs.RATIONALE: "why"})
+    proposed = study.ask()
+    proposed.suggest_categorical("tile_m", [64, 128])  # the kill comes before tile_n and num_threads
+    sampled = study.ask()
+    sampled.suggest_categorical("tile_m", [64, 128])
+    study.ask()  # killed before its first suggestion: nothing to queue again
+
+    assert close_interrupted(study) == [0, 1, 2]
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL] * 3 + [TrialState.WAITING] * 2
+    again = {t.user_attrs[attrs.REQUEUED_FROM]: t for t in trials[3:]}
+    assert again[0].system_attrs["fixed_params"] == config
+    assert (again[0].user_attrs[attrs.PROPOSER], again[0].user_attrs[attrs.RATIONALE]) == ("claude", "why")
+    assert again[1].system_attrs["fixed_params"] == {"tile_m": sampled.params["tile_m"]}
+    assert 2 not in again
