@@ -97,19 +97,27 @@ def _positive_multiple(name: str, value: int, multiple: int, upper: int) -> Verd
     return OK
 
 
+def _sizes(cfg, m_name: str, n_name: str) -> Verdict:
+    """Both tile sizes positive multiples of 16 (at most 256), num_threads of 32 (at most 512); upstream's own
+    rule names where it has the rule (tile_n / n_block_size multiple of 16, num_threads multiple of 32)."""
+    for name, multiple, upper in ((m_name, 16, 256), (n_name, 16, 256), ("num_threads", 32, 512)):
+        value = getattr(cfg, name)
+        verdict = _positive_multiple(name, value, multiple, upper)
+        if not verdict:
+            if name == n_name and value % 16:
+                return _fail(f"{n_name}_multiple_of_16", f"{n_name} must be a multiple of 16, got {value}")
+            if name == "num_threads" and value % 32:
+                return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {value}")
+            return verdict
+    return OK
+
+
 def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdict:
     """All static rules for a forward config, in the order a reader would check them."""
     if cfg.kernel not in FORWARD_KERNELS:
         return _fail("kernel_known", f"kernel {cfg.kernel!r} is not one of {', '.join(FORWARD_KERNELS)}")
-    for name, multiple, upper in (("tile_m", 16, 256), ("tile_n", 16, 256), ("num_threads", 32, 512)):
-        verdict = _positive_multiple(name, getattr(cfg, name), multiple, upper)
-        if not verdict:
-            # upstream's own names for the two rules it has
-            if name == "tile_n" and cfg.tile_n % 16:
-                return _fail("tile_n_multiple_of_16", f"tile_n must be a multiple of 16, got {cfg.tile_n}")
-            if name == "num_threads" and cfg.num_threads % 32:
-                return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {cfg.num_threads}")
-            return verdict
+    if not (verdict := _sizes(cfg, "tile_m", "tile_n")):
+        return verdict
     if cfg.kernel == "sm120_tma":
         # checked before the shared-memory formula, which needs a stage count
         if isinstance(cfg.num_stages, bool) or cfg.num_stages not in TMA_NUM_STAGES:
@@ -156,14 +164,8 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdi
 
 def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target) -> Verdict:
     """All static rules for a backward config."""
-    for name, multiple, upper in (("m_block_size", 16, 256), ("n_block_size", 16, 256), ("num_threads", 32, 512)):
-        verdict = _positive_multiple(name, getattr(cfg, name), multiple, upper)
-        if not verdict:
-            if name == "n_block_size" and cfg.n_block_size % 16:
-                return _fail("n_block_size_multiple_of_16", f"n_block_size must be a multiple of 16, got {cfg.n_block_size}")
-            if name == "num_threads" and cfg.num_threads % 32:
-                return _fail("num_threads_multiple_of_32", f"num_threads must be a multiple of 32 (a warp), got {cfg.num_threads}")
-            return verdict
+    if not (verdict := _sizes(cfg, "m_block_size", "n_block_size")):
+        return verdict
     for name in ("num_stages_Q", "num_stages_dO"):
         if getattr(cfg, name) not in (1, 2):
             return _fail(f"{name}_domain", f"{name} must be 1 or 2, got {getattr(cfg, name)}")

@@ -40,6 +40,20 @@ def _replace_once(src: str, old: str, new: str, what: str) -> str:
     return src.replace(old, new)
 
 
+def fwd_constructor(cls: str, num_stages: str, Q_in_regs: str) -> str:
+    """The source of _flash_attn_fwd's SM120 constructor call, with these expressions for the class and two knobs."""
+    return (
+        f"            fa_fwd = {cls}(\n"
+        "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
+        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
+        f"                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages={num_stages},\n"
+        f"                num_threads=num_threads,\n                Q_in_regs={Q_in_regs},\n"
+    )
+
+
+UPSTREAM_FWD_CONSTRUCTOR = fwd_constructor("FlashAttentionForwardSm120", "1", "False")  # as the pinned version has it
+
+
 FORWARD_EDITS = [
     (
         "    gather_bwd_recompute_p: bool = False,\n) -> Tuple[",
@@ -57,16 +71,8 @@ FORWARD_EDITS = [
         "forward compile key",
     ),
     (
-        "            fa_fwd = FlashAttentionForwardSm120(\n"
-        "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
-        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
-        "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=1,\n"
-        "                num_threads=num_threads,\n                Q_in_regs=False,\n",
-        "            fa_fwd = _fa4tune_class(sm120_config)(\n"
-        "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
-        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
-        "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=sm120_config.num_stages,\n"
-        "                num_threads=num_threads,\n                Q_in_regs=sm120_config.Q_in_regs,\n",
+        UPSTREAM_FWD_CONSTRUCTOR,
+        fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs"),
         "forward SM120 constructor",
     ),
 ]

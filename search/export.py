@@ -26,7 +26,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from fa4tune.sm120_interface import PINNED_FLASH_ATTN_VERSION, UpstreamMismatch, _replace_once
+from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch, _replace_once,
+                                     fwd_constructor)
 from fa4tune.targets import TARGETS
 from search import attrs
 from search.evidence import StudyEvidence, load_studies, mode_sentence
@@ -199,23 +200,16 @@ def forward_function(winners: list[Winner]) -> str:
     )
 
 
-BACKWARD_CONFIG_CLASS = '''@dataclass(frozen=True)
-class Sm120BwdConfig:
-    """FlashAttentionBackwardSm120 knobs (SM80 MMA, 99 KB SMEM); the defaults are the previous ones."""
-
-    m_block_size: int = 64
-    n_block_size: int = 64
-    num_stages_Q: int = 1
-    num_stages_dO: int = 1
-    num_threads: int = 128
-    SdP_swapAB: bool = False
-    dKV_swapAB: bool = False
-    dQ_swapAB: bool = False
-    AtomLayoutMSdP: int = 4
-    AtomLayoutNdKV: int = 4
-    AtomLayoutMdQ: int = 4
-    V_in_regs: bool = False
-'''
+def backward_config_class() -> str:
+    """The `Sm120BwdConfig` dataclass for upstream: BackwardConfig's fields, names and defaults (one source)."""
+    knobs = [f"    {f.name}: {f.type} = {f.default!r}" for f in fields(BackwardConfig)]  # f.type: the annotation text
+    return "\n".join([
+        "@dataclass(frozen=True)",
+        "class Sm120BwdConfig:",
+        '    """FlashAttentionBackwardSm120 knobs (SM80 MMA, 99 KB SMEM); the defaults are the previous ones."""',
+        "",
+        *knobs,
+    ]) + "\n"
 
 
 def backward_function(winners: list[Winner]) -> str:
@@ -259,7 +253,7 @@ def _edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
         (
             "            AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1,\n        )\n\n\n\ndef _validate_tensor(",
             "            AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1,\n        )\n\n\n"
-            + BACKWARD_CONFIG_CLASS + "\n\n" + backward_function(winners) + "\n\n\ndef _validate_tensor(",
+            + backward_config_class() + "\n\n" + backward_function(winners) + "\n\n\ndef _validate_tensor(",
             "SM120 backward table",
         ),
         (
@@ -300,16 +294,8 @@ def _edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
             "forward compile key",
         ),
         (
-            "            fa_fwd = FlashAttentionForwardSm120(\n"
-            "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
-            "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
-            "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=1,\n"
-            "                num_threads=num_threads,\n                Q_in_regs=False,\n",
-            "            fa_fwd = FlashAttentionForwardSm120(\n"
-            "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
-            "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
-            "                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages=num_stages,\n"
-            "                num_threads=num_threads,\n                Q_in_regs=Q_in_regs,\n",
+            UPSTREAM_FWD_CONSTRUCTOR,
+            fwd_constructor("FlashAttentionForwardSm120", "num_stages", "Q_in_regs"),
             "forward SM120 constructor",
         ),
         (

@@ -18,16 +18,13 @@ from dataclasses import replace
 import optuna
 
 from fa4tune.config import ConfigError
-from fa4tune.targets import get_target
-from search import attrs
 from search.coordination import PROBLEM_SPECS, SEARCH_SETTINGS, StudyLock
 from search.history import evaluated_count, records, winner
 from search.run_config import RunConfig
-from search.runner import _check_numbers, _what_to_tune, make_evaluator
+from search.runner import plan
 from search.samplers import make_sampler
 from search.storage import describe, open_storage
-from search.study import check_existing, open_study, specs_for
-from search.turns import make_policy, parse_ratio
+from search.study import check_existing, enqueue_baseline, open_study
 from search.worker import INTERRUPTED, SEARCH_FIELDS
 
 
@@ -63,13 +60,7 @@ def worker_command(config: RunConfig, studies: list[str], compile_jobs: int = 0,
 
 def prepare_studies(config: RunConfig, out) -> list[str]:
     """Checks everything, then creates or loads the studies and records settings and problems; their names."""
-    _check_numbers(config)
-    target = get_target(config.target)
-    evaluator = make_evaluator(config, target)
-    problems, directions = _what_to_tune(config, evaluator, out)
-    specs = specs_for(problems, directions, target, config.problem_classes or None)
-    make_sampler(config.sampler, config.seed)
-    make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
+    specs = plan(config, out).specs
     storage = open_storage(config.storage)
     check_existing(storage, specs)
     settings = {name: getattr(config, name) for name in SEARCH_FIELDS}
@@ -80,8 +71,8 @@ def prepare_studies(config: RunConfig, out) -> list[str]:
                 print(f"{spec.name}: search settings replaced by this run's", file=out)
             study.set_user_attr(SEARCH_SETTINGS, settings)
             study.set_user_attr(PROBLEM_SPECS, [p.to_dict() for p in spec.problems])
-            if config.baseline and not study.get_trials(deepcopy=False):  # before any worker, so only once
-                study.enqueue_trial(spec.space.params(spec.space.upstream(spec.problem_class)), user_attrs={attrs.PROPOSER: "baseline"})
+            if config.baseline:  # before any worker, so only once
+                enqueue_baseline(study, spec)
     return [spec.name for spec in specs]
 
 

@@ -21,11 +21,10 @@ from search.live import PlainView
 from search.proposers.base import Context, Proposer, ProposerUnavailable, check_proposals
 from fa4tune import results_tsv
 from search.results_log import trial_row
-from search.study import StudySpec, close_interrupted, waiting
+from search.study import StudySpec, close_interrupted, enqueue_baseline, waiting
 from search.turns import FixedRatio
 
 PENALTY = 0.0  # the value of an infeasible or failed trial (its constraint says why)
-BASELINE = "baseline"
 CONFIRMATION = "confirmation"
 EXPLORE = "explore"  # a random unmeasured feasible config, drawn when the sampler keeps repeating itself
 
@@ -115,9 +114,23 @@ class StudyLoop:
         requeued = close_interrupted(self.study)
         if requeued:
             self.view.message(f"[{self.spec.name}] resumed: trials {', '.join(map(str, requeued))} were left running, closed as failed and requeued")
-        if self.settings.baseline and not self.study.get_trials(deepcopy=False):
-            self.study.enqueue_trial(self.space.params(self.space.upstream(self.spec.problem_class)), user_attrs={attrs.PROPOSER: BASELINE})
+        self._enqueue_baseline()
         return requeued
+
+    def _enqueue_baseline(self) -> None:
+        if self.settings.baseline:
+            enqueue_baseline(self.study, self.spec)
+
+    def _stop_reason(self, evaluated: int, stall: int) -> str | None:
+        """'' when n_trials configs were evaluated, 'interrupted' / 'stalled', or None to go on."""
+        if evaluated >= self.settings.n_trials:
+            return ""
+        if self.stop.requested:
+            return "interrupted"
+        if stall >= self.settings.max_stall:
+            self.view.message(f"[{self.spec.name}] stopped: {stall} trials in a row were infeasible or already measured")
+            return "stalled"
+        return None
 
     def _search(self) -> str:
         """Trials until n_trials configs were evaluated; '' then, or 'interrupted' / 'stalled'."""
@@ -125,13 +138,8 @@ class StudyLoop:
         while True:
             history = records(self.study)
             evaluated = evaluated_count(history)
-            if evaluated >= self.settings.n_trials:
-                return ""
-            if self.stop.requested:
-                return "interrupted"
-            if stall >= self.settings.max_stall:
-                self.view.message(f"[{self.spec.name}] stopped: {stall} trials in a row were infeasible or already measured")
-                return "stalled"
+            if (reason := self._stop_reason(evaluated, stall)) is not None:
+                return reason
             if not waiting(self.study):
                 self._take_turn(history, self.settings.n_trials - evaluated)
             r = self._run_trial(self.study.ask(self.distributions), history)
@@ -253,16 +261,25 @@ class StudyLoop:
             w = winner(history)
             if w is None:
                 return None, False
-            if sum(1 for c in confirmations(history, w.number) if c.confirmed) >= need:
+            if confirmed_count(history, w) >= need:
                 return w, True
             if self.stop.requested:
                 return w, False
             if not waiting(self.study):
-                self.study.enqueue_trial(self.space.params(self.space.config(w.config)),
-                                         user_attrs={attrs.PROPOSER: CONFIRMATION, attrs.CONFIRMATION_OF: w.number})
+                self._enqueue_confirmation(w)
             self._run_trial(self.study.ask(self.distributions), history)
         history = records(self.study)
         return winner(history), False
+
+    def _enqueue_confirmation(self, w: TrialRecord) -> None:
+        """Queues a re-measurement of the winner's config."""
+        self.study.enqueue_trial(self.space.params(self.space.config(w.config)),
+                                 user_attrs={attrs.PROPOSER: CONFIRMATION, attrs.CONFIRMATION_OF: w.number})
+
+
+def confirmed_count(history: list[TrialRecord], w: TrialRecord) -> int:
+    """How many re-measurements confirmed the winner (passed the gate, within tolerance)."""
+    return sum(1 for c in confirmations(history, w.number) if c.confirmed)
 
 
 def measurement_attrs(m: Measurement) -> dict:

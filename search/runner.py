@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from typing import NamedTuple
 
 from fa4tune.config import ConfigError
 from fa4tune.suites import load_suite
@@ -84,20 +85,34 @@ def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
     return problems, directions
 
 
-def run(config: RunConfig, out=None) -> int:
-    """Runs (or resumes) every study; 0 when done, 130 after Ctrl-C; ConfigError for bad input."""
-    out = out or sys.stdout
+class Plan(NamedTuple):
+    """What a run tunes and how, every input checked before any storage is touched."""
+
+    evaluator: object
+    specs: list
+    policy: object
+
+
+def plan(config: RunConfig, out) -> Plan:
+    """Checks the numbers, target, evaluator, problems, sampler and turn policy of a run; ConfigError for bad input."""
     _check_numbers(config)
     target = get_target(config.target)
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = specs_for(problems, directions, target, config.problem_classes or None)
-    make_sampler(config.sampler, config.seed)
+    make_sampler(config.sampler, config.seed)  # an unknown sampler fails here
+    policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
+    return Plan(evaluator, specs, policy)
+
+
+def run(config: RunConfig, out=None) -> int:
+    """Runs (or resumes) every study; 0 when done, 130 after Ctrl-C; ConfigError for bad input."""
+    out = out or sys.stdout
+    evaluator, specs, policy = plan(config, out)
     if config.sampler == "gp":
         import torch
 
         torch.set_num_threads(1)  # GP's small matrices: threads cost more than they give (2.5x slower with 2)
-    policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     print(f"storage: {describe(config.storage)}", file=out, flush=True)
     storage = open_storage(config.storage)
     check_existing(storage, specs)

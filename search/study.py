@@ -20,6 +20,7 @@ from search.space import Space, get_space
 
 OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible or failed configs get 0 and a constraint > 0"
 # Attributes a proposer sets when it enqueues; a requeued trial keeps them.
+BASELINE = "baseline"  # the proposer name of the enqueued upstream default
 PROPOSER_ATTRS = (attrs.PROPOSER, attrs.RATIONALE, attrs.CONFIRMATION_OF)
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -113,6 +114,14 @@ def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler) -
         for key, value in spec.user_attrs().items():
             study.set_user_attr(key, value)
     return study
+
+
+def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
+    """A new study starts with upstream's default config: the baseline every winner is compared with."""
+    if study.get_trials(deepcopy=False):
+        return False
+    study.enqueue_trial(spec.space.params(spec.space.upstream(spec.problem_class)), user_attrs={attrs.PROPOSER: BASELINE})
+    return True
 
 
 def close_interrupted(study: optuna.Study) -> list[int]:

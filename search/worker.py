@@ -30,9 +30,9 @@ from search import attrs
 from search.coordination import (PROBLEM_SPECS, SEARCH_SETTINGS, WORKER, StudyLock, counted_history, default_worker_id,
                                  find_claim, in_flight_evaluations, pending_turns, set_pending_turn)
 from search.heartbeat import Heartbeat, enable, fail_stale
-from search.history import TrialRecord, confirmations, evaluated_count, records, winner
+from search.history import TrialRecord, evaluated_count, records, winner
 from search.live import PlainView, trial_line
-from search.loop import CONFIRMATION, LoopSettings, Outcome, StopFlag, StudyLoop
+from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop, confirmed_count
 from search.run_config import RunConfig, check_values
 from search.samplers import make_sampler
 from search.space import get_space
@@ -103,8 +103,7 @@ class WorkerLoop(StudyLoop):
         """Fails the trials of dead workers (they are queued again); enqueues upstream's default into a new study."""
         with self.lock.held():
             requeued = self._fail_stale()
-            if self.settings.baseline and not self.study.get_trials(deepcopy=False):
-                self.study.enqueue_trial(self.space.params(self.space.upstream(self.spec.problem_class)), user_attrs={attrs.PROPOSER: "baseline"})
+            self._enqueue_baseline()
         return requeued
 
     def _fail_stale(self) -> list[int]:
@@ -124,13 +123,8 @@ class WorkerLoop(StudyLoop):
                 self._fail_stale()
                 history = records(self.study)
                 evaluated = evaluated_count(history)
-                if evaluated >= self.settings.n_trials:
-                    return ""
-                if self.stop.requested:
-                    return "interrupted"
-                if stall >= self.settings.max_stall:
-                    self.view.message(f"[{self.spec.name}] stopped: {stall} trials in a row were infeasible or already measured")
-                    return "stalled"
+                if (reason := self._stop_reason(evaluated, stall)) is not None:
+                    return reason
                 remaining = self.settings.n_trials - evaluated - in_flight_evaluations(history, self.study)
                 if remaining > 0:
                     if waiting(self.study):
@@ -225,16 +219,16 @@ class WorkerLoop(StudyLoop):
                 w = winner(history)
                 if w is None:
                     return None, False
-                if sum(1 for c in confirmations(history, w.number) if c.confirmed) >= need:
+                done = confirmed_count(history, w)
+                if done >= need:
                     return w, True
                 if self.stop.requested or ran >= 4 * need + 4:
                     return w, False
                 underway = [r for r in history if r.confirmation_of == w.number and r.state in ("RUNNING", "WAITING")]
                 if waiting(self.study):
                     asked = self._ask()
-                elif sum(1 for c in confirmations(history, w.number) if c.confirmed) + len(underway) < need:
-                    self.study.enqueue_trial(self.space.params(self.space.config(w.config)),
-                                             user_attrs={attrs.PROPOSER: CONFIRMATION, attrs.CONFIRMATION_OF: w.number})
+                elif done + len(underway) < need:
+                    self._enqueue_confirmation(w)
                     asked = self._ask()
             if asked is None:
                 time.sleep(POLL_S)

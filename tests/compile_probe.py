@@ -5,20 +5,10 @@ at import time.
 """
 
 import json
-import os
 import re
 import sys
-from pathlib import Path
 
-os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH="sm_120a", FLASH_ATTENTION_NUM_SMS="170", CUTE_DSL_KEEP="ptx")
-dump = Path(sys.argv[1])
-dump.mkdir(parents=True, exist_ok=True)
-os.environ["CUTE_DSL_DUMP_DIR"] = str(dump)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import warnings  # noqa: E402
-
-warnings.filterwarnings("ignore")
+import probe_env  # noqa: F401  (first: sets the arch the DSL reads on import)
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
