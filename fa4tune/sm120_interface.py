@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import inspect
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
+
+from fa4tune.config import BackwardConfig
 
 PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
 SM120_ARCH = 120
@@ -77,6 +79,22 @@ FORWARD_EDITS = [
     ),
 ]
 
+# _flash_attn_bwd's hard-coded SM120 knobs, as the pinned version has them (num_threads is set further down)
+UPSTREAM_BWD_KNOBS = (
+    "        m_block_size = 64\n        n_block_size = 64\n        if head_dim <= 64:\n"
+    "            num_stages_Q = 2\n            num_stages_dO = 2\n        else:\n"
+    "            num_stages_Q = 1\n            num_stages_dO = 1\n"
+    "        SdP_swapAB = False\n        dKV_swapAB = False\n        dQ_swapAB = False\n"
+    "        AtomLayoutMSdP = 4\n        AtomLayoutNdKV = 4\n        AtomLayoutMdQ = 4\n"
+    "        V_in_regs = False\n"
+)
+
+
+def bwd_knobs_from(config: str) -> str:
+    """Source that sets each backward knob but num_threads from the object `config` names, one per line."""
+    return "".join(f"        {f.name} = {config}.{f.name}\n" for f in fields(BackwardConfig) if f.name != "num_threads")
+
+
 BACKWARD_EDITS = [
     (
         "    learnable_sink: Optional[torch.Tensor] = None,\n) -> Tuple[torch.Tensor, ...]:",
@@ -84,18 +102,8 @@ BACKWARD_EDITS = [
         "backward signature",
     ),
     (
-        "        m_block_size = 64\n        n_block_size = 64\n        if head_dim <= 64:\n"
-        "            num_stages_Q = 2\n            num_stages_dO = 2\n        else:\n"
-        "            num_stages_Q = 1\n            num_stages_dO = 1\n"
-        "        SdP_swapAB = False\n        dKV_swapAB = False\n        dQ_swapAB = False\n"
-        "        AtomLayoutMSdP = 4\n        AtomLayoutNdKV = 4\n        AtomLayoutMdQ = 4\n"
-        "        V_in_regs = False\n",
-        "        m_block_size = sm120_config.m_block_size\n        n_block_size = sm120_config.n_block_size\n"
-        "        num_stages_Q = sm120_config.num_stages_Q\n        num_stages_dO = sm120_config.num_stages_dO\n"
-        "        SdP_swapAB = sm120_config.SdP_swapAB\n        dKV_swapAB = sm120_config.dKV_swapAB\n"
-        "        dQ_swapAB = sm120_config.dQ_swapAB\n        AtomLayoutMSdP = sm120_config.AtomLayoutMSdP\n"
-        "        AtomLayoutNdKV = sm120_config.AtomLayoutNdKV\n        AtomLayoutMdQ = sm120_config.AtomLayoutMdQ\n"
-        "        V_in_regs = sm120_config.V_in_regs\n",
+        UPSTREAM_BWD_KNOBS,
+        bwd_knobs_from("sm120_config"),
         "backward SM120 knobs",
     ),
     (

@@ -26,8 +26,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch, _replace_once,
-                                     fwd_constructor)
+from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
+                                     _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
 from search import attrs
 from search.evidence import StudyEvidence, load_studies, mode_sentence
@@ -299,20 +299,10 @@ def _edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
             "forward SM120 constructor",
         ),
         (
-            "        # SM120: uses SM80 MMA with 99 KB SMEM, 128 threads (4 warps).\n"
-            "        m_block_size = 64\n        n_block_size = 64\n        if head_dim <= 64:\n"
-            "            num_stages_Q = 2\n            num_stages_dO = 2\n        else:\n"
-            "            num_stages_Q = 1\n            num_stages_dO = 1\n"
-            "        SdP_swapAB = False\n        dKV_swapAB = False\n        dQ_swapAB = False\n"
-            "        AtomLayoutMSdP = 4\n        AtomLayoutNdKV = 4\n        AtomLayoutMdQ = 4\n"
-            "        V_in_regs = False\n",
+            "        # SM120: uses SM80 MMA with 99 KB SMEM, 128 threads (4 warps).\n" + UPSTREAM_BWD_KNOBS,
             "        # SM120: uses SM80 MMA with 99 KB SMEM.\n"
             "        cfg = _tile_size_bwd_sm120(head_dim, head_dim_v, causal, local, num_head // k.shape[-2])\n"
-            "        m_block_size = cfg.m_block_size\n        n_block_size = cfg.n_block_size\n"
-            "        num_stages_Q = cfg.num_stages_Q\n        num_stages_dO = cfg.num_stages_dO\n"
-            "        SdP_swapAB = cfg.SdP_swapAB\n        dKV_swapAB = cfg.dKV_swapAB\n        dQ_swapAB = cfg.dQ_swapAB\n"
-            "        AtomLayoutMSdP = cfg.AtomLayoutMSdP\n        AtomLayoutNdKV = cfg.AtomLayoutNdKV\n"
-            "        AtomLayoutMdQ = cfg.AtomLayoutMdQ\n        V_in_regs = cfg.V_in_regs\n",
+            + bwd_knobs_from("cfg"),
             "backward SM120 knobs",
         ),
         (
