@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import optuna
 
@@ -23,7 +23,7 @@ from search.loop import LoopSettings, StopFlag, StudyLoop
 from search.proposers.scripted import ScriptedProposer
 from search.run_config import RunConfig
 from search.samplers import DEFAULT_SAMPLER, make_sampler
-from search.space import Space, get_space
+from search.space import Space
 from search.study import StudySpec
 from search.table import ReplayTable, load_table
 from search.turns import FixedRatio, parse_ratio
@@ -75,18 +75,6 @@ class _Until:
             self.stop.requested = True
 
 
-def table_space(table: ReplayTable, kind: str) -> Space:
-    """The direction's space narrowed to the knob values the table measured (e.g. one kernel class of two)."""
-    space = get_space(kind)
-    seen = {name: set() for name in space.domain}
-    for (k, _, _), m in table.entries.items():
-        if k == kind:
-            for name, value in space.config(m.config).to_dict().items():
-                if name in seen:
-                    seen[name].add(value)
-    return replace(space, domain={name: tuple(v for v in values if v in seen[name]) for name, values in space.domain.items()})
-
-
 def reachable_best(table: ReplayTable, space: Space, kind: str, pc: ProblemClass, target) -> float | None:
     """The table's best among configs that pass today's rules (a rule found after the sweep may exclude its best)."""
     values = [m.geomean_tflops() for m in table.measurements(kind, pc.name)
@@ -96,7 +84,7 @@ def reachable_best(table: ReplayTable, space: Space, kind: str, pc: ProblemClass
 
 def expert_script(table: ReplayTable, kind: str, pc: ProblemClass, target) -> list[dict]:
     """The scripted proposer's order: upstream's default, then the table's feasible configs by shared memory used, most first."""
-    space = table_space(table, kind)
+    space = table.space(kind)
     configs = [space.config(m.config) for m in table.measurements(kind, pc.name)]
     configs = [c for c in configs if space.check(c, pc, target)]
     configs.sort(key=lambda c: (-space.smem_bytes(c, pc)[0], -c.to_dict().get("num_threads", 0)))
@@ -119,7 +107,7 @@ def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: in
 
         torch.set_num_threads(1)  # one run per process: GP's small matrices lose time to thread hand-offs
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed), direction="maximize")
-    space = table_space(table, kind)
+    space = table.space(kind)
     spec = StudySpec(kind, pc, tuple(table.problems(pc_name)), target, space)
     proposers, weights = [], {sampler_name: 1.0}
     if strategy == "turns":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from typing import NamedTuple
 
 from fa4tune.config import ConfigError
@@ -20,7 +21,8 @@ from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop
 from search.run_config import RunConfig
 from search.samplers import make_sampler
 from search.storage import describe, open_storage
-from search.study import check_existing, open_study, specs_for
+from search.space import get_space
+from search.study import StudySpec, check_existing, open_study, specs_for
 from search.table import load_table
 from search.turns import make_policy, parse_ratio
 
@@ -85,6 +87,20 @@ def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
     return problems, directions
 
 
+def _table_spaces(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
+    """A replayed study searches the knob values its table measured: any other value could only answer 'missing'."""
+    if not isinstance(evaluator, ReplayEvaluator):
+        return specs
+    table = evaluator.table
+    for direction in dict.fromkeys(spec.direction for spec in specs):
+        full, space = get_space(direction), table.space(direction)
+        cut = [f"{name} {'/'.join(map(str, space.domain[name]))} (of {'/'.join(map(str, values))})"
+               for name, values in full.domain.items() if space.domain[name] != values]
+        if cut:
+            print(f"space ({direction}): only the knob values {table.name} measured: {'; '.join(cut)}", file=out)
+    return [replace(spec, space_override=table.space(spec.direction)) for spec in specs]
+
+
 class Plan(NamedTuple):
     """What a run tunes and how, every input checked before any storage is touched."""
 
@@ -99,7 +115,7 @@ def plan(config: RunConfig, out) -> Plan:
     target = get_target(config.target)
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
-    specs = specs_for(problems, directions, target, config.problem_classes or None)
+    specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
     make_sampler(config.sampler, config.seed)  # an unknown sampler fails here
     policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     return Plan(evaluator, specs, policy)
@@ -127,7 +143,7 @@ def run(config: RunConfig, out=None) -> int:
         baseline=config.baseline, results_path=config.results or None, git_commit=git_commit(), description=config.description,
     )
     print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
-          f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe()}", file=out, flush=True)
+          f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}", file=out, flush=True)
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out))
     outcomes: list[Outcome] = []

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from fa4tune.config import ConfigError, Problem
 from fa4tune.measurement import Measurement, ProblemResult
-from search.space import get_space
+from search.space import Space, get_space
 
 TABLE_FORMAT = "fa4tune-replay-table/1"
 _CSV_RESULT_COLUMNS = ("kind", "problem_class", "problem", "status", "tflops", "reason", "device", "mode", "target")
@@ -46,6 +47,18 @@ class ReplayTable:
     @property
     def synthetic(self) -> bool:
         return bool(self.meta.get("synthetic"))
+
+    def space(self, kind: str) -> Space:
+        """The direction's space narrowed to the knob values this table measured (e.g. one kernel class of two):
+        a replayed search then proposes no config that only a missing knob value would make unanswerable."""
+        space = get_space(kind)
+        seen = {name: set() for name in space.domain}
+        for (k, _, _), m in self.entries.items():
+            if k == kind:
+                for name, value in space.config(m.config).to_dict().items():
+                    if name in seen:
+                        seen[name].add(value)
+        return replace(space, domain={name: tuple(v for v in values if v in seen[name]) for name, values in space.domain.items()})
 
     def lookup(self, kind: str, problem_class: str, config) -> Measurement | None:
         """The recorded measurement of a config, or None."""

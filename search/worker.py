@@ -20,6 +20,7 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import optuna
 
@@ -35,7 +36,7 @@ from search.live import PlainView, trial_line
 from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop, confirmed_count
 from search.run_config import RunConfig, check_values
 from search.samplers import make_sampler
-from search.space import get_space
+from search.space import Space, get_space
 from search.storage import check_url, describe, open_existing_storage
 from search.study import StudySpec, waiting
 from search.turns import make_policy, parse_ratio
@@ -242,14 +243,15 @@ class WorkerLoop(StudyLoop):
 # ------------------------------------------------------------------------------------------------
 
 
-def spec_of(study: optuna.Study, suite: str) -> StudySpec:
-    """The StudySpec a study was made for; ConfigError when this version's space differs from the study's."""
+def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = get_space) -> StudySpec:
+    """The StudySpec a study was made for; ConfigError when this version's space differs from the study's.
+    `space_of(direction)`: the space this worker searches (a replay table's narrows the knob values)."""
     a = study.user_attrs
     missing = [k for k in (attrs.DIRECTION, attrs.PROBLEM_CLASS, attrs.TARGET, attrs.SPACE_SIGNATURE) if k not in a]
     if missing:
         raise ConfigError("study_attrs", f"study {study.study_name!r} was not made by fa4-tune (no {', '.join(missing)})")
     target = get_target(a[attrs.TARGET])
-    space = get_space(a[attrs.DIRECTION])
+    space = space_of(a[attrs.DIRECTION])
     if a[attrs.SPACE_SIGNATURE] != space.signature(target):
         raise ConfigError(
             "study_space",
@@ -265,7 +267,7 @@ def spec_of(study: optuna.Study, suite: str) -> StudySpec:
         if unknown:
             raise ConfigError("study_problems", f"study {study.study_name!r} has problems the suite {suite!r} lacks: {', '.join(unknown)}")
         problems = tuple(by_label[label] for label in a.get(attrs.PROBLEMS, []))
-    return StudySpec(a[attrs.DIRECTION], problem_class, problems, target)
+    return StudySpec(a[attrs.DIRECTION], problem_class, problems, target, space if space_of is not get_space else None)
 
 
 def settings_of(study: optuna.Study) -> RunConfig:
@@ -347,11 +349,12 @@ def main(args, out=None) -> int:
     worker_id = args.worker_id or default_worker_id()
     storage = open_existing_storage(args.storage)
     studies = _select(storage, args.studies)
-    plans = [(study, spec_of(study, "standard"), settings_of(study)) for study in studies]
+    replay = _make_evaluator(args, None) if args.evaluator == "replay" else None  # a replay needs no target
+    plans = [(study, spec_of(study, "standard", replay.table.space if replay else get_space), settings_of(study)) for study in studies]
     for _, spec, settings in plans:
         make_sampler(settings.sampler, settings.seed)
         make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
-    evaluator = _make_evaluator(args, plans[0][1].target)
+    evaluator = replay or _make_evaluator(args, plans[0][1].target)
     requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
     print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} studies, evaluator {args.evaluator}"
           + (f" on GPU {args.gpu}" if args.gpu is not None else ""), file=out, flush=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,10 +27,14 @@ CLASS = "d128-causal-bf16"
 TARGET = get_target("sm120")
 
 
-def write_table(tmp_path, drop: int = 0) -> Path:
-    """A SYNTHETIC table of the quick suite's classes."""
+def write_table(tmp_path, drop: int = 0, kernels: tuple[str, ...] = ()) -> Path:
+    """A SYNTHETIC table of the quick suite's classes (forward configs of `kernels` only, when given)."""
     path = tmp_path / "synthetic_table.json"
     write_synthetic_table(path, load_suite(SUITE), drop=drop)
+    if kernels:
+        data = json.loads(path.read_text())
+        data["measurements"] = [m for m in data["measurements"] if m["kind"] != "fwd" or m["config"]["kernel"] in kernels]
+        path.write_text(json.dumps(data))
     return path
 
 

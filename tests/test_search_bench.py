@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from fa4tune.config import ForwardConfig
-from search.bench import Run, one_run, row, table_space
+from search.bench import Run, one_run, row
 from search.table import load_table
 from search_helpers import CLASS, run_cli, write_table
 
@@ -46,7 +46,7 @@ def test_the_space_is_the_tables_and_its_gaps_are_not_evaluations(tmp_path):
     data["measurements"] = [m for m in data["measurements"] if m["config"]["kernel"] == "sm120"]
     path.write_text(json.dumps(data))
     table = load_table(str(path))
-    assert table_space(table, "fwd").domain["kernel"] == ("sm120",)
+    assert table.space("fwd").domain["kernel"] == ("sm120",)
     runs = [one_run(table, "random", "fwd", CLASS, seed=s, threshold=1.0) for s in range(3)]
     assert any(r.missing for r in runs)  # configs dropped from the table were looked up...
     assert all(r.needed <= len(table.measurements("fwd", CLASS)) for r in runs)  # ...and not counted

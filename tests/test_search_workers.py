@@ -31,7 +31,7 @@ from search.study import open_study
 from search.table import load_table
 from search.turns import FixedRatio
 from search.worker import WorkerLoop, spec_of
-from search_helpers import CLASS, ROOT, SUITE, Recorder, spec, write_table
+from search_helpers import CLASS, ROOT, SUITE, Recorder, run_cli, spec, write_table
 from pg_server import postgres  # noqa: F401  (the session's server)
 
 STUDY = f"fwd:{CLASS}:sm120"
@@ -257,3 +257,18 @@ def test_one_worker_with_several_trials_in_flight_shares_the_study_between_its_s
     assert len(measured) == len(set(measured)) == 9
     assert {t.user_attrs[WORKER] for t in _study(url).trials if t.user_attrs.get(attrs.EVALUATED)} == {"w/0", "w/1", "w/2"}
     assert len(results_tsv.read_rows(tmp_path / "results.tsv").rows) == len(history)
+
+
+def test_a_replayed_run_and_its_workers_search_only_the_knob_values_the_table_measured(tmp_path):
+    url, table = f"sqlite:///{tmp_path / 'search.db'}", write_table(tmp_path, kernels=("sm120",))
+    common = ["--storage", url, "--evaluator", "replay", "--table", str(table), "--suite", SUITE, "--direction", "fwd",
+              "--problem-class", CLASS, "--proposer", "none", "--confirmations", "0", "--results", ""]
+    alone = run_cli("run", *common, "--n-trials", "8")
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    assert "space (fwd): only the knob values synthetic_table.json measured: kernel sm120 (of sm120/sm120_tma)" in alone.stdout
+    together = run_cli("run", "--workers", "2", *common, "--n-trials", "14", timeout=180)  # the same study, resumed by workers
+    assert together.returncode == 0, together.stdout + together.stderr
+    trials = _study(url).trials
+    assert sum(bool(t.user_attrs.get(attrs.EVALUATED)) for t in trials) == 14
+    assert {t.params["kernel"] for t in trials} == {"sm120"}
+    assert not [t for t in trials if t.user_attrs.get(attrs.STATUS) == "missing"]
