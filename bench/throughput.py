@@ -7,7 +7,8 @@ space in a fixed shuffled order), each evaluated on the suite's problems of its 
 correctness gate and timing (settings as bench/sweep.py: rounds=6, input_sets=2, gate_random_problems=1).
 A mode takes candidates until its time is up and finishes those it started.
 
-- sequential: what `python -m search run` does per trial: prepare.evaluate_isolated (one harness child per
+- sequential: what `python -m search run` does per trial: search.evaluators.GpuEvaluator (the sm_120a static
+  check of the config on the CPU, into a fresh facts cache, then prepare.evaluate_isolated: one harness child per
   config, which compiles its kernels, then gates and times them).
 - pipelined: search.gpu_pipeline.PipelinedGpuEvaluator: --compile-jobs CPU processes compile ahead (fake
   tensors, for the GPU's arch) into a fresh kernel cache, compile failures end there, and the GPU takes the
@@ -100,14 +101,15 @@ def _tally(measurements: list, seconds: float, idle: float | None, waited: float
     }
 
 
-def run_sequential(todo: list, settings, target, seconds: float) -> tuple[list, dict]:
-    import prepare
+def run_sequential(todo: list, settings, target, seconds: float, cache_dir: Path) -> tuple[list, dict]:
+    from search.evaluators import GpuEvaluator
 
+    evaluator = GpuEvaluator(target, static_cache=cache_dir / "static-facts.jsonl", settings=settings)
     sampler, start, done = UtilizationSampler(), time.monotonic(), []
     for cfg, pc, problems in todo:
         if time.monotonic() - start > seconds:
             break
-        done.append(prepare.evaluate_isolated("fwd", cfg, problems, prepare.EXPERIMENT_PATH, target=target, settings=settings))
+        done.append(evaluator.evaluate("fwd", cfg, pc, problems))
         print(f"  sequential {len(done):4d} {pc.name:26s} {cfg.short():60s} {done[-1].status}", flush=True)
     wall = time.monotonic() - start
     return done, _tally(done, wall, sampler.stop(), None)
@@ -179,7 +181,7 @@ def main() -> None:
     for mode in args.modes:
         print(f"{mode}:", flush=True)
         if mode == "sequential":
-            by_mode[mode], rows[mode] = run_sequential(todo, settings, target, args.seconds)
+            by_mode[mode], rows[mode] = run_sequential(todo, settings, target, args.seconds, cache_dir)
         else:
             by_mode[mode], rows[mode] = run_pipelined(todo, settings, target, args.seconds, args.compile_jobs, args.max_batch, cache_dir)
         if args.out:

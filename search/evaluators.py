@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Protocol
 
 from fa4tune.config import Problem, ProblemClass
@@ -16,6 +17,8 @@ from fa4tune.targets import Target
 from search.table import ReplayTable
 
 MISSING = "missing"  # status of a replayed config that the table does not have
+STATIC_TIMEOUT_S = 180.0  # one sm_120a compile; a hung one must not hold the trial longer
+STATIC_ENDS = ("infeasible", "compile_error")  # static statuses that keep a config off the GPU
 
 
 class Evaluator(Protocol):
@@ -67,14 +70,24 @@ class ReplayEvaluator:
         )
 
 
+def not_run(kind: str, problems: list[Problem], compiled: dict) -> tuple[ProblemResult, ...]:
+    """Every problem's result of a config the compile stage ended (compile_error or infeasible): no GPU time."""
+    return tuple(ProblemResult(p.label, kind, compiled["status"], reason=compiled.get("reason", "")) for p in problems)
+
+
 class GpuEvaluator:
     """The harness on the local GPU: gate, then timing, each step in a child process (prepare.evaluate_isolated).
 
-    A config that faults or hangs costs its step, not the study. The other direction's config comes
-    from experiment.py's dispatch table.
+    First the config's kernel is compiled for sm_120a on the CPU (fa4tune.static_check; cached, so a config
+    compiles once per problem class): every trial records SM120's exact registers, spills and shared memory,
+    whatever GPU times it, and a kernel whose compiled shared storage exceeds the target's 99 KB, or that does not
+    compile, never reaches the GPU. A config that faults or hangs on the GPU costs its step, not the study. The
+    other direction's config comes from experiment.py's dispatch table. (`--compile-jobs` is the pipelined
+    evaluator: compiles ahead in parallel, for the GPU's own arch.)
     """
 
-    def __init__(self, target: Target, experiment_path: str | None = None):
+    def __init__(self, target: Target, experiment_path: str | None = None, static_timeout_s: float = STATIC_TIMEOUT_S,
+                 static_cache: Path | None = None, settings=None):
         # Imported here, not at module level: torch, CUDA and the kernels only where a GPU is used.
         import prepare
 
@@ -82,7 +95,27 @@ class GpuEvaluator:
         self.experiment_path = experiment_path or prepare.EXPERIMENT_PATH
         self.target = target
         self.harness_sha256 = prepare.prepare_sha256()
+        self.static_timeout_s = static_timeout_s
+        self.static_cache = static_cache  # None: the static check's own (.cache/static-facts.jsonl)
+        self.settings = settings  # prepare.Settings; None: the harness's defaults
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
-        """One harness evaluation of a config on the problems of its class."""
-        return self._prepare.evaluate_isolated(kind, config, problems, self.experiment_path, target=self.target)
+        """The config's sm_120a static facts, then (unless they end it) one harness evaluation on its problems."""
+        static = self.static_facts(kind, config, problem_class)
+        if static["status"] in STATIC_ENDS:
+            problems = [p for p in problems if kind == "fwd" or p.backward]
+            return Measurement(kind, problem_class.name, config.to_dict(), not_run(kind, problems, static), self.target.name,
+                               "", "", evaluator="gpu", static=static)
+        m = self._prepare.evaluate_isolated(kind, config, problems, self.experiment_path, target=self.target, settings=self.settings)
+        return replace(m, static={**m.static, **static})
+
+    def static_facts(self, kind: str, config, problem_class: ProblemClass) -> dict:
+        """StaticFacts.to_dict() of the sm_120a compile, with "arch"; status "static_error" if the check itself broke."""
+        from fa4tune.static_check import DEFAULT_CACHE, StaticJob, run_static
+
+        try:
+            facts = run_static([StaticJob(kind, config, problem_class)], self.target, self.experiment_path, workers=1,
+                               timeout_s=self.static_timeout_s, cache_path=self.static_cache or DEFAULT_CACHE)[0]
+        except Exception as err:  # the GPU measurement goes on without static facts
+            return {"status": "static_error", "reason": f"{type(err).__name__}: {err}"[:500], "arch": "sm_120a"}
+        return {**facts.to_dict(), "arch": "sm_120a"}

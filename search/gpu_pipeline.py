@@ -18,6 +18,7 @@ from fa4tune.kernel_cache import ENV as KERNEL_CACHE_ENV
 from fa4tune.kernel_cache import device_arch
 from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
+from search.evaluators import not_run
 from search.pipeline import CompilePool, Pipeline, Ready
 
 DEFAULT_CACHE = Path(os.environ.get("FA4TUNE_CACHE_DIR", Path.cwd() / ".cache")) / "kernels"
@@ -49,11 +50,6 @@ def compile_job(kind: str, config, problems: list[Problem], target: Target, expe
         "kind": kind, "config": config.to_dict(), "problems": [p.to_dict() for p in problems], "target": target.name,
         "experiment_path": str(experiment_path), "gate_seed": gate_seed, "gate_random_problems": gate_random_problems, "arch": arch,
     }
-
-
-def not_run(kind: str, problems: list[Problem], compiled: dict) -> tuple[ProblemResult, ...]:
-    """Every problem's result of a candidate the compile stage ended (compile_error or infeasible)."""
-    return tuple(ProblemResult(p.label, kind, compiled["status"], reason=compiled.get("reason", "")) for p in problems)
 
 
 class PipelinedGpuEvaluator:

@@ -1,0 +1,73 @@
+"""The GPU evaluator's CPU side: each config's sm_120a static facts first, and no GPU time for a config they end.
+The harness call (prepare.evaluate_isolated) is replaced by a recorder: CI has no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from fa4tune.config import ForwardConfig, ProblemClass
+from fa4tune.defaults import upstream_forward
+from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.suites import load_suite
+from fa4tune.targets import get_target
+from search.evaluators import GpuEvaluator
+
+TARGET = get_target("sm120")
+
+
+class FakeHarness:
+    """prepare.evaluate_isolated as a GPU would answer it; remembers what reached it."""
+
+    def __init__(self):
+        self.calls = []
+
+    def evaluate_isolated(self, kind, config, problems, experiment_path, target, settings):
+        self.calls.append(config)
+        results = tuple(ProblemResult(p.label, kind, "ok", tflops=100.0) for p in problems)
+        return Measurement(kind, problems[0].problem_class.name, config.to_dict(), results, target.name, "fake GPU", "emulated",
+                           evaluator="gpu")
+
+
+def _evaluator(tmp_path) -> tuple[GpuEvaluator, FakeHarness]:
+    evaluator = GpuEvaluator(TARGET, static_cache=tmp_path / "facts.jsonl")
+    evaluator._prepare = harness = FakeHarness()
+    return evaluator, harness
+
+
+def _problems(name: str):
+    return [p for p in load_suite("quick") if p.problem_class.name == name]
+
+
+@pytest.mark.compile
+def test_every_gpu_measurement_carries_the_exact_sm120a_facts_of_its_kernel(tmp_path):
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d64-noncausal-bf16")
+    config = upstream_forward(pc)
+    m = evaluator.evaluate("fwd", config, pc, _problems(pc.name))
+    assert harness.calls == [config] and m.ok and m.device == "fake GPU"
+    assert m.static["arch"] == "sm_120a" and m.static["status"] == "ok"
+    assert m.static["registers"] > 0 and m.static["dynamic_smem_bytes"] > 0 and m.static["occupancy"] > 0
+    again = evaluator.evaluate("fwd", config, pc, _problems(pc.name))  # from the facts cache: no second compile
+    assert again.static["cached"] and again.static["registers"] == m.static["registers"]
+
+
+def test_a_config_the_static_check_ends_costs_no_gpu_time(tmp_path):
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d128-causal-gqa4-bf16")
+    config = ForwardConfig(tile_m=256, tile_n=32, num_threads=128, num_stages=1, Q_in_regs=False)  # PackGQA: tile_m > threads
+    m = evaluator.evaluate("fwd", config, pc, _problems(pc.name))
+    assert harness.calls == []
+    assert m.status == "infeasible" and "pack_gqa_tile_m_le_num_threads" in m.reason
+    assert [r.problem for r in m.results] == [p.label for p in _problems(pc.name)]
+
+
+def test_a_broken_static_check_leaves_the_gpu_measurement_standing(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("fa4tune.static_check.run_static", broken)
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d64-noncausal-bf16")
+    m = evaluator.evaluate("fwd", upstream_forward(pc), pc, _problems(pc.name))
+    assert len(harness.calls) == 1 and m.ok
+    assert m.static == {"status": "static_error", "reason": "OSError: No space left on device", "arch": "sm_120a"}
