@@ -8,6 +8,7 @@ spills (the triton wheel's ptxas is too old for the DSL's PTX 9.4, so we read th
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -24,7 +25,14 @@ class ToolMissing(RuntimeError):
 
 
 def tool_path(name: str) -> Path:
-    """Path of a CUDA binary shipped in the triton wheel (cuobjdump, nvdisasm, ptxas)."""
+    """Path of a CUDA binary (cuobjdump, nvdisasm, ptxas): FA4TUNE_<NAME> if set (e.g. FA4TUNE_CUOBJDUMP for a CUDA
+    toolkit's), else the one shipped in the triton wheel."""
+    override = os.environ.get(f"FA4TUNE_{name.upper()}")
+    if override:
+        path = Path(override)
+        if not path.exists():
+            raise ToolMissing(f"{name} not found at {path} (FA4TUNE_{name.upper()})")
+        return path
     import triton
 
     path = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name

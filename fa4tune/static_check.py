@@ -51,7 +51,7 @@ class StaticFacts:
     kind: str
     problem_class: str
     config: dict
-    status: str  # ok | infeasible | compile_error | compile_timeout
+    status: str  # ok | infeasible | compile_error | compile_timeout | static_error (compiled, cubin unreadable)
     reason: str = ""
     registers: int = 0
     stack_bytes: int = 0
@@ -150,6 +150,10 @@ def compile_env(target: Target, dump_dir: str) -> dict:
     }
 
 
+REPLY_STATUS = {"ok": "ok", "unreadable": "static_error"}  # a compile worker's reply -> StaticFacts.status (else compile_error)
+NOT_CACHED = ("compile_timeout", "compile_error", "static_error")
+
+
 def cache_key(job: StaticJob, target: Target, experiment_path: str) -> str:
     """Every knob, the problem class, the target rules, the kernel class source and package versions."""
     source = Path(experiment_path).read_text()
@@ -181,7 +185,7 @@ class FactsCache:
         return StaticFacts(**{**facts, "cached": True}) if facts else None
 
     def put(self, key: str, facts: StaticFacts) -> None:
-        if facts.status in ("compile_timeout", "compile_error") or self.path is None:
+        if facts.status in NOT_CACHED or self.path is None:
             return  # a timeout may be load and an error may be the environment's: try again next time
         self.entries[key] = facts.to_dict()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,7 +257,7 @@ def run_static(
                 reply = worker.poll()
                 if reply is not None:
                     status, payload = reply
-                    outcome = _finish(jobs[i], target, "ok" if status == "ok" else "compile_error", payload)
+                    outcome = _finish(jobs[i], target, REPLY_STATUS.get(status, "compile_error"), payload)
                 elif not worker.alive():
                     outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {worker.proc.returncode})")
                 elif time.monotonic() - worker.started > timeout_s:

@@ -51,6 +51,10 @@ def _load_experiment(path: str):
     return module
 
 
+class CubinUnreadable(RuntimeError):
+    """The kernel compiled but its facts could not be read: not the config's fault."""
+
+
 def _compile_in_worker(experiment_path: str, job: StaticJob) -> dict:
     """Compile one job with fake tensors; return the cubin facts (raises on compile errors)."""
     import torch
@@ -84,7 +88,10 @@ def _compile_in_worker(experiment_path: str, job: StaticJob) -> dict:
     seconds = time.perf_counter() - start
     if not compiled:
         raise RuntimeError("nothing was compiled (a cache hit in a fresh worker should not happen)")
-    facts = read_cubin(compiled[-1].__cubin__)
+    try:
+        facts = read_cubin(compiled[-1].__cubin__)
+    except Exception as err:  # the kernel compiled; our reading of it failed (a missing cuobjdump, say)
+        raise CubinUnreadable(traceback.format_exception_only(type(err), err)[-1].strip()) from err
     return dict(
         registers=facts.registers, stack_bytes=facts.stack_bytes, spill_store_bytes=facts.spill_store_bytes,
         spill_load_bytes=facts.spill_load_bytes, static_smem_bytes=facts.static_smem_bytes,
@@ -111,6 +118,8 @@ def main(experiment_path: str) -> None:
         job = StaticJob(spec["kind"], config_cls.from_dict(spec["config"]), ProblemClass.from_dict(spec["problem_class"]))
         try:
             reply = {"status": "ok", "payload": _compile_in_worker(experiment_path, job)}
+        except CubinUnreadable as err:
+            reply = {"status": "unreadable", "payload": f"compiled, but its cubin could not be read: {err}"[:500]}
         except Exception as err:  # a compile error is a result, not a crash
             detail = traceback.format_exception_only(type(err), err)[-1].strip()
             reply = {"status": "error", "payload": detail[:500]}

@@ -267,7 +267,7 @@ def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = 
         if unknown:
             raise ConfigError("study_problems", f"study {study.study_name!r} has problems the suite {suite!r} lacks: {', '.join(unknown)}")
         problems = tuple(by_label[label] for label in a.get(attrs.PROBLEMS, []))
-    return StudySpec(a[attrs.DIRECTION], problem_class, problems, target, space if space_of is not get_space else None)
+    return StudySpec(a[attrs.DIRECTION], problem_class, problems, target, space)
 
 
 def settings_of(study: optuna.Study) -> RunConfig:

@@ -71,3 +71,14 @@ def test_a_broken_static_check_leaves_the_gpu_measurement_standing(tmp_path, mon
     m = evaluator.evaluate("fwd", upstream_forward(pc), pc, _problems(pc.name))
     assert len(harness.calls) == 1 and m.ok
     assert m.static == {"status": "static_error", "reason": "OSError: No space left on device", "arch": "sm_120a"}
+
+
+@pytest.mark.compile
+def test_a_kernel_whose_cubin_cannot_be_read_is_not_called_a_compile_error_and_still_reaches_the_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4TUNE_CUOBJDUMP", str(tmp_path / "no-cuobjdump"))  # the compile workers inherit it
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d64-noncausal-bf16")
+    m = evaluator.evaluate("fwd", upstream_forward(pc), pc, _problems(pc.name))
+    assert len(harness.calls) == 1 and m.ok
+    assert m.static["status"] == "static_error" and "cuobjdump not found" in m.static["reason"], m.static
+    assert not (tmp_path / "facts.jsonl").exists()  # an environment's failure is not cached as the config's fact
