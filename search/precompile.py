@@ -114,7 +114,9 @@ def compile_candidate(job: dict) -> dict:
     used = getattr(cache, "used", [])[counts[2]:]
     facts = _facts(cache, used[0], compiled, job, config, pc) if used else None
     if facts is not None:
-        result.update(status=facts["status"], reason=facts["reason"], static=facts)
+        result["static"] = facts
+        if facts["status"] == "infeasible":  # compiled shared storage over the target's capacity: off the GPU
+            result.update(status="infeasible", reason=facts["reason"])
     return result
 
 
@@ -137,7 +139,11 @@ def _facts(cache, key, compiled: dict, job: dict, config, pc) -> dict | None:
     payload = dict(registers=0, stack_bytes=0, spill_store_bytes=0, spill_load_bytes=0, static_smem_bytes=0,
                    dynamic_smem_bytes=max(_RECORDED_SMEM, default=0), compile_seconds=0.0)
     if getattr(compiled[key], "__cubin__", None):  # kept when CUTE_DSL_KEEP names cubin
-        cubin = read_cubin(compiled[key].__cubin__)
+        try:
+            cubin = read_cubin(compiled[key].__cubin__)
+        except Exception as err:  # the kernel compiled; reading it failed (a missing cuobjdump): not cached, not fatal
+            reason = traceback.format_exception_only(type(err), err)[-1].strip()[:500]
+            return {"status": "static_error", "reason": f"compiled, but its cubin could not be read: {reason}", "arch": job.get("arch", "")}
         payload.update(registers=cubin.registers, stack_bytes=cubin.stack_bytes, spill_store_bytes=cubin.spill_store_bytes,
                        spill_load_bytes=cubin.spill_load_bytes, static_smem_bytes=cubin.static_smem_bytes)
     facts = {**_finish(StaticJob(job["kind"], config, pc), get_target(job["target"]), "ok", payload).to_dict(), "arch": job.get("arch", "")}

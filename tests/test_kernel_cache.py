@@ -49,3 +49,16 @@ def test_a_kernel_compiled_in_one_process_is_loaded_by_the_next_and_compile_erro
     assert again["status"] == "ok", again
     assert again["kernels_compiled"] == 0 and again["kernels_loaded"] >= 1
     assert again["static"] == static
+
+
+@pytest.mark.compile
+def test_a_kernel_whose_cubin_cannot_be_read_still_goes_to_the_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("FA4TUNE_CUOBJDUMP", str(tmp_path / "no-cuobjdump"))  # the compile process inherits it
+    env = compile_env(TARGET, (12, 0), TARGET.num_sms, tmp_path / "kernels")
+    pool = CompilePool(COMPILE_FUNCTION, 1, env, timeout_s=600)
+    try:
+        compiled = pool.submit(_jobs("d64-noncausal-bf16", upstream_forward(load_suite("quick")[2].problem_class))).result()
+    finally:
+        pool.close()
+    assert compiled["status"] == "ok", compiled
+    assert compiled["static"]["status"] == "static_error" and "cuobjdump not found" in compiled["static"]["reason"]
