@@ -12,10 +12,7 @@ import hashlib
 import inspect
 import json
 import os
-import select
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,6 +22,7 @@ from typing import Iterable
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.feasibility import check_backward, check_forward
+from fa4tune.line_process import LineProcess
 from fa4tune.occupancy import occupancy
 from fa4tune.targets import Target
 
@@ -93,49 +91,31 @@ RESULT_PREFIX = "FA4TUNE-STATIC "
 
 
 class _Worker:
-    """One compiler process (`python -m fa4tune.static_worker`): a job per line in, a result line out."""
+    """One compiler process (`python -m fa4tune.static_worker`) and the job it works on."""
 
     def __init__(self, experiment_path: str, env: dict):
         self.env = env
         os.makedirs(env["CUTE_DSL_DUMP_DIR"], exist_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fa4tune.static_worker", experiment_path],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))},
-        )
+        python_path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
+        self.proc = LineProcess("fa4tune.static_worker", [experiment_path], {**env, "PYTHONPATH": python_path}, RESULT_PREFIX)
         self.job = None
         self.started = 0.0
 
     def send(self, job, jobs) -> None:
         self.job, self.started = job, time.monotonic()
         spec = jobs[job[0]]
-        self.proc.stdin.write(json.dumps({"kind": spec.kind, "config": spec.config.to_dict(), "problem_class": spec.problem_class.to_dict()}) + "\n")
-        self.proc.stdin.flush()
+        self.proc.send({"kind": spec.kind, "config": spec.config.to_dict(), "problem_class": spec.problem_class.to_dict()})
 
     def poll(self):
-        """(status, payload) once the worker answered, else None; lines without the prefix are the compiler's chatter."""
-        while select.select([self.proc.stdout], [], [], 0)[0]:
-            line = self.proc.stdout.readline()
-            if not line:
-                return None
-            if line.startswith(RESULT_PREFIX):
-                reply = json.loads(line[len(RESULT_PREFIX):])
-                return reply["status"], reply["payload"]
-        return None
+        """(status, payload) once the worker answered, else None."""
+        reply = self.proc.reply()
+        return (reply["status"], reply["payload"]) if reply is not None else None
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.alive()
 
     def stop(self, kill: bool = False) -> None:
-        if self.alive() and not kill:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.stop(kill)
 
 
 def compile_env(target: Target, dump_dir: str) -> dict:

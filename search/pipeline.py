@@ -19,8 +19,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import select
-import subprocess
 import sys
 import tempfile
 import threading
@@ -29,6 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from fa4tune.line_process import LineProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "FA4TUNE-COMPILED "
@@ -41,46 +41,28 @@ COMPILE_TIMEOUT_S = 300.0
 
 
 class _Compiler:
-    """One compiler process; a fresh interpreter, so its environment is set before the DSL is imported."""
+    """One compiler process (`python -m search.pipeline FUNCTION`) and the job it works on."""
 
     def __init__(self, function: str, env: dict, sys_path: list[str]):
         path = os.pathsep.join([*sys_path, str(ROOT), os.environ.get("PYTHONPATH", "")])
         self.dump_dir = tempfile.mkdtemp(prefix="fa4tune-compile-")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "search.pipeline", function],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
-            env={**os.environ, **env, "CUTE_DSL_DUMP_DIR": self.dump_dir, "PYTHONPATH": path},
-        )
+        self.proc = LineProcess("search.pipeline", [function], {**env, "CUTE_DSL_DUMP_DIR": self.dump_dir, "PYTHONPATH": path},
+                                RESULT_PREFIX, cwd=str(ROOT))
         self.job: tuple | None = None  # (job, future, started)
 
     def send(self, job: dict, future: Future) -> None:
         self.job = (job, future, time.monotonic())
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
+        self.proc.send(job)
 
     def reply(self):
-        """The result once the process answered, else None (lines without the prefix are the compiler's chatter)."""
-        while select.select([self.proc.stdout], [], [], 0)[0]:
-            line = self.proc.stdout.readline()
-            if not line:
-                return None
-            if line.startswith(RESULT_PREFIX):
-                return json.loads(line[len(RESULT_PREFIX):])
-        return None
+        """The result once the process answered, else None."""
+        return self.proc.reply()
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.proc.alive()
 
     def stop(self) -> None:
-        if self.alive():
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(timeout=5)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        if self.alive():
-            self.proc.kill()
-            self.proc.wait()
+        self.proc.stop(timeout_s=5)
         for path in Path(self.dump_dir).glob("*"):
             path.unlink(missing_ok=True)
         os.rmdir(self.dump_dir)
@@ -118,11 +100,7 @@ class CompilePool:
             for compiler in self._compilers:
                 if compiler.job is None and not self._pending.empty():
                     compiler.send(*self._pending.get())
-            busy = [c for c in self._compilers if c.job is not None]
-            if busy:
-                select.select([c.proc.stdout for c in busy], [], [], 0.05)
-            else:
-                time.sleep(0.01)
+            time.sleep(0.02)
             for n, compiler in enumerate(self._compilers):
                 if compiler.job is None:
                     continue
