@@ -106,11 +106,14 @@ def run_sequential(todo: list, settings, target, seconds: float, cache_dir: Path
 
     evaluator = GpuEvaluator(target, static_cache=cache_dir / "static-facts.jsonl", settings=settings)
     sampler, start, done = UtilizationSampler(), time.monotonic(), []
-    for cfg, pc, problems in todo:
-        if time.monotonic() - start > seconds:
-            break
-        done.append(evaluator.evaluate("fwd", cfg, pc, problems))
-        print(f"  sequential {len(done):4d} {pc.name:26s} {cfg.short():60s} {done[-1].status}", flush=True)
+    try:
+        for cfg, pc, problems in todo:
+            if time.monotonic() - start > seconds:
+                break
+            done.append(evaluator.evaluate("fwd", cfg, pc, problems))
+            print(f"  sequential {len(done):4d} {pc.name:26s} {cfg.short():60s} {done[-1].status}", flush=True)
+    finally:
+        evaluator.close()
     wall = time.monotonic() - start
     return done, _tally(done, wall, sampler.stop(), None)
 

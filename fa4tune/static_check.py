@@ -192,39 +192,56 @@ def _finish(job: StaticJob, target: Target, status: str, payload) -> StaticFacts
     )
 
 
-def run_static(
-    jobs: Iterable[StaticJob],
-    target: Target,
-    experiment_path: str | Path = "experiment.py",
-    workers: int | None = None,
-    timeout_s: float = 300.0,
-    cache_path: Path | None = DEFAULT_CACHE,
-    on_result=None,
-) -> list[StaticFacts]:
-    """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel."""
-    experiment_path = str(Path(experiment_path).resolve())
-    jobs = list(jobs)
-    cache = FactsCache(cache_path)
-    results: dict[int, StaticFacts] = {}
-    pending: list[tuple[int, str]] = []
-    for i, job in enumerate(jobs):
-        check = verdict(job, target)
-        key = cache_key(job, target, experiment_path)
-        if not check:
-            results[i] = _finish(job, target, "infeasible", str(check))
-        elif (hit := cache.get(key)) is not None:
-            results[i] = hit
-        else:
-            pending.append((i, key))
-            continue
-        if on_result:
-            on_result(jobs[i], results[i])
-    workers = max(1, min(workers or os.cpu_count() or 1, len(pending) or 1))
-    tmp_root = tempfile.mkdtemp(prefix="fa4tune-static-")
-    slots: list[_Worker] = []
-    queue = list(pending)
-    try:
-        slots = [_Worker(experiment_path, compile_env(target, os.path.join(tmp_root, f"w{n}"))) for n in range(workers)]
+class StaticChecker:
+    """The static check with its compile workers kept between calls: a caller that asks one job at a time (the
+    search's GPU evaluator, once per trial) pays a worker's start (seconds of imports) once, not per job.
+
+    Workers start at the first job that needs a compile, at most `workers` of them. A changed experiment.py
+    restarts them (a worker loads it once). `close()` ends them; `run_static` is the one-call form.
+    """
+
+    def __init__(self, target: Target, experiment_path: str | Path = "experiment.py", workers: int | None = None,
+                 timeout_s: float = 300.0, cache_path: Path | None = DEFAULT_CACHE):
+        self.target, self.timeout_s = target, timeout_s
+        self.experiment_path = str(Path(experiment_path).resolve())
+        self.max_workers = max(1, workers or os.cpu_count() or 1)
+        self.cache = FactsCache(cache_path)
+        self.slots: list[_Worker] = []
+        self._tmp_root = tempfile.mkdtemp(prefix="fa4tune-static-")
+        self._source = ""  # experiment.py as the running workers loaded it
+
+    def __enter__(self) -> "StaticChecker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self.slots:
+            worker.stop()
+        self.slots = []
+        shutil.rmtree(self._tmp_root, ignore_errors=True)
+
+    def check(self, jobs: Iterable[StaticJob], on_result=None) -> list[StaticFacts]:
+        """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel."""
+        jobs, target = list(jobs), self.target
+        results: dict[int, StaticFacts] = {}
+        pending: list[tuple[int, str]] = []
+        for i, job in enumerate(jobs):
+            check = verdict(job, target)
+            key = cache_key(job, target, self.experiment_path)
+            if not check:
+                results[i] = _finish(job, target, "infeasible", str(check))
+            elif (hit := self.cache.get(key)) is not None:
+                results[i] = hit
+            else:
+                pending.append((i, key))
+                continue
+            if on_result:
+                on_result(jobs[i], results[i])
+        if pending:
+            self._start_workers(len(pending))
+        queue, slots = list(pending), self.slots
         while queue or any(w.job for w in slots):
             for worker in slots:
                 if worker.job is None and queue:
@@ -240,21 +257,43 @@ def run_static(
                     outcome = _finish(jobs[i], target, REPLY_STATUS.get(status, "compile_error"), payload)
                 elif not worker.alive():
                     outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {worker.proc.returncode})")
-                elif time.monotonic() - worker.started > timeout_s:
-                    outcome = _finish(jobs[i], target, "compile_timeout", f"compile ran past {timeout_s:.0f} s and was killed")
+                elif time.monotonic() - worker.started > self.timeout_s:
+                    outcome = _finish(jobs[i], target, "compile_timeout", f"compile ran past {self.timeout_s:.0f} s and was killed")
                 if outcome is None:
                     continue
                 results[i] = outcome
-                cache.put(key, outcome)
+                self.cache.put(key, outcome)
                 if on_result:
                     on_result(jobs[i], outcome)
                 worker.job = None
                 if not worker.alive() or outcome.status == "compile_timeout":
                     worker.stop(kill=True)
-                    slots[n] = _Worker(experiment_path, worker.env)
+                    slots[n] = _Worker(self.experiment_path, worker.env)
             time.sleep(0.02)
-    finally:
-        for worker in slots:
-            worker.stop()
-        shutil.rmtree(tmp_root, ignore_errors=True)
-    return [results[i] for i in range(len(jobs))]
+        return [results[i] for i in range(len(jobs))]
+
+    def _start_workers(self, wanted: int) -> None:
+        """Enough live workers for `wanted` compiles (at most max_workers), all with today's experiment.py."""
+        self.slots = [w for w in self.slots if w.alive()]  # one that died while idle is replaced
+        source = Path(self.experiment_path).read_text()
+        if source != self._source:
+            for worker in self.slots:
+                worker.stop()
+            self.slots, self._source = [], source
+        while len(self.slots) < min(wanted, self.max_workers):
+            dump = os.path.join(self._tmp_root, f"w{len(self.slots)}")
+            self.slots.append(_Worker(self.experiment_path, compile_env(self.target, dump)))
+
+
+def run_static(
+    jobs: Iterable[StaticJob],
+    target: Target,
+    experiment_path: str | Path = "experiment.py",
+    workers: int | None = None,
+    timeout_s: float = 300.0,
+    cache_path: Path | None = DEFAULT_CACHE,
+    on_result=None,
+) -> list[StaticFacts]:
+    """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel."""
+    with StaticChecker(target, experiment_path, workers, timeout_s, cache_path) as checker:
+        return checker.check(jobs, on_result)

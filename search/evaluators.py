@@ -98,6 +98,7 @@ class GpuEvaluator:
         self.static_timeout_s = static_timeout_s
         self.static_cache = static_cache  # None: the static check's own (.cache/static-facts.jsonl)
         self.settings = settings  # prepare.Settings; None: the harness's defaults
+        self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
         """The config's sm_120a static facts, then (unless they end it) one harness evaluation on its problems."""
@@ -111,11 +112,19 @@ class GpuEvaluator:
 
     def static_facts(self, kind: str, config, problem_class: ProblemClass) -> dict:
         """StaticFacts.to_dict() of the sm_120a compile, with "arch"; status "static_error" if the check itself broke."""
-        from fa4tune.static_check import DEFAULT_CACHE, StaticJob, run_static
+        from fa4tune.static_check import DEFAULT_CACHE, StaticChecker, StaticJob
 
         try:
-            facts = run_static([StaticJob(kind, config, problem_class)], self.target, self.experiment_path, workers=1,
-                               timeout_s=self.static_timeout_s, cache_path=self.static_cache or DEFAULT_CACHE)[0]
+            if self._checker is None:
+                self._checker = StaticChecker(self.target, self.experiment_path, workers=1, timeout_s=self.static_timeout_s,
+                                              cache_path=self.static_cache or DEFAULT_CACHE)
+            facts = self._checker.check([StaticJob(kind, config, problem_class)])[0]
         except Exception as err:  # the GPU measurement goes on without static facts
             return {"status": "static_error", "reason": f"{type(err).__name__}: {err}"[:500], "arch": "sm_120a"}
         return {**facts.to_dict(), "arch": "sm_120a"}
+
+    def close(self) -> None:
+        """Ends the static check's compile worker."""
+        if self._checker is not None:
+            self._checker.close()
+            self._checker = None

@@ -160,6 +160,8 @@ def run(config: RunConfig, out=None) -> int:
         signal.signal(signal.SIGINT, previous)
         for p in proposers:
             p.close()
+        if hasattr(evaluator, "close"):
+            evaluator.close()
     for o in outcomes:
         print(_summary(o), file=out)
     if stop.requested:

@@ -65,7 +65,7 @@ def test_a_broken_static_check_leaves_the_gpu_measurement_standing(tmp_path, mon
     def broken(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr("fa4tune.static_check.run_static", broken)
+    monkeypatch.setattr("fa4tune.static_check.StaticChecker.check", broken)
     evaluator, harness = _evaluator(tmp_path)
     pc = ProblemClass.parse("d64-noncausal-bf16")
     m = evaluator.evaluate("fwd", upstream_forward(pc), pc, _problems(pc.name))
@@ -82,3 +82,18 @@ def test_a_kernel_whose_cubin_cannot_be_read_is_not_called_a_compile_error_and_s
     assert len(harness.calls) == 1 and m.ok
     assert m.static["status"] == "static_error" and "cuobjdump not found" in m.static["reason"], m.static
     assert not (tmp_path / "facts.jsonl").exists()  # an environment's failure is not cached as the config's fact
+
+
+@pytest.mark.compile
+def test_the_static_compile_worker_is_started_once_for_all_trials(tmp_path):
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d64-noncausal-bf16")
+    try:
+        evaluator.evaluate("fwd", ForwardConfig(128, 64, 128, 1, False), pc, _problems(pc.name))
+        first = evaluator._checker.slots[0].proc.proc.pid
+        m = evaluator.evaluate("fwd", ForwardConfig(64, 64, 128, 1, False), pc, _problems(pc.name))
+        assert not m.static["cached"] and m.static["registers"] > 0  # compiled, by the same process
+        assert [w.proc.proc.pid for w in evaluator._checker.slots] == [first]
+    finally:
+        evaluator.close()
+    assert evaluator._checker is None
