@@ -107,3 +107,19 @@ def test_knobs_reach_the_constructed_kernels_and_compile_keys_do_not_collide(tmp
         assert seen["new_compiles"] == 1, "each config must compile its own kernel"
         assert seen["reqntid"] == [job["config"]["num_threads"]]
     assert report["fwd_cache"] == 3 and report["bwd_cache"] == 2
+
+
+def test_a_kept_checker_reuses_its_worker_and_restarts_it_when_experiment_py_changes(tmp_path):
+    from fa4tune.static_check import StaticChecker
+
+    experiment = tmp_path / "experiment.py"
+    experiment.write_text((ROOT / "experiment.py").read_text())
+    d64 = ProblemClass(64, 64, False)
+    with StaticChecker(TARGET, experiment, workers=1, cache_path=None) as checker:
+        first = checker.check([StaticJob("fwd", UPSTREAM_FWD, d64)])[0]
+        pid = checker.slots[0].proc.proc.pid
+        second = checker.check([StaticJob("fwd", FWD_256, d64)])[0]
+        assert checker.slots[0].proc.proc.pid == pid and first.ok and second.ok
+        experiment.write_text(experiment.read_text() + "\n# edited\n")
+        third = checker.check([StaticJob("fwd", FWD_2STAGE, d64)])[0]
+        assert third.ok and checker.slots[0].proc.proc.pid != pid  # the worker had loaded the old experiment.py
