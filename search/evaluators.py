@@ -6,6 +6,7 @@ calls the harness (prepare.evaluate: correctness gate, then timing, in an isolat
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -99,6 +100,7 @@ class GpuEvaluator:
         self.static_cache = static_cache  # None: the static check's own (.cache/static-facts.jsonl)
         self.settings = settings  # prepare.Settings; None: the harness's defaults
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
+        self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
         """The config's sm_120a static facts, then (unless they end it) one harness evaluation on its problems."""
@@ -115,16 +117,18 @@ class GpuEvaluator:
         from fa4tune.static_check import DEFAULT_CACHE, StaticChecker, StaticJob
 
         try:
-            if self._checker is None:
-                self._checker = StaticChecker(self.target, self.experiment_path, workers=1, timeout_s=self.static_timeout_s,
-                                              cache_path=self.static_cache or DEFAULT_CACHE)
-            facts = self._checker.check([StaticJob(kind, config, problem_class)])[0]
+            with self._checker_lock:
+                if self._checker is None:
+                    self._checker = StaticChecker(self.target, self.experiment_path, workers=1, timeout_s=self.static_timeout_s,
+                                                  cache_path=self.static_cache or DEFAULT_CACHE)
+                facts = self._checker.check([StaticJob(kind, config, problem_class)])[0]
         except Exception as err:  # the GPU measurement goes on without static facts
             return {"status": "static_error", "reason": f"{type(err).__name__}: {err}"[:500], "arch": "sm_120a"}
         return {**facts.to_dict(), "arch": "sm_120a"}
 
     def close(self) -> None:
         """Ends the static check's compile worker."""
-        if self._checker is not None:
-            self._checker.close()
-            self._checker = None
+        with self._checker_lock:
+            if self._checker is not None:
+                self._checker.close()
+                self._checker = None

@@ -3,6 +3,8 @@ The harness call (prepare.evaluate_isolated) is replaced by a recorder: CI has n
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from fa4tune.config import ForwardConfig, ProblemClass
@@ -97,3 +99,20 @@ def test_the_static_compile_worker_is_started_once_for_all_trials(tmp_path):
     finally:
         evaluator.close()
     assert evaluator._checker is None
+
+
+@pytest.mark.compile
+def test_trials_in_flight_on_several_threads_each_get_their_own_kernels_facts(tmp_path):
+    evaluator, harness = _evaluator(tmp_path)
+    pc = ProblemClass.parse("d64-noncausal-bf16")
+    configs = [ForwardConfig(128, 64, 128, 1, False), ForwardConfig(128, 64, 256, 1, False)]
+    try:
+        evaluator.evaluate("fwd", ForwardConfig(64, 64, 128, 1, False), pc, _problems(pc.name))  # its compile worker is up
+        harness.calls.clear()
+        with ThreadPoolExecutor(2) as pool:  # `search worker --slots 2` without --compile-jobs: one checker, two threads
+            found = list(pool.map(lambda c: evaluator.evaluate("fwd", c, pc, _problems(pc.name)), configs))
+    finally:
+        evaluator.close()
+    assert sorted(map(str, harness.calls)) == sorted(map(str, configs))
+    assert [m.static["status"] for m in found] == ["ok", "ok"]
+    assert [m.static["num_threads"] for m in found] == [128, 256] and all(m.static["registers"] > 0 for m in found)
