@@ -44,8 +44,11 @@ def _run_parser(sub) -> None:
     p.add_argument("--no-baseline", action="store_const", const=False, dest="baseline", help="do not measure upstream's default first")
     p.add_argument("--results", help="results.tsv path ('' for none; default results.tsv)")
     p.add_argument("--description", help="text for the results.tsv rows")
+    p.add_argument("--prune-factor", type=float, help="prune a config this much slower than the study's best (default 1.3; 0: never)")
+    p.add_argument("--compile-jobs", type=int, help="CPU compile processes ahead of the GPU (default: cores - 1, split between "
+                   "--workers; 0: compile each config on the GPU's turn)")
+    p.add_argument("--slots", type=int, help="trials in flight (default: what the evaluator can use)")
     p.add_argument("--workers", type=int, help="run N worker processes (one per GPU; 0: only create the studies)")
-    p.add_argument("--compile-jobs", type=int, default=0, help="with --workers: CPU compile processes per worker")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from search import run_config, runner
 
-    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "direction", "workers", "compile_jobs")}
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "direction", "workers")}
     if args.direction:
         cli["directions"] = ["fwd", "bwd"] if args.direction == "both" else [args.direction]
     file_values = run_config.load_file(args.config) if args.config else {}
@@ -101,7 +104,7 @@ def _run(args) -> int:
     if args.workers is not None:
         from search.launch import run_workers
 
-        return run_workers(config, args.workers, args.compile_jobs)
+        return run_workers(config, args.workers)
     code = runner.run(config)
     review_cli.after_run(config)
     return code

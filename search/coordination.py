@@ -117,12 +117,12 @@ def find_claim(study: optuna.Study, trial: optuna.Trial, config, space) -> tuple
     """('measured', n): trial n measured this config; ('measuring', n): claimed trial n is measuring it now;
     ('free', None) otherwise. Call with the study lock held."""
     key = config_key(config.to_dict())
-    for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+    for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)):
         if other.number == trial.number or other.user_attrs.get(attrs.CONFIRMATION_OF) is not None:
             continue
         if not _same_config(other, key, space):
             continue
-        if other.state == TrialState.COMPLETE and other.user_attrs.get(attrs.EVALUATED):
+        if other.state != TrialState.RUNNING and other.user_attrs.get(attrs.EVALUATED):
             return "measured", other.number
         if other.state == TrialState.RUNNING and other.user_attrs.get(WORKER):
             return "measuring", other.number

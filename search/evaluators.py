@@ -6,26 +6,62 @@ calls the harness (prepare.evaluate: correctness gate, then timing, in an isolat
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from fa4tune.config import Problem, ProblemClass
+from fa4tune.config import ConfigError, Problem, ProblemClass
 from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
-from search.table import ReplayTable
+from search.table import ReplayTable, load_table
 
 MISSING = "missing"  # status of a replayed config that the table does not have
 STATIC_TIMEOUT_S = 180.0  # one sm_120a compile; a hung one must not hold the trial longer
 STATIC_ENDS = ("infeasible", "compile_error")  # static statuses that keep a config off the GPU
+AUTO = -1  # --compile-jobs default: every core but one
+EVALUATORS = ("gpu", "replay")
+
+
+def default_compile_jobs(workers: int = 1) -> int:
+    """CPU compile processes per worker by default: the machine's cores but one, shared by its workers."""
+    return max(1, ((os.cpu_count() or 2) - 1) // max(1, workers))
+
+
+def make_evaluator(name: str, target: Target | None, *, table: str = "", replay_delay: float = 0.0, compile_jobs: int = AUTO):
+    """The one evaluator factory of `search run` and `search worker`: the replay of a recorded table, or the GPU
+    harness, compiling ahead in `compile_jobs` CPU processes (AUTO: default_compile_jobs(); 0: no compile-ahead,
+    each config compiled on the GPU's turn)."""
+    if name == "replay":
+        if not table:
+            raise ConfigError("table_file", "the replay evaluator needs --table PATH")
+        return ReplayEvaluator(load_table(table), delay_s=replay_delay)
+    if name != "gpu":
+        raise ConfigError("evaluator", f"evaluator must be one of {', '.join(EVALUATORS)}, got {name!r}")
+    if compile_jobs < AUTO:
+        raise ConfigError("compile_jobs", f"--compile-jobs must be >= 0 (or -1 for every core but one), got {compile_jobs}")
+    try:
+        import torch
+    except ImportError as err:
+        raise ConfigError("gpu_evaluator", f"the gpu evaluator needs torch importable: {err}")
+    if not torch.cuda.is_available():
+        raise ConfigError("gpu_evaluator", "no CUDA GPU here: use --evaluator replay --table PATH")
+    jobs = default_compile_jobs() if compile_jobs == AUTO else compile_jobs
+    if jobs == 0:
+        return GpuEvaluator(target)
+    from search.gpu_pipeline import PipelinedGpuEvaluator  # torch, CUDA and the kernels only where a GPU is used
+
+    return PipelinedGpuEvaluator(target, jobs)
 
 
 class Evaluator(Protocol):
     """Measures one config on the problems of one problem class."""
 
-    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement: ...
+    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
+        """`monitor` (search.pruning.TrialMonitor, optional): a give-up time per problem, and each result reported
+        as it comes; when `monitor.report` returns False the config's other problems are not measured."""
 
 
 class ReplayEvaluator:
@@ -34,13 +70,16 @@ class ReplayEvaluator:
     `delay_s` sleeps before each answer, so that a replayed study lasts long enough to be interrupted.
     """
 
+    slots = 1  # trials in flight a run gives it (answers are instant; --slots can raise it)
+
     def __init__(self, table: ReplayTable, delay_s: float = 0.0):
         self.table = table
         self.delay_s = delay_s
         self.calls: list[tuple[str, str, dict]] = []  # (kind, problem class, config): what reached the evaluator
 
-    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
-        """The recorded results of `problems` (all recorded problems of the class when empty)."""
+    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
+        """The recorded results of `problems` (all recorded problems of the class when empty); a replayed answer
+        costs nothing, so the monitor is not asked to prune it."""
         self.calls.append((kind, problem_class.name, config.to_dict()))
         if self.delay_s:
             time.sleep(self.delay_s)
@@ -87,6 +126,8 @@ class GpuEvaluator:
     evaluator: compiles ahead in parallel, for the GPU's own arch.)
     """
 
+    slots = 1  # one trial at a time: it compiles on the GPU's turn
+
     def __init__(self, target: Target, experiment_path: str | None = None, static_timeout_s: float = STATIC_TIMEOUT_S,
                  static_cache: Path | None = None, settings=None):
         # Imported here, not at module level: torch, CUDA and the kernels only where a GPU is used.
@@ -102,7 +143,7 @@ class GpuEvaluator:
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
         self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
 
-    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
+    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
         """The config's sm_120a static facts, then (unless they end it) one harness evaluation on its problems."""
         static = self.static_facts(kind, config, problem_class)
         if static["status"] in STATIC_ENDS:

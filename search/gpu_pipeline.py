@@ -79,7 +79,7 @@ class PipelinedGpuEvaluator:
         self.pipeline = Pipeline(pool, self._evaluate_batch, ready_capacity=ready_capacity, max_batch=max_batch)
         self._lock = threading.Lock()
 
-    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem]) -> Measurement:
+    def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
         """Compile ahead (CPU), then gate and time on the GPU unless the compile stage ended it."""
         problems = [p for p in problems if kind == "fwd" or p.backward]
         job = compile_job(kind, config, problems, self.target, self.experiment_path, self.settings.gate_seed,

@@ -8,6 +8,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from search import attrs
 
+FINISHED = ("COMPLETE", "PRUNED")  # trial states of a finished search trial
+
 
 @dataclass(frozen=True)
 class TrialRecord:
@@ -29,11 +31,12 @@ class TrialRecord:
     confirmation_of: int | None = None
     confirmed: bool | None = None
     duplicate_of: int | None = None
+    intermediate: dict = field(default_factory=dict)  # {step: value} reported while measuring (search.pruning)
 
     @property
     def is_search(self) -> bool:
-        """A trial of the search itself (not a confirmation), finished."""
-        return self.state == "COMPLETE" and self.confirmation_of is None
+        """A trial of the search itself (not a confirmation), finished (complete, or pruned while measuring)."""
+        return self.state in FINISHED and self.confirmation_of is None
 
     @property
     def ok(self) -> bool:
@@ -60,6 +63,7 @@ def record(trial: FrozenTrial) -> TrialRecord:
         confirmation_of=a.get(attrs.CONFIRMATION_OF),
         confirmed=a.get(attrs.CONFIRMED),
         duplicate_of=a.get(attrs.DUPLICATE_OF),
+        intermediate=dict(trial.intermediate_values),
     )
 
 
@@ -81,12 +85,12 @@ def best(history: list[TrialRecord]) -> TrialRecord | None:
 
 def confirmations(history: list[TrialRecord], number: int) -> list[TrialRecord]:
     """Finished re-measurements of trial `number`."""
-    return [r for r in history if r.confirmation_of == number and r.state == "COMPLETE"]
+    return [r for r in history if r.confirmation_of == number and r.state in FINISHED]
 
 
 def winner(history: list[TrialRecord]) -> TrialRecord | None:
     """The best search trial that no confirmation has refuted (confirmed or not yet confirmed)."""
-    refuted = {r.confirmation_of for r in history if r.confirmation_of is not None and r.state == "COMPLETE" and not r.confirmed}
+    refuted = {r.confirmation_of for r in history if r.confirmation_of is not None and r.state in FINISHED and not r.confirmed}
     candidates = [r for r in history if r.is_search and r.evaluated and r.ok and r.number not in refuted]
     return max(candidates, key=lambda r: (r.value, -r.number)) if candidates else None
 

@@ -18,6 +18,7 @@ from dataclasses import replace
 import optuna
 
 from fa4tune.config import ConfigError
+from search.evaluators import AUTO, default_compile_jobs
 from search.coordination import PROBLEM_SPECS, SEARCH_SETTINGS, StudyLock
 from search.history import evaluated_count, records, winner
 from search.run_config import RunConfig
@@ -42,7 +43,7 @@ def gpu_ids(count: int) -> list[str]:
     return ids[:count]
 
 
-def worker_command(config: RunConfig, studies: list[str], compile_jobs: int = 0, gpu: str | None = None) -> list[str]:
+def worker_command(config: RunConfig, studies: list[str], compile_jobs: int = AUTO, gpu: str | None = None) -> list[str]:
     """The `python -m search worker` arguments of one worker of this run."""
     command = [sys.executable, "-m", "search", "worker", "--storage", config.storage, "--evaluator", config.evaluator, "--results", config.results]
     if config.description:
@@ -51,8 +52,10 @@ def worker_command(config: RunConfig, studies: list[str], compile_jobs: int = 0,
         command += ["--study", name]
     if config.evaluator == "replay":
         command += ["--table", config.table] + (["--replay-delay", str(config.replay_delay)] if config.replay_delay else [])
-    if compile_jobs:
+    if config.evaluator == "gpu" and compile_jobs != AUTO:
         command += ["--compile-jobs", str(compile_jobs)]
+    if config.slots:
+        command += ["--slots", str(config.slots)]
     if gpu is not None:
         command += ["--gpu", str(gpu)]
     return command
@@ -76,7 +79,7 @@ def prepare_studies(config: RunConfig, out) -> list[str]:
     return [spec.name for spec in specs]
 
 
-def run_workers(config: RunConfig, workers: int, compile_jobs: int = 0, out=None) -> int:
+def run_workers(config: RunConfig, workers: int, out=None) -> int:
     """Creates the studies and runs `workers` worker processes on them; the worst exit code of the workers."""
     out = out or sys.stdout
     if workers < 0:
@@ -92,6 +95,8 @@ def run_workers(config: RunConfig, workers: int, compile_jobs: int = 0, out=None
         return 0
     print(f"{len(names)} studies, {workers} workers", file=out, flush=True)
     gpus = gpu_ids(workers) if config.evaluator == "gpu" else [None] * workers
+    # the machine's compile processes are shared: each worker takes its part of them
+    compile_jobs = default_compile_jobs(workers) if config.compile_jobs == AUTO else config.compile_jobs
     procs = [subprocess.Popen(worker_command(config, names, compile_jobs, gpu)) for gpu in gpus]
 
     def forward(signum, frame):  # a Ctrl-C on the terminal reaches the workers itself; a kill of this process does not

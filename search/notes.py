@@ -154,7 +154,7 @@ def write_notes(storage, trials: bool = True, table: dict | None = None) -> tupl
             system[TABLE_ATTR] = table
         wanted = {None: study_note(ev, system.get(TABLE_ATTR))}
         for trial, r in zip(ev.trials, ev.history):
-            if trials and r.state in ("COMPLETE", "FAIL"):
+            if trials and r.state in ("COMPLETE", "PRUNED", "FAIL"):
                 wanted[trial._trial_id] = trial_note(ev, r)
         for trial_id, body in wanted.items():
             current = get_note_from_system_attrs(system, trial_id)

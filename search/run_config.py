@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from fa4tune.config import ConfigError
+from search.evaluators import AUTO
+from search.pruning import DEFAULT_FACTOR
 from search.samplers import DEFAULT_SAMPLER
 from search.storage import DEFAULT_STORAGE
 
@@ -46,6 +48,9 @@ class RunConfig:
     confirmations: int = 2
     tolerance: float = 0.05
     baseline: bool = True
+    prune_factor: float = DEFAULT_FACTOR  # a config this much slower than the study's best is pruned (0: never)
+    compile_jobs: int = AUTO  # CPU compile processes ahead of the GPU (-1: cores - 1; 0: compile on the GPU's turn)
+    slots: int = 0  # trials in flight (0: what the evaluator can use)
     results: str = "results.tsv"  # "" writes no rows
     description: str = ""
 

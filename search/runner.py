@@ -15,15 +15,17 @@ from typing import NamedTuple
 from fa4tune.config import ConfigError
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.evaluators import GpuEvaluator, ReplayEvaluator
+from search import evaluators
+from search.evaluators import ReplayEvaluator
 from search.live import make_view, short_config
-from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop
+from search.loop import EXHAUSTED, FINISHED, STALLED, LocalLock, Outcome, StopFlag, StudyLoop, loop_settings_of, run_study
+from search.loop import INTERRUPTED as INTERRUPTED_STOP
+from search.pruning import make_pruner
 from search.run_config import RunConfig
 from search.samplers import make_sampler
 from search.storage import describe, open_storage
 from search.space import get_space
 from search.study import StudySpec, check_existing, open_study, specs_for
-from search.table import load_table
 from search.turns import make_policy, parse_ratio
 
 INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
@@ -43,31 +45,33 @@ def _check_numbers(config: RunConfig) -> None:
     for name in ("n_trials", "k"):
         if getattr(config, name) < 1:
             raise ConfigError("run_config_value", f"{name} must be at least 1, got {getattr(config, name)}")
-    for name in ("confirmations", "api_retries"):
+    for name in ("confirmations", "api_retries", "slots"):
         if getattr(config, name) < 0:
             raise ConfigError("run_config_value", f"{name} must be >= 0, got {getattr(config, name)}")
     if not 0 <= config.tolerance < 1:
         raise ConfigError("run_config_value", f"tolerance must be in [0, 1), got {config.tolerance}")
+    if config.prune_factor and config.prune_factor <= 1:
+        raise ConfigError("run_config_value", f"prune_factor must be > 1 (or 0: never prune), got {config.prune_factor}")
     if config.proposer not in ("claude", "none"):
         raise ConfigError("run_config_value", f"proposer must be claude or none, got {config.proposer!r}")
 
 
 def make_evaluator(config: RunConfig, target):
-    """The replay evaluator on --table, or the GPU harness."""
-    if config.evaluator == "replay":
-        if not config.table:
-            raise ConfigError("table_file", "the replay evaluator needs --table PATH")
-        return ReplayEvaluator(load_table(config.table), delay_s=config.replay_delay)
-    if config.evaluator == "gpu":
-        try:
-            import torch
+    """The run's evaluator (search.evaluators.make_evaluator with the run's settings)."""
+    return evaluators.make_evaluator(config.evaluator, target, table=config.table, replay_delay=config.replay_delay,
+                                     compile_jobs=config.compile_jobs)
 
-            if not torch.cuda.is_available():
-                raise ConfigError("gpu_evaluator", "no CUDA GPU here: use --evaluator replay --table PATH")
-            return GpuEvaluator(target)
-        except ImportError as err:
-            raise ConfigError("gpu_evaluator", f"the gpu evaluator needs the harness (prepare.py) importable: {err}")
-    raise ConfigError("evaluator", f"evaluator must be gpu or replay, got {config.evaluator!r}")
+
+def make_proposers(config: RunConfig, view) -> list:
+    """Claude when the run asks for it and its SDK is installed; without the SDK the sampler takes every turn."""
+    if config.proposer != "claude":
+        return []
+    try:
+        from search.proposers.claude import ClaudeProposer  # the SDK takes seconds to import: only when used
+    except ImportError as err:
+        view.message(f"claude: the anthropic SDK is not installed ({err}); the sampler takes every turn")
+        return []
+    return [ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff)]
 
 
 def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
@@ -132,42 +136,52 @@ def run(config: RunConfig, out=None) -> int:
     print(f"storage: {describe(config.storage)}", file=out, flush=True)
     storage = open_storage(config.storage)
     check_existing(storage, specs)
-
-    proposers = []
-    if config.proposer == "claude":
-        from search.proposers.claude import ClaudeProposer  # the SDK takes seconds to import: only when used
-
-        proposers.append(ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff))
-    settings = LoopSettings(
-        n_trials=config.n_trials, k=config.k, confirmations=config.confirmations, tolerance=config.tolerance,
-        baseline=config.baseline, results_path=config.results or None, git_commit=git_commit(), description=config.description,
-    )
-    print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
-          f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}", file=out, flush=True)
+    slots = config.slots or evaluator.slots
+    settings = loop_settings_of(config, config.results or None, git_commit(), config.description)
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out))
     outcomes: list[Outcome] = []
     disabled: dict[str, str] = {}
     try:
         with make_view(out) as view:
-            for spec in specs:
-                study = open_study(storage, spec, make_sampler(config.sampler, config.seed))
-                loop = StudyLoop(study, spec, evaluator, config.sampler, proposers, policy, settings, view, stop, disabled)
-                outcomes.append(loop.run())
-                if stop.requested:
-                    break
+            proposers = make_proposers(config, view)
+            print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
+                  f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}; "
+                  f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)", file=out, flush=True)
+            try:
+                for spec in specs:
+                    outcomes.append(run_study(_loops(storage, spec, config, evaluator, proposers, policy, settings, view, stop, disabled, slots)))
+                    if stop.requested:
+                        break
+            finally:
+                for p in proposers:
+                    p.close()
     finally:
         signal.signal(signal.SIGINT, previous)
-        for p in proposers:
-            p.close()
         if hasattr(evaluator, "close"):
             evaluator.close()
     for o in outcomes:
-        print(_summary(o), file=out)
+        print(summary(o), file=out)
     if stop.requested:
-        print("stopped by Ctrl-C after the current trial; run the same command again to continue", file=out)
+        print("stopped by Ctrl-C; run the same command again to continue", file=out)
         return INTERRUPTED
     return 0
+
+
+def _loops(storage, spec, config: RunConfig, evaluator, proposers, policy, settings, view, stop, disabled, slots: int) -> list[StudyLoop]:
+    """One loop per slot on one study object (its sampler asks for each slot in turn) and one lock of this process."""
+    study = open_study(storage, spec, make_sampler(config.sampler, config.seed), make_pruner(config.prune_factor))
+    lock = LocalLock()
+    return [StudyLoop(study, spec, evaluator, config.sampler, proposers, policy, settings, view, stop, disabled,
+                      lock=lock, worker_id=f"local/{i}" if slots > 1 else "local") for i in range(slots)]
+
+
+def describe_evaluator(evaluator) -> str:
+    """e.g. 'gpu, compiling ahead in 15 CPU processes' or 'replay of table.json'."""
+    if isinstance(evaluator, ReplayEvaluator):
+        return f"replay of {evaluator.table.name}"
+    jobs = getattr(evaluator, "compile_jobs", 0)
+    return f"gpu, compiling ahead in {jobs} CPU processes" if jobs else "gpu, compiling on the GPU's turn"
 
 
 def _stop_handler(stop: StopFlag, out):
@@ -179,8 +193,12 @@ def _stop_handler(stop: StopFlag, out):
     return handler
 
 
-def _summary(o: Outcome) -> str:
+def summary(o: Outcome) -> str:
+    """The closing line of a study: how it ended, its best config and whether that is confirmed."""
+    ended = {FINISHED: " (finished earlier, nothing to do)", EXHAUSTED: " (space exhausted)", STALLED: " (stalled)",
+             INTERRUPTED_STOP: " (stopped by Ctrl-C)"}.get(o.stopped, "")
     if o.winner is None:
-        return f"{o.study}: {o.evaluated} evaluated, no config passed"
+        return f"{o.study}: {o.evaluated} evaluated, no config passed{ended}"
     state = "confirmed" if o.confirmed else "not confirmed"
-    return f"{o.study}: {o.evaluated} evaluated, best {o.winner.value:.1f} TFLOPS (#{o.winner.number}, {o.winner.proposer}, {state}): {short_config(o.winner.config)}"
+    return (f"{o.study}: {o.evaluated} evaluated, best {o.winner.value:.1f} TFLOPS (#{o.winner.number}, {o.winner.proposer}, {state})"
+            f"{ended}: {short_config(o.winner.config)}")

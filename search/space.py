@@ -8,6 +8,7 @@ under a different space.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from fa4tune.targets import Target
 from search.history import config_key
 
 DIRECTIONS = ("fwd", "bwd")
+_FEASIBLE: dict[tuple, list] = {}  # (space signature, problem class) -> feasible configs
 
 
 @dataclass(frozen=True)
@@ -71,14 +73,19 @@ class Space:
             return max(excess / target.smem_per_block, 1e-3)
         return 1.0
 
-    def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set, tries: int = 20000):
-        """A uniformly drawn feasible config whose to_dict() items are not in `exclude` (None if none found)."""
-        names = list(self.domain)
-        for _ in range(tries):
-            config = self.config({n: rng.choice(self.domain[n]) for n in names})
-            if config_key(config.to_dict()) not in exclude and self.check(config, problem_class, target):
-                return config
-        return None
+    def feasible(self, problem_class: ProblemClass, target: Target) -> list:
+        """Every config of the domain that the static rules accept for the class (enumerated once, then cached)."""
+        key = (self.signature(target), problem_class.name)
+        if key not in _FEASIBLE:
+            names = list(self.domain)
+            configs = (self.config(dict(zip(names, values))) for values in itertools.product(*(self.domain[n] for n in names)))
+            _FEASIBLE[key] = [c for c in configs if self.check(c, problem_class, target)]
+        return _FEASIBLE[key]
+
+    def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set):
+        """A uniformly drawn feasible config whose to_dict() items are not in `exclude`; None when the space is exhausted."""
+        left = [c for c in self.feasible(problem_class, target) if config_key(c.to_dict()) not in exclude]
+        return rng.choice(left) if left else None
 
     def signature(self, target: Target) -> str:
         """A short hash of everything that decides which configs exist and which are feasible."""

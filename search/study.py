@@ -107,9 +107,10 @@ def check_existing(storage, specs: list[StudySpec]) -> None:
             )
 
 
-def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
     """Creates the study (and its attributes) or loads it; call check_existing first."""
-    study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, direction="maximize", load_if_exists=True)
+    study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner(),
+                                direction="maximize", load_if_exists=True)
     if attrs.SPACE_SIGNATURE not in study.user_attrs:
         for key, value in spec.user_attrs().items():
             study.set_user_attr(key, value)

@@ -18,8 +18,6 @@ import hashlib
 import os
 import signal
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import optuna
@@ -28,24 +26,24 @@ from fa4tune.config import ConfigError, Problem, ProblemClass
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search import attrs
-from search.coordination import (PROBLEM_SPECS, SEARCH_SETTINGS, WORKER, StudyLock, counted_history, default_worker_id,
-                                 find_claim, in_flight_evaluations, pending_turns, set_pending_turn)
+from search.coordination import PROBLEM_SPECS, SEARCH_SETTINGS, StudyLock, default_worker_id
 from search.heartbeat import Heartbeat, enable, fail_stale
-from search.history import TrialRecord, evaluated_count, records, winner
+from search.history import TrialRecord
 from search.live import PlainView, trial_line
-from search.loop import LoopSettings, Outcome, StopFlag, StudyLoop, confirmed_count
+from search.loop import Outcome, StopFlag, StudyLoop, loop_settings_of, run_study
+from search.pruning import make_pruner
+from search.evaluators import AUTO, make_evaluator
 from search.run_config import RunConfig, check_values
 from search.samplers import make_sampler
 from search.space import Space, get_space
 from search.storage import check_url, describe, open_existing_storage
-from search.study import StudySpec, waiting
+from search.study import StudySpec
 from search.turns import make_policy, parse_ratio
 
 INTERRUPTED = 130
-POLL_S = 0.25  # how often a worker looks again while others finish what it needs
 # The RunConfig fields that belong to the study (recorded by `run --workers`), not to the machine.
 SEARCH_FIELDS = ("n_trials", "sampler", "seed", "proposer", "model", "k", "ratio", "policy", "window", "api_timeout",
-                 "api_retries", "api_backoff", "confirmations", "tolerance", "baseline")
+                 "api_retries", "api_backoff", "confirmations", "tolerance", "baseline", "prune_factor")
 
 
 def add_parser(sub) -> None:
@@ -57,8 +55,8 @@ def add_parser(sub) -> None:
     p.add_argument("--evaluator", default="gpu", help="gpu or replay (default gpu)")
     p.add_argument("--table", default="", help="recorded table for the replay evaluator")
     p.add_argument("--replay-delay", type=float, default=0.0, help="seconds the replay evaluator waits per config")
-    p.add_argument("--compile-jobs", type=int, default=0, help="CPU compile processes ahead of the GPU (0: compile on the GPU's turn)")
-    p.add_argument("--slots", type=int, default=0, help="trials in flight in this worker (default 1; compile jobs + 2 with --compile-jobs)")
+    p.add_argument("--compile-jobs", type=int, default=AUTO, help="CPU compile processes ahead of the GPU (default: cores - 1; 0: compile on the GPU's turn)")
+    p.add_argument("--slots", type=int, default=0, help="trials in flight in this worker (default: what the evaluator can use)")
     p.add_argument("--results", default="results.tsv", help="results.tsv path ('' for none)")
     p.add_argument("--description", default="", help="text for the results.tsv rows")
     p.add_argument("--heartbeat", type=int, default=10, help="seconds between heartbeats of a running trial (default 10)")
@@ -71,34 +69,14 @@ def add_parser(sub) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-class SharedPolicy:
-    """The run's turn policy; a decision taken under the study lock is replayed to StudyLoop._take_turn."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.decided: str | None = None
-
-    def next(self, history: list[TrialRecord], available: list[str]) -> str:
-        if self.decided is not None:
-            name, self.decided = self.decided, None
-            return name
-        return self.inner.next(history, available)
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-
 class WorkerLoop(StudyLoop):
-    """StudyLoop for one of several workers: ask, turns and claims under the study lock; heartbeats; waits for
-    the others instead of closing their running trials."""
+    """The study loop as one of several workers: the storage-wide study lock (given as `lock`), heartbeats on the
+    trial in flight, and, on resume, only the trials of dead workers are failed and queued again (the others'
+    running trials are theirs)."""
 
-    def __init__(self, *args, worker_id: str, lock: StudyLock, requeue=None, **kwargs):
+    def __init__(self, *args, requeue=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.policy = SharedPolicy(self.policy)
-        self.worker_id = worker_id
-        self.lock = lock
         self.requeue = requeue  # heartbeat.RequeueStale of the storage (what this process requeued)
-        self.storage = self.study._storage
 
     def _resume(self) -> list[int]:
         """Fails the trials of dead workers (they are queued again); enqueues upstream's default into a new study."""
@@ -116,126 +94,8 @@ class WorkerLoop(StudyLoop):
             self.view.message(f"[{self.spec.name}] trials {', '.join(map(str, requeued))} lost their worker: closed as failed and requeued")
         return requeued
 
-    def _search(self) -> str:
-        stall = 0
-        while True:
-            asked, turn = None, None
-            with self.lock.held():
-                self._fail_stale()
-                history = records(self.study)
-                evaluated = evaluated_count(history)
-                if (reason := self._stop_reason(evaluated, stall)) is not None:
-                    return reason
-                remaining = self.settings.n_trials - evaluated - in_flight_evaluations(history, self.study)
-                if remaining > 0:
-                    if waiting(self.study):
-                        asked = self._ask()
-                    else:
-                        turn = self._decide(history, remaining)
-                        if turn is None:
-                            asked = self._ask()
-            if turn is not None:
-                self._proposer_turn(turn, history, remaining)
-                continue
-            if asked is None:  # the last configs are being measured by others (or a dead worker's trial awaits its grace)
-                time.sleep(POLL_S)
-                continue
-            r = self._measure(asked)
-            if r is None:
-                continue
-            stall = 0 if r.evaluated else stall + 1
-            self.repeats = self.repeats + 1 if r.duplicate_of is not None and r.proposer == self.sampler_name else 0
-
-    def _decide(self, history: list[TrialRecord], remaining: int) -> str | None:
-        """Whose turn it is, counting every worker's trials; None for the sampler (explore first if it repeats)."""
-        others = {w: t for w, t in pending_turns(self.study).items() if w != self.worker_id}
-        name = self.policy.inner.next(counted_history(history, others), self._available())
-        if name != self.sampler_name:
-            set_pending_turn(self.study, self.worker_id, name, min(self.settings.k, remaining))
-            return name
-        self.view.turn(self.spec.name, name)
-        if self.repeats >= self.settings.max_repeats:
-            self._explore(history)
-        return None
-
-    def _proposer_turn(self, name: str, history: list[TrialRecord], remaining: int) -> None:
-        """The proposer's call runs outside the lock; its pending turn counts for it meanwhile."""
-        try:
-            self.policy.decided = name
-            self._take_turn(history, remaining)
-        finally:
-            self.policy.decided = None
-            with self.lock.held():
-                set_pending_turn(self.study, self.worker_id, None)
-
-    def _ask(self) -> tuple[optuna.Trial, Heartbeat, str]:
-        """A trial (queued ones first) with its heartbeat beating, its proposer recorded and its config claimed,
-        all before the lock is released, so that the others count it at once; lock held."""
-        trial = self.study.ask(self.distributions)
-        beat = Heartbeat(self.storage, trial).__enter__()
-        trial.set_user_attr(attrs.PROPOSER, trial.user_attrs.get(attrs.PROPOSER) or self.sampler_name)
-        return trial, beat, self._claim(trial)
-
-    def _claim(self, trial: optuna.Trial) -> str:
-        """'evaluate' (claimed: `worker` set), 'copy' (measured already), 'wait' (being measured), or 'skip':
-        infeasible (never measured) or a confirmation (measured again on purpose, `worker` set); lock held."""
-        config = self.space.config(trial.params)
-        if not self.space.check(config, self.spec.problem_class, self.spec.target):
-            return "skip"
-        if trial.user_attrs.get(attrs.CONFIRMATION_OF) is not None:
-            trial.set_user_attr(WORKER, self.worker_id)
-            return "skip"
-        state, _ = find_claim(self.study, trial, config, self.space)
-        if state == "free":
-            trial.set_user_attr(WORKER, self.worker_id)
-            return "evaluate"
-        return "copy" if state == "measured" else "wait"
-
-    def _measure(self, asked: tuple[optuna.Trial, Heartbeat, str]) -> TrialRecord | None:
-        """StudyLoop's trial (evaluate, or copy what another trial measured), after any wait for the one measuring it."""
-        trial, beat, claim = asked
-        try:
-            while claim == "wait":
-                time.sleep(POLL_S)
-                with self.lock.held():
-                    self._fail_stale()  # the worker measuring it may be dead
-                    claim = self._claim(trial)
-            try:
-                return self._run_trial(trial, records(self.study))
-            except optuna.exceptions.UpdateFinishedTrialError:
-                # our heartbeat stopped long enough for another worker to fail and requeue the trial
-                self.view.message(f"[{self.spec.name}] trial {trial.number} was closed by another worker (heartbeat late); its requeued copy goes on")
-                return None
-        finally:
-            beat.__exit__(None, None, None)
-
-    def _confirm(self) -> tuple[TrialRecord | None, bool]:
-        """Re-measures the winner until it has `confirmations` passing re-measurements, sharing the work."""
-        need, ran = self.settings.confirmations, 0
-        while True:
-            asked = None
-            with self.lock.held():
-                self._fail_stale()
-                history = records(self.study)
-                w = winner(history)
-                if w is None:
-                    return None, False
-                done = confirmed_count(history, w)
-                if done >= need:
-                    return w, True
-                if self.stop.requested or ran >= 4 * need + 4:
-                    return w, False
-                underway = [r for r in history if r.confirmation_of == w.number and r.state in ("RUNNING", "WAITING")]
-                if waiting(self.study):
-                    asked = self._ask()
-                elif done + len(underway) < need:
-                    self._enqueue_confirmation(w)
-                    asked = self._ask()
-            if asked is None:
-                time.sleep(POLL_S)
-                continue
-            self._measure(asked)
-            ran += 1
+    def _heartbeat(self, trial: optuna.Trial):
+        return Heartbeat(self.storage, trial)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -322,20 +182,9 @@ def _seed(base: int, worker_id: str) -> int:
 
 
 def _make_evaluator(args, target):
-    from search.runner import make_evaluator
-
-    for name in ("compile_jobs", "slots"):
-        if getattr(args, name) < 0:
-            raise ConfigError(name, f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    if args.evaluator == "gpu" and args.compile_jobs:
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("gpu_evaluator", "no CUDA GPU here: use --evaluator replay --table PATH")
-        from search.gpu_pipeline import PipelinedGpuEvaluator
-
-        return PipelinedGpuEvaluator(target, args.compile_jobs)
-    return make_evaluator(RunConfig(evaluator=args.evaluator, table=args.table, replay_delay=args.replay_delay), target)
+    if args.slots < 0:
+        raise ConfigError("slots", f"--slots must be >= 0, got {args.slots}")
+    return make_evaluator(args.evaluator, target, table=args.table, replay_delay=args.replay_delay, compile_jobs=args.compile_jobs)
 
 
 def main(args, out=None) -> int:
@@ -361,17 +210,11 @@ def main(args, out=None) -> int:
 
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out, worker_id))
-    slots = args.slots or (args.compile_jobs + 2 if args.compile_jobs else 1)  # in flight: compiling, ready, on the GPU
+    slots = args.slots or getattr(evaluator, "slots", 1)  # in flight: compiling, ready, on the GPU
     outcomes: list[Outcome] = []
     try:
         for study, spec, settings in plans:
-            if slots == 1:
-                outcomes.append(_run_study(storage, study.study_name, spec, settings, evaluator, worker_id, args, stop, requeue, out))
-            else:  # one trial in flight per slot, so that compiles run ahead of the GPU
-                with ThreadPoolExecutor(slots) as pool:
-                    found = [pool.submit(_run_study, storage, study.study_name, spec, settings, evaluator, f"{worker_id}/{i}", args, stop, requeue, out)
-                             for i in range(slots)]
-                    outcomes.append([f.result() for f in found][0])
+            outcomes.append(_run_study(storage, study.study_name, spec, settings, evaluator, worker_id, slots, args, stop, requeue, out))
             if stop.requested:
                 break
     finally:
@@ -384,24 +227,23 @@ def main(args, out=None) -> int:
     return INTERRUPTED if stop.requested else 0
 
 
-def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluator, worker_id: str, args, stop, requeue, out) -> Outcome:
-    from search.runner import git_commit
+def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluator, worker_id: str, slots: int, args, stop, requeue, out) -> Outcome:
+    """The study's loops, one per slot (each with its own sampler seed), under one study lock."""
+    from search.runner import git_commit, make_proposers
 
-    study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, worker_id)))
-    proposers = []
-    if settings.proposer == "claude":
-        from search.proposers.claude import ClaudeProposer
-
-        proposers.append(ClaudeProposer(settings.model, timeout_s=settings.api_timeout, retries=settings.api_retries, backoff_s=settings.api_backoff))
+    proposers = make_proposers(settings, WorkerView(f"[{worker_id}]", out))
     policy = make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
-    loop_settings = LoopSettings(
-        n_trials=settings.n_trials, k=settings.k, confirmations=settings.confirmations, tolerance=settings.tolerance,
-        baseline=settings.baseline, results_path=args.results or None, git_commit=git_commit(), description=args.description,
-    )
-    loop = WorkerLoop(study, spec, evaluator, settings.sampler, proposers, policy, loop_settings, WorkerView(f"[{worker_id}]", out), stop,
-                      worker_id=worker_id, lock=StudyLock(storage, name), requeue=requeue)
+    loop_settings = loop_settings_of(settings, args.results or None, git_commit(), args.description)
+    lock, disabled = StudyLock(storage, name), {}
+    loops = []
+    for i in range(slots):
+        slot_id = worker_id if slots == 1 else f"{worker_id}/{i}"
+        study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, slot_id)),
+                                  pruner=make_pruner(settings.prune_factor))
+        loops.append(WorkerLoop(study, spec, evaluator, settings.sampler, proposers, policy, loop_settings, WorkerView(f"[{slot_id}]", out),
+                                stop, disabled, worker_id=slot_id, lock=lock, requeue=requeue))
     try:
-        return loop.run()
+        return run_study(loops)
     finally:
         for p in proposers:
             p.close()

@@ -90,7 +90,7 @@ class FailingConfirmations:
         self.good = good
         self.calls = 0
 
-    def evaluate(self, kind, config, problem_class, problems):
+    def evaluate(self, kind, config, problem_class, problems, monitor=None):
         self.calls += 1
         m = self.replay.evaluate(kind, config, problem_class, problems)
         if self.calls <= self.good:

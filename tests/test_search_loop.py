@@ -103,7 +103,7 @@ class _SlowerOnSecondLook(ReplayEvaluator):
         super().__init__(table)
         self.seen, self.victim = set(), None
 
-    def evaluate(self, kind, config, problem_class, problems):
+    def evaluate(self, kind, config, problem_class, problems, monitor=None):
         m = super().evaluate(kind, config, problem_class, problems)
         key = config.key()
         if key in self.seen and self.victim in (None, key):
@@ -157,7 +157,7 @@ def test_trials_record_per_problem_tflops_device_mode_and_commit(tmp_path):
 
 def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_path):
     class Flaky(ReplayEvaluator):
-        def evaluate(self, kind, config, problem_class, problems):
+        def evaluate(self, kind, config, problem_class, problems, monitor=None):
             if len(self.calls) == 1:
                 self.calls.append(None)
                 raise RuntimeError("CUDA error: an illegal memory access")

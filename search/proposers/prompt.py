@@ -9,7 +9,7 @@ from functools import lru_cache
 from fa4tune.config import ProblemClass
 from fa4tune.feasibility import forward_smem_bytes
 from fa4tune.targets import Target
-from search.history import TrialRecord, config_key, measured
+from search.history import FINISHED, TrialRecord, config_key, measured
 from search.proposers.base import Context, Rejection
 from search.space import get_space
 
@@ -100,7 +100,7 @@ def user_message(context: Context, rejections: list[Rejection]) -> str:
         "",
         f"History ({len(context.history)} trials, oldest first):" if context.history else "History: no trials yet.",
         # duplicates carry nothing new: the model sees each config once
-        *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state == "COMPLETE" and r.duplicate_of is None),
+        *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state in FINISHED and r.duplicate_of is None),
     ]
     unmeasured = _unmeasured_feasible(context)
     if unmeasured is not None:
