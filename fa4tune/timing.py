@@ -1,10 +1,11 @@
 """Timing GPU calls honestly: warm-up, L2 flushed before each timed call, input sets rotated,
 candidates interleaved in a shuffled order over rounds, and a median with its spread.
 
-Events are recorded around every call and read after one synchronize per round (as
-`triton.testing.do_bench` does), so the host runs ahead and its launch overhead hides behind
-device work wherever the device is the bottleneck. The timer is an object with `time_calls`,
-so tests run the same schedule on the CPU with a wall-clock timer.
+Events are recorded around every call and read after one synchronize per round; each round is
+queued behind a blocking kernel (CudaEventTimer), so no sample includes the host's launch time even
+when a kernel is shorter than its launch. The timer is an object with `time_calls`, and its device
+operations sit behind a small interface (TorchCudaDevice), so tests run the same schedule on the CPU
+with a simulated device or a wall-clock timer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable, Mapping, Sequence
 
 MIN_FLUSH_BYTES = 256 * 1024 * 1024
@@ -87,24 +88,155 @@ class L2Flusher:
         self.buffer.zero_()
 
 
+class TimingError(RuntimeError):
+    """A round could not be timed on device time alone; the message names the rule and the numbers."""
+
+
+class TorchCudaDevice:
+    """The device operations CudaEventTimer needs, on torch.cuda's current device and stream."""
+
+    CALIBRATION_CYCLES = 1_000_000  # about 0.5 ms at 2 GHz: long against the launch, short against the run
+    _cycles_per_ms: dict[int, float] = {}  # per device index, measured once per process
+
+    def block(self, ms: float) -> None:
+        """Enqueue a kernel that keeps the device busy for about `ms` milliseconds (torch.cuda._sleep)."""
+        import torch
+
+        torch.cuda._sleep(max(1, int(ms * self.cycles_per_ms())))
+
+    def cycles_per_ms(self) -> float:
+        """Clock cycles _sleep spins per millisecond on this device (clock rates differ between GPUs)."""
+        import torch
+
+        index = torch.cuda.current_device()
+        if index not in self._cycles_per_ms:
+            rates = []
+            for _ in range(3):
+                start, end = self.event(), self.event()
+                torch.cuda._sleep(self.CALIBRATION_CYCLES)  # queued first, so the timed sleep's launch is hidden
+                start.record()
+                torch.cuda._sleep(self.CALIBRATION_CYCLES)
+                end.record()
+                end.synchronize()
+                rates.append(self.CALIBRATION_CYCLES / start.elapsed_time(end))
+            self._cycles_per_ms[index] = statistics.median(rates)
+        return self._cycles_per_ms[index]
+
+    def event(self):
+        """A timing event: record() on the current stream, query() True once the device passed it, elapsed_time(end) in ms."""
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
+    def synchronize(self) -> None:
+        """Wait for all device work."""
+        import torch
+
+        torch.cuda.synchronize()
+
+    def host_ms(self) -> float:
+        """The host's clock, in milliseconds."""
+        return time.perf_counter() * 1e3
+
+
+@dataclass
+class TimerStats:
+    """What a CudaEventTimer did so far: rounds timed, rounds redone because the block ran out, time spent blocking."""
+
+    rounds: int = 0  # rounds whose samples were returned
+    rounds_redone: int = 0  # rounds discarded and run again: the device reached the timed calls before the host had enqueued them
+    blocks: int = 0  # blocking kernels enqueued (one per try of a round; none when block=False)
+    block_ms_total: float = 0.0  # device time asked of the blocking kernels
+    last_block_ms: float = 0.0
+    last_enqueue_ms: float = 0.0  # host time to enqueue the last round (flushes, events and calls)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 class CudaEventTimer:
-    """Device time of each call from a pair of CUDA events; one synchronize per batch of calls."""
+    """Device time of each call from a pair of CUDA events, every round queued behind a blocking kernel.
+
+    A timed call costs the host more than many short kernels take to run (about 95 us per SM120 forward
+    call), so a round that starts on an idle device runs each call as soon as the host launches it and
+    its events measure the launch, not the kernel (a 60 us kernel measured 50-130 TFLOPS run to run).
+    Here each round starts with a kernel that spins on the device (torch.cuda._sleep) for twice the
+    host's enqueue time of the previous round; the host enqueues the flushes, events and calls behind
+    it, and the device then runs them back to back. An event recorded right after the blocking kernel
+    checks it: if it has completed by the time the host has enqueued the whole round, the device may
+    have waited on the host, so the round is discarded and redone behind a longer block.
+
+    A blocking kernel rather than CUDA graphs: it needs no cooperation from the candidate (graph capture
+    fails for kernels that allocate, for autograd's backward and for host-side caches) and it keeps the
+    L2 flush between timed calls. `block=False` is the old schedule (events read after one synchronize
+    per round, no block), kept only to show the difference (bench/stability.py).
+    """
+
+    MIN_BLOCK_MS = 0.1
+    INITIAL_HOST_MS_PER_CALL = 0.5  # before the first round is measured; measured SM120 calls cost ~0.1 ms
+    ENQUEUE_MARGIN = 2.0  # the block lasts this many times the host's measured enqueue time
+    MAX_REDOS = 4  # redone rounds in a row before giving up
+
+    def __init__(self, device=None, *, block: bool = True, min_block_ms: float = MIN_BLOCK_MS,
+                 initial_host_ms_per_call: float = INITIAL_HOST_MS_PER_CALL, max_redos: int = MAX_REDOS):
+        self.device = device if device is not None else TorchCudaDevice()
+        self.block = block
+        self.min_block_ms = min_block_ms
+        self.max_redos = max_redos
+        self.host_ms_per_call = initial_host_ms_per_call
+        self.stats = TimerStats()
+
+    def block_ms_for(self, num_calls: int) -> float:
+        """Length of the next blocking kernel for a round of `num_calls` calls."""
+        return max(self.min_block_ms, self.ENQUEUE_MARGIN * self.host_ms_per_call * num_calls)
 
     def time_calls(self, calls: Sequence[Callable[[], object]], flush: Callable[[], None] | None = None) -> list[float]:
         """Milliseconds of each call, in order (the flush before each call is outside its events)."""
-        import torch
+        if not calls:
+            return []
+        if not self.block:
+            pairs, _ = self._enqueue(calls, flush)
+            self.device.synchronize()
+            self.stats.rounds += 1
+            return [start.elapsed_time(end) for start, end in pairs]
+        block_ms = self.block_ms_for(len(calls))
+        for attempt in range(self.max_redos + 1):
+            self.device.block(block_ms)
+            guard = self.device.event()
+            guard.record()
+            pairs, enqueue_ms = self._enqueue(calls, flush)
+            ran_dry = guard.query()  # the block finished before the host had enqueued the round
+            self.device.synchronize()
+            self.stats.blocks += 1
+            self.stats.block_ms_total += block_ms
+            self.stats.last_block_ms, self.stats.last_enqueue_ms = block_ms, enqueue_ms
+            self.host_ms_per_call = enqueue_ms / len(calls)
+            if not ran_dry:
+                self.stats.rounds += 1
+                return [start.elapsed_time(end) for start, end in pairs]
+            if attempt < self.max_redos:
+                self.stats.rounds_redone += 1
+                block_ms = max(self.block_ms_for(len(calls)), 2 * block_ms)
+        raise TimingError(
+            f"block_covers_enqueue: the blocking kernel ran out before the host had enqueued the round's "
+            f"{len(calls)} calls in {self.max_redos + 1} tries (last block {self.stats.last_block_ms:.3g} ms, "
+            f"host enqueue {self.stats.last_enqueue_ms:.3g} ms); a call that waits for the device "
+            f"(.item(), .cpu(), a synchronize) cannot be timed on device time alone"
+        )
 
+    def _enqueue(self, calls, flush):
+        """Enqueue flush, start event, call, end event for every call; (event pairs, host milliseconds spent)."""
         pairs = []
+        began = self.device.host_ms()
         for fn in calls:
             if flush is not None:
                 flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start, end = self.device.event(), self.device.event()
             start.record()
             fn()
             end.record()
             pairs.append((start, end))
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) for start, end in pairs]
+        return pairs, self.device.host_ms() - began
 
 
 class WallClockTimer:
