@@ -1,0 +1,181 @@
+"""What a user can trust about a run: a finished study is left alone, an exhausted space stops, n_trials counts
+distinct evaluated configs, a hopeless config is pruned (Optuna's pruning API), several slots of one local run
+never measure a config twice, Ctrl-C names the best so far as not confirmed."""
+
+from __future__ import annotations
+
+import threading
+
+import optuna
+from optuna.trial import TrialState
+
+from fa4tune import flops
+from fa4tune.measurement import Measurement, ProblemResult
+from search import attrs
+from search.evaluators import ReplayEvaluator
+from search.history import config_key, evaluated_count, records
+from search.loop import EXHAUSTED, INTERRUPTED, LocalLock, LoopSettings, StopFlag, StudyLoop, run_study
+from search.pruning import PRUNED, make_pruner
+from search.runner import summary
+from search.samplers import make_sampler
+from search.study import open_study
+from search.table import load_table
+from search.turns import FixedRatio
+from search_helpers import Recorder, replay_args, run_cli, spec, write_table
+
+
+def _trials(url: str):
+    from search.storage import open_storage
+
+    return optuna.load_study(study_name="fwd:d128-causal-bf16:sm120", storage=open_storage(url)).get_trials()
+
+
+def test_a_finished_study_run_again_is_a_no_op_that_says_so(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "6", "--confirmations", "1")
+    first = run_cli(*args)
+    assert first.returncode == 0, first.stderr
+    count = len(_trials(url))
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr
+    assert "finished earlier" in again.stdout and "nothing to do" in again.stdout
+    assert len(_trials(url)) == count
+
+
+def test_an_exhausted_space_stops_says_so_and_a_rerun_adds_no_trial(tmp_path):
+    # the replayed space holds only the sm120 kernel's configs the table measured: far fewer than 300
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = replay_args(url, write_table(tmp_path, kernels=("sm120",)), "--proposer", "none", "--n-trials", "300", "--confirmations", "0")
+    first = run_cli(*args, timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "the space is exhausted" in first.stdout and "(space exhausted)" in first.stdout
+    trials = _trials(url)
+    measured = {config_key(t.user_attrs[attrs.CONFIG]) for t in trials if t.user_attrs.get(attrs.EVALUATED)}
+    assert len(measured) == sum(1 for t in trials if t.user_attrs.get(attrs.EVALUATED))  # each config measured once
+    again = run_cli(*args)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert len(_trials(url)) == len(trials)
+
+
+def test_n_trials_counts_distinct_evaluated_configs_and_duplicates_cost_no_budget(tmp_path):
+    from search_helpers import make_loop
+
+    loop, evaluator, _ = make_loop(write_table(tmp_path), sampler="tpe", n_trials=20, confirmations=0)
+    outcome = loop.run()
+    history = records(loop.study)
+    evaluated = [r for r in history if r.evaluated]
+    assert outcome.evaluated == len(evaluated) == 20 == len({config_key(r.config) for r in evaluated}) == len(evaluator.calls)
+    assert any(r.duplicate_of is not None for r in history)  # TPE repeated itself; those trials were copies
+
+
+class _SpeedModel(ReplayEvaluator):
+    """Replays the table, but as the GPU evaluator does: each problem's result reported to the monitor in turn,
+    a problem timed past its give-up time comes back 'pruned', and the rest are left out when the trial is pruned."""
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.limits: list[dict] = []
+
+    def evaluate(self, kind, config, problem_class, problems, monitor=None):
+        m = super().evaluate(kind, config, problem_class, problems)
+        if monitor is None:
+            return m
+        self.limits.append({p.label: monitor.give_up_ms(p.label) for p in problems})
+        results, stopped = [], False
+        for p, r in zip(problems, m.results):
+            if stopped:
+                results.append(ProblemResult(p.label, kind, PRUNED, reason="not measured: pruned"))
+                continue
+            limit = monitor.give_up_ms(p.label)
+            if r.status == "ok" and limit and flops.problem_flops(p, kind) / (r.tflops * 1e9) > limit:
+                r = ProblemResult(p.label, kind, PRUNED, tflops=r.tflops, reason="stopped after 3 samples")
+            results.append(r)
+            stopped = not monitor.report(r)
+        return Measurement(m.kind, m.problem_class, m.config, tuple(results), m.target, m.device, m.mode, m.evaluator)
+
+
+def _pruning_loop(tmp_path, factor: float):
+    table = write_table(tmp_path)
+    study = open_study(optuna.storages.InMemoryStorage(), spec(), make_sampler("random", 3), make_pruner(factor))
+    evaluator = _SpeedModel(load_table(str(table)))
+    loop = StudyLoop(study, spec(), evaluator, "random", [], FixedRatio({"random": 1.0}),
+                     LoopSettings(n_trials=25, confirmations=1, prune_factor=factor), Recorder(), StopFlag())
+    return loop, evaluator
+
+
+def test_a_config_clearly_slower_than_the_best_is_pruned_and_told_to_the_sampler_as_pruned(tmp_path):
+    loop, evaluator = _pruning_loop(tmp_path, 1.3)
+    outcome = loop.run()
+    trials = loop.study.get_trials()
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert pruned, "random sampling of this table finds configs 30 % behind the best"
+    for t in pruned:
+        # measured and pruned, or a copy of one (a duplicate proposal is not measured again)
+        assert t.user_attrs[attrs.STATUS] == PRUNED and (t.user_attrs[attrs.EVALUATED] or attrs.DUPLICATE_OF in t.user_attrs)
+        assert t.intermediate_values and t.constraints[attrs.CONSTRAINT_KEY] == 0.0  # feasible, just slow
+        assert t.value is None or t.value == t.intermediate_values[max(t.intermediate_values)]
+    # every give-up time is the study's best on that problem, 1.3x slower; the first trial had none
+    assert evaluator.limits[0] == {p.label: None for p in spec().problems}
+    assert any(all(v for v in limits.values()) for limits in evaluator.limits[1:])
+    assert outcome.evaluated == 25 and outcome.confirmed and outcome.winner.status == "ok"
+
+
+def test_without_pruning_nothing_is_pruned(tmp_path):
+    loop, evaluator = _pruning_loop(tmp_path, 0.0)
+    loop.run()
+    assert not [t for t in loop.study.get_trials() if t.state == TrialState.PRUNED]
+    assert all(v is None for limits in evaluator.limits for v in limits.values())
+
+
+def test_a_duplicate_of_a_pruned_config_is_copied_as_pruned(tmp_path):
+    loop, _ = _pruning_loop(tmp_path, 1.3)
+    loop.run()
+    pruned = next(t for t in loop.study.get_trials() if t.state == TrialState.PRUNED)
+    loop.study.enqueue_trial(pruned.params)
+    trial = loop.study.ask(loop.distributions)
+    r = loop._run_trial(trial, records(loop.study))
+    assert r.state == "PRUNED" and r.duplicate_of == pruned.number and not r.evaluated
+
+
+def test_several_slots_of_one_run_share_the_study_without_measuring_a_config_twice(tmp_path):
+    table = write_table(tmp_path)
+    study = open_study(optuna.storages.InMemoryStorage(), spec(), make_sampler("tpe", 0))
+    evaluator = ReplayEvaluator(load_table(str(table)), delay_s=0.02)
+    seen_threads = set()
+    original = evaluator.evaluate
+
+    def evaluate(*args, **kwargs):
+        seen_threads.add(threading.get_ident())
+        return original(*args, **kwargs)
+
+    evaluator.evaluate = evaluate
+    lock, stop = LocalLock(), StopFlag()
+    loops = [StudyLoop(study, spec(), evaluator, "tpe", [], FixedRatio({"tpe": 1.0}), LoopSettings(n_trials=16, confirmations=2),
+                       Recorder(), stop, lock=lock, worker_id=f"local/{i}") for i in range(4)]
+    outcome = run_study(loops)
+    history = records(study)
+    search = [r for r in history if r.evaluated and r.confirmation_of is None]
+    assert len(search) == 16 == len({config_key(r.config) for r in search})
+    assert outcome.confirmed and len([r for r in history if r.confirmation_of is not None]) == 2
+    assert len(seen_threads) > 1  # the slots really measured side by side
+    assert not [t for t in study.get_trials() if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def test_after_ctrl_c_the_summary_names_the_best_so_far_as_not_confirmed(tmp_path):
+    from search_helpers import make_loop
+
+    loop, _, _ = make_loop(write_table(tmp_path), n_trials=30, confirmations=2)
+    original = loop._run_trial
+
+    def stop_after_five(trial, history):
+        r = original(trial, history)
+        if len(loop.study.trials) >= 5:
+            loop.stop.requested = True
+        return r
+
+    loop._run_trial = stop_after_five
+    outcome = loop.run()
+    assert outcome.stopped == INTERRUPTED and outcome.winner is not None and not outcome.confirmed
+    line = summary(outcome)
+    assert "not confirmed" in line and "stopped by Ctrl-C" in line and f"#{outcome.winner.number}" in line
+    assert EXHAUSTED != outcome.stopped and evaluated_count(records(loop.study)) == 5
