@@ -135,9 +135,12 @@ def run(config: RunConfig, out=None) -> int:
 
     proposers = []
     if config.proposer == "claude":
-        from search.proposers.claude import ClaudeProposer  # the SDK takes seconds to import: only when used
+        from search.proposers import claude  # the SDK takes seconds to import: only when used
 
-        proposers.append(ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff))
+        if claude.SDK_MISSING:
+            print(claude.sdk_missing_line(), file=out, flush=True)
+        else:
+            proposers.append(claude.ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff))
     settings = LoopSettings(
         n_trials=config.n_trials, k=config.k, confirmations=config.confirmations, tolerance=config.tolerance,
         baseline=config.baseline, results_path=config.results or None, git_commit=git_commit(), description=config.description,

@@ -358,6 +358,11 @@ def main(args, out=None) -> int:
     requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
     print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} studies, evaluator {args.evaluator}"
           + (f" on GPU {args.gpu}" if args.gpu is not None else ""), file=out, flush=True)
+    if any(settings.proposer == "claude" for _, _, settings in plans):
+        from search.proposers import claude
+
+        if claude.SDK_MISSING:
+            print(f"worker {worker_id}: {claude.sdk_missing_line()}", file=out, flush=True)
 
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out, worker_id))
@@ -390,9 +395,10 @@ def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluat
     study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, worker_id)))
     proposers = []
     if settings.proposer == "claude":
-        from search.proposers.claude import ClaudeProposer
+        from search.proposers import claude
 
-        proposers.append(ClaudeProposer(settings.model, timeout_s=settings.api_timeout, retries=settings.api_retries, backoff_s=settings.api_backoff))
+        if not claude.SDK_MISSING:  # main() said once that the sampler takes every turn
+            proposers.append(claude.ClaudeProposer(settings.model, timeout_s=settings.api_timeout, retries=settings.api_retries, backoff_s=settings.api_backoff))
     policy = make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
     loop_settings = LoopSettings(
         n_trials=settings.n_trials, k=settings.k, confirmations=settings.confirmations, tolerance=settings.tolerance,
