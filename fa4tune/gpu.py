@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from fa4tune.targets import Target
+from fa4tune.targets import TARGETS, Target
 
 NATIVE, EMULATED, UNSUPPORTED = "native", "emulated", "unsupported"
 MIN_EMULATION_CAPABILITY = (8, 0)  # the SM120 classes are SM80 mma.sync code
@@ -70,6 +70,36 @@ def read_device(index: int = 0) -> DeviceInfo:
     import torch
 
     return device_info(torch.cuda.get_device_properties(index), index, _smem_per_block_optin(index))
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """A GPU's dense bf16 tensor-core peak (fp32 accumulate, whole GPU) and where the figure comes from."""
+
+    tflops: float
+    source: str
+
+
+# Keyed by the name torch.cuda.get_device_properties reports. The figures are the spec sheet's dense bf16
+# peaks, not measured ceilings: a user can look them up and check them, they do not move with clocks,
+# driver or the benchmark that measured them, and they are the same kind of figure as the targets' peaks,
+# so native and emulated utilizations are the same ratio. The spec figure is not reachable: our measured
+# bf16 matmul ceiling on an H200 is about 790 TFLOPS (80 % of 989.4), and emulated SM120 kernels use
+# mma.sync, which on Hopper runs below wgmma's rate, so an emulated run on an H200 reads low, never high.
+DEVICE_PEAKS: dict[str, DevicePeak] = {
+    # GH100 at its 1830 MHz boost, 132 SMs: the datasheets list 1,979 TFLOPS bf16 with sparsity, dense is half.
+    "NVIDIA H100 80GB HBM3": DevicePeak(989.4, "H100 SXM dense bf16 tensor peak (NVIDIA H100 datasheet: 1,979 with sparsity, dense is half)"),
+    "NVIDIA H200": DevicePeak(989.4, "H200 SXM dense bf16 tensor peak (NVIDIA H200 datasheet: 1,979 with sparsity, dense is half)"),
+    "NVIDIA GeForce RTX 5090": DevicePeak(TARGETS["sm120"].peak_tflops_bf16, TARGETS["sm120"].peak_source),
+    # The Max-Q and Server editions run other clocks: unknown until someone looks their figures up.
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": DevicePeak(
+        TARGETS["sm120-pro6000"].peak_tflops_bf16, TARGETS["sm120-pro6000"].peak_source),
+}
+
+
+def device_peak(name: str) -> DevicePeak | None:
+    """The dense bf16 peak of the GPU torch calls `name`; None when DEVICE_PEAKS does not know it."""
+    return DEVICE_PEAKS.get(name.strip())
 
 
 def target_capability(target: Target) -> tuple[int, int]:

@@ -8,8 +8,10 @@ The metric lines are the interface to people and programs (`grep '^fwd_tflops_ge
 Geomeans and peaks are over the problems whose status is ok; `configs_ok: N/M` counts the configs (one
 per direction and problem class) whose every problem passed, so a run that lost problems says so there.
 A metric with no value (no backward problem, or none passed) prints `nan`. `fwd_utilization` is the
-forward geomean as a percent of the target's peak, and the line names that peak; in emulated mode the
-rate is the device's, so the figure compares another GPU's speed with the target's peak.
+forward geomean as a percent of the dense bf16 peak of the device that ran the kernels (fa4tune.gpu's
+DEVICE_PEAKS), and the line names that device, its peak and the peak's source; an emulated run says so,
+since its rate is another GPU's. A device the table does not know prints `nan` and says why: a rate
+divided by some other GPU's peak is a wrong figure (an H200's rate over the RTX 5090's peak read 122 %).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from fa4tune import gpu
 from fa4tune.measurement import Measurement, ProblemResult, geomean
 from fa4tune.targets import Target
 
@@ -35,8 +38,8 @@ class RunSummary:
     fwd_tflops_geomean: float | None
     bwd_tflops_peak: float | None
     bwd_tflops_geomean: float | None
-    fwd_utilization: float | None  # percent of peak_tflops
-    peak_tflops: float
+    fwd_utilization: float | None  # percent of peak_tflops, the peak of `device`
+    peak_tflops: float | None  # None: DEVICE_PEAKS does not know `device`
     peak_source: str
     peak_vram_mb: float | None
     configs_ok: int
@@ -59,15 +62,16 @@ def summarize(measurements: Sequence[Measurement], target: Target, device: str, 
     results = [r for m in measurements for r in m.results]
     fwd, bwd = _ok_rates(results, "fwd"), _ok_rates(results, "bwd")
     fwd_geomean = geomean(fwd) if fwd else None
+    peak = gpu.device_peak(device)
     memory = [r.peak_vram_mb for r in results if r.peak_vram_mb is not None]
     return RunSummary(
         fwd_tflops_peak=max(fwd) if fwd else None,
         fwd_tflops_geomean=fwd_geomean,
         bwd_tflops_peak=max(bwd) if bwd else None,
         bwd_tflops_geomean=geomean(bwd) if bwd else None,
-        fwd_utilization=100.0 * fwd_geomean / target.peak_tflops_bf16 if fwd_geomean else None,
-        peak_tflops=target.peak_tflops_bf16,
-        peak_source=target.peak_source,
+        fwd_utilization=100.0 * fwd_geomean / peak.tflops if fwd_geomean and peak else None,
+        peak_tflops=peak.tflops if peak else None,
+        peak_source=peak.source if peak else "",
         peak_vram_mb=max(memory) if memory else None,
         configs_ok=sum(1 for m in measurements if m.ok),
         configs_total=len(measurements),
@@ -84,16 +88,12 @@ def format_number(value: float | None) -> str:
 
 def metric_lines(summary: RunSummary) -> list[str]:
     """The ten `name: value` lines, in METRIC_NAMES order."""
-    utilization = "nan" if summary.fwd_utilization is None else f"{summary.fwd_utilization:.1f}%"
-    utilization += f" of {summary.target} peak {summary.peak_tflops:.1f} TFLOPS ({summary.peak_source})"
-    if summary.mode == "emulated":
-        utilization += f"; rate measured on {summary.device} (emulated)"
     values = {
         "fwd_tflops_peak": format_number(summary.fwd_tflops_peak),
         "fwd_tflops_geomean": format_number(summary.fwd_tflops_geomean),
         "bwd_tflops_peak": format_number(summary.bwd_tflops_peak),
         "bwd_tflops_geomean": format_number(summary.bwd_tflops_geomean),
-        "fwd_utilization": utilization,
+        "fwd_utilization": utilization_text(summary),
         "peak_vram_mb": format_number(summary.peak_vram_mb),
         "configs_ok": f"{summary.configs_ok}/{summary.configs_total}",
         "target": summary.target,
@@ -101,6 +101,20 @@ def metric_lines(summary: RunSummary) -> list[str]:
         "mode": summary.mode,
     }
     return [f"{name}: {values[name]}" for name in METRIC_NAMES]
+
+
+def utilization_text(summary: RunSummary) -> str:
+    """'12.2% of NVIDIA H200 peak 989.4 TFLOPS (source); emulated: ...', or 'nan (why)' for an unknown device."""
+    if summary.peak_tflops is None:
+        known = ", ".join(gpu.DEVICE_PEAKS)
+        text = (f"nan (no dense bf16 peak known for device {summary.device!r}: fa4tune/gpu.py DEVICE_PEAKS "
+                f"knows {known})")
+    else:
+        percent = "nan" if summary.fwd_utilization is None else f"{summary.fwd_utilization:.1f}%"
+        text = f"{percent} of {summary.device} peak {summary.peak_tflops:.1f} TFLOPS ({summary.peak_source})"
+    if summary.mode == gpu.EMULATED:
+        text += f"; emulated: the {summary.target} kernels ran on {summary.device}, not on a {summary.target} GPU"
+    return text
 
 
 def parse_metric_lines(text: str) -> dict[str, str]:

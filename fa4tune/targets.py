@@ -65,8 +65,10 @@ TARGETS: dict[str, Target] = {
     "sm120-pro6000": Target(
         name="sm120-pro6000",
         num_sms=188,
-        peak_tflops_bf16=503.8 / 2,
-        peak_source="RTX PRO 6000 Blackwell dense bf16 peak (half of NVIDIA's sparse 503.8 figure)",
+        # 503.8 is the dense figure (1007.6 with sparsity): 188 SMs x 2617 MHz boost x 1024 dense bf16 FLOPs
+        # per SM per clock, the full fp32-accumulate rate that GeForce cards (RTX 5090: 512) halve.
+        peak_tflops_bf16=503.8,
+        peak_source="RTX PRO 6000 Blackwell dense bf16 tensor peak with fp32 accumulate (NVIDIA RTX Blackwell whitepaper)",
         description="RTX PRO 6000 Blackwell (SM 12.0, 188 SMs, 99 KB shared memory per block)",
         **_SM120,
     ),

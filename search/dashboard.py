@@ -13,6 +13,7 @@ from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from fa4tune.config import ConfigError
+from search import optional
 from search.storage import describe, open_existing_storage
 
 DEFAULT_HOST = "127.0.0.1"
@@ -41,6 +42,9 @@ def bind(host: str, port: int) -> WSGIServer:
 
 def serve(url: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, table: dict | None = None, out=None) -> int:
     """Writes the notes and serves the dashboard until Ctrl-C; 0 then. `table`: notes.table_meta of a replayed table."""
+    missing = optional.why_missing("optuna_dashboard")
+    if missing:  # before the storage is opened or the port bound: nothing happens
+        raise ConfigError("optional_package", f"the dashboard needs the optuna-dashboard package: {missing}")
     import optuna_dashboard
 
     from search.notes import write_notes

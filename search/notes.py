@@ -5,6 +5,9 @@ rationale).
 The notes carry what the dashboard would otherwise hide: optuna-dashboard 0.21 does not display constraints
 set with `trial.set_constraint`, so each trial's note says whether the config was feasible and which rule
 rejected it. A note a person edited in the dashboard is kept: only notes that end with FOOTER are rewritten.
+
+Only writing notes needs optuna-dashboard (its note layout); reading a replayed table's meta does not, so
+`report --plots` and `export` work without the package.
 """
 
 from __future__ import annotations
@@ -14,9 +17,6 @@ from search import attrs
 from search.evidence import StudyEvidence, load_studies, mode_sentence, replayed_table
 from search.history import TrialRecord
 from search.live import short_config
-
-# optuna-dashboard's own storage layout for notes (0.21): versioned chunks in the study's system attrs.
-from optuna_dashboard._note import get_note_from_system_attrs, note_str_key_prefix, note_ver_key, split_body
 
 FOOTER = "_Written by fa4-tune from the trial's user attrs; a note edited by hand is left alone._"
 STATUS_WORDS = {
@@ -145,6 +145,9 @@ def write_notes(storage, trials: bool = True, table: dict | None = None) -> tupl
     `table` (table_meta()) is remembered on the studies replayed from it, so that later notes say what the
     table's numbers are without being told again.
     """
+    # optuna-dashboard's own storage layout for notes (0.21): versioned chunks in the study's system attrs.
+    from optuna_dashboard._note import get_note_from_system_attrs
+
     written = kept = 0
     for ev in load_studies(storage):
         study_id = storage.get_study_id_from_name(ev.name)
@@ -170,6 +173,8 @@ def write_notes(storage, trials: bool = True, table: dict | None = None) -> tupl
 
 def _save(storage, study_id: int, trial_id: int | None, version: int, body: str, system: dict) -> None:
     """optuna_dashboard's save_note_with_version, without re-reading every system attr for each note."""
+    from optuna_dashboard._note import note_str_key_prefix, note_ver_key, split_body
+
     prefix = note_str_key_prefix(trial_id)
     chunks = split_body(body, trial_id)
     storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)

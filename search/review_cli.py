@@ -1,6 +1,8 @@
 """Command line of the review and hand-off commands: `dashboard`, `report --plots DIR`, `export`.
 
 search/__main__.py registers these; bad input is a ConfigError there (one line on stderr, exit code 2).
+Without an optional package (search.optional) the run's notes and the report's plots are skipped with one
+line; the dashboard, which is nothing but optuna-dashboard, refuses with one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fa4tune.config import ConfigError
+from search import optional
 
 
 def add_parsers(sub) -> None:
@@ -39,8 +42,12 @@ def add_report_options(p) -> None:
 
 
 def plots(args, storage) -> None:
-    """Writes the figures when `--plots` was given."""
+    """Writes the figures when `--plots` was given; one 'skipped:' line without matplotlib."""
     if not getattr(args, "plots", None):
+        return
+    missing = optional.why_missing("matplotlib")
+    if missing:
+        print(optional.skipped(f"the plots for {args.plots}", missing), flush=True)
         return
     from search.evidence import load_studies
     from search.notes import remembered_table
@@ -109,7 +116,12 @@ def _table_meta(path: str | None) -> dict | None:
 
 
 def after_run(config) -> None:
-    """At the end of `search run`: the study notes (trial notes are written when the dashboard starts)."""
+    """At the end of `search run`: the study notes (trial notes are written when the dashboard starts);
+    one 'skipped:' line without optuna-dashboard, whose note layout they are written in."""
+    missing = optional.why_missing("optuna_dashboard")
+    if missing:
+        print(optional.skipped("study notes for optuna-dashboard", missing), flush=True)
+        return
     from search.notes import write_notes
     from search.storage import open_storage
 

@@ -62,16 +62,18 @@ def make_evaluator(config: RunConfig, target):
                                      compile_jobs=config.compile_jobs)
 
 
-def make_proposers(config: RunConfig, view) -> list:
-    """Claude when the run asks for it and its SDK is installed; without the SDK the sampler takes every turn."""
+def make_proposers(config: RunConfig, say=None) -> list:
+    """Claude when the run asks for it and its SDK is installed; without the SDK the sampler takes every turn
+    (`say`, when given, is called once with the line that says so)."""
     if config.proposer != "claude":
         return []
-    try:
-        from search.proposers.claude import ClaudeProposer  # the SDK takes seconds to import: only when used
-    except ImportError as err:
-        view.message(f"claude: the anthropic SDK is not installed ({err}); the sampler takes every turn")
+    from search.proposers import claude  # the SDK takes seconds to import: only when used
+
+    if claude.SDK_MISSING:
+        if say is not None:
+            say(claude.sdk_missing_line())
         return []
-    return [ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff)]
+    return [claude.ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff)]
 
 
 def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
@@ -144,7 +146,7 @@ def run(config: RunConfig, out=None) -> int:
     disabled: dict[str, str] = {}
     try:
         with make_view(out) as view:
-            proposers = make_proposers(config, view)
+            proposers = make_proposers(config, view.message)
             print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
                   f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}; "
                   f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)", file=out, flush=True)

@@ -207,6 +207,11 @@ def main(args, out=None) -> int:
     requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
     print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} studies, evaluator {args.evaluator}"
           + (f" on GPU {args.gpu}" if args.gpu is not None else ""), file=out, flush=True)
+    if any(settings.proposer == "claude" for _, _, settings in plans):
+        from search.proposers import claude
+
+        if claude.SDK_MISSING:
+            print(f"worker {worker_id}: {claude.sdk_missing_line()}", file=out, flush=True)
 
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out, worker_id))
@@ -231,7 +236,7 @@ def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluat
     """The study's loops, one per slot (each with its own sampler seed), under one study lock."""
     from search.runner import git_commit, make_proposers
 
-    proposers = make_proposers(settings, WorkerView(f"[{worker_id}]", out))
+    proposers = make_proposers(settings)  # main() said once when the SDK is missing
     policy = make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
     loop_settings = loop_settings_of(settings, args.results or None, git_commit(), args.description)
     lock, disabled = StudyLock(storage, name), {}

@@ -1,11 +1,12 @@
 """Metric lines (exact format) and the per-problem tables."""
 
 import io
+import math
 import re
 
 import pytest
 
-from fa4tune import metrics
+from fa4tune import gpu, metrics
 from fa4tune.measurement import Measurement, ProblemResult, geomean
 from fa4tune.targets import get_target
 
@@ -43,13 +44,46 @@ def test_metric_lines_are_exactly_name_colon_value_in_order():
     assert (values["target"], values["device"], values["mode"]) == ("sm120", "NVIDIA H200", "emulated")
 
 
-def test_utilization_is_percent_of_the_targets_peak_and_names_it():
+def test_utilization_is_percent_of_the_peak_of_the_device_that_ran_the_kernels():
     summary = metrics.summarize(RUN, SM120, "NVIDIA H200", "emulated")
     line = metrics.metric_lines(summary)[4]
-    percent = 100 * geomean([380.0, 250.0]) / SM120.peak_tflops_bf16
-    assert line.startswith(f"fwd_utilization: {percent:.1f}% of sm120 peak 209.5 TFLOPS (")
-    assert SM120.peak_source in line and "emulated" in line
+    percent = 100 * geomean([380.0, 250.0]) / 989.4  # the H200's dense bf16 peak, not the RTX 5090's 209.5
+    assert line.startswith(f"fwd_utilization: {percent:.1f}% of NVIDIA H200 peak 989.4 TFLOPS (H200 SXM dense bf16")
+    assert line.endswith("; emulated: the sm120 kernels ran on NVIDIA H200, not on a sm120 GPU")
     assert metrics.metric_number(line.split(": ", 1)[1]) == pytest.approx(round(percent, 1))
+
+
+def test_an_h200_rate_is_never_divided_by_the_targets_peak():
+    # The bug: 256 TFLOPS measured on an H200 over the RTX 5090's 209.5 printed 122 %.
+    run = [measurement("fwd", "d128-noncausal-bf16", result("a", "fwd", 256.0))]
+    value = metrics.parse_metric_lines("\n".join(metrics.metric_lines(metrics.summarize(run, SM120, "NVIDIA H200", "emulated"))))
+    assert metrics.metric_number(value["fwd_utilization"]) == pytest.approx(25.9)
+
+
+def test_a_native_run_divides_by_its_own_gpus_peak_and_says_nothing_of_emulation():
+    summary = metrics.summarize(RUN, SM120, "NVIDIA GeForce RTX 5090", "native")
+    value = metrics.metric_lines(summary)[4].split(": ", 1)[1]
+    percent = 100 * geomean([380.0, 250.0]) / SM120.peak_tflops_bf16
+    assert value == f"{percent:.1f}% of NVIDIA GeForce RTX 5090 peak 209.5 TFLOPS ({SM120.peak_source})"
+
+
+def test_an_unknown_device_prints_nan_with_the_reason():
+    summary = metrics.summarize(RUN, SM120, "NVIDIA A100-SXM4-80GB", "emulated")
+    value = metrics.parse_metric_lines("\n".join(metrics.metric_lines(summary)))["fwd_utilization"]
+    assert value.startswith("nan (no dense bf16 peak known for device 'NVIDIA A100-SXM4-80GB': fa4tune/gpu.py DEVICE_PEAKS knows ")
+    assert "NVIDIA H200" in value and "%" not in value and "emulated: the sm120 kernels ran on NVIDIA A100-SXM4-80GB" in value
+    assert math.isnan(metrics.metric_number(value))
+    assert summary.fwd_tflops_geomean is not None and summary.fwd_utilization is None  # the rate is kept, only the ratio is unknown
+
+
+def test_device_peaks_are_keyed_by_torchs_names_and_reuse_the_targets_figures():
+    assert gpu.device_peak("NVIDIA H200").tflops == gpu.device_peak("NVIDIA H100 80GB HBM3").tflops == 989.4
+    assert gpu.device_peak("NVIDIA GeForce RTX 5090").tflops == SM120.peak_tflops_bf16 == 209.5
+    pro = get_target("sm120-pro6000")
+    assert gpu.device_peak("NVIDIA RTX PRO 6000 Blackwell Workstation Edition") == gpu.DevicePeak(pro.peak_tflops_bf16, pro.peak_source)
+    # 188 SMs x 2617 MHz x 1024 dense bf16 FLOPs per SM per clock (the RTX 5090's 512 is GeForce's halved fp32-accumulate rate)
+    assert pro.peak_tflops_bf16 == pytest.approx(188 * 2.617e9 * 1024 / 1e12, abs=0.05)
+    assert gpu.device_peak("NVIDIA H200 NVL") is None  # another clock and power limit: not guessed
 
 
 def test_missing_values_print_nan_and_a_clean_run_is_ok():

@@ -3,6 +3,8 @@
 The key comes from ANTHROPIC_API_KEY and the endpoint from ANTHROPIC_BASE_URL (tests point it at a
 local server). Rate limits, overload, timeouts and refused connections are retried with exponential
 backoff; then the turn passes to the sampler. Rejected proposals go back to the model on its next turn.
+Without the SDK (SDK_MISSING says why) the module still imports and the proposer passes every turn to the
+sampler, as without a key: a GPU machine need not carry the SDK to run a search.
 """
 
 from __future__ import annotations
@@ -11,16 +13,26 @@ import json
 import os
 import time
 
-import anthropic
-
+from search import optional
 from search.proposers import prompt
 from search.proposers.base import Context, Proposal, Proposer, ProposerUnavailable, Rejection
 from search.run_config import DEFAULT_MODEL
 
-# Worth retrying: the request may succeed a moment later.
-RETRYABLE = (anthropic.RateLimitError, anthropic.InternalServerError, anthropic.APITimeoutError, anthropic.APIConnectionError)
-# Not worth another turn in this run: the key itself is refused.
-PERMANENT = (anthropic.AuthenticationError, anthropic.PermissionDeniedError)
+SDK_MISSING = optional.why_missing("anthropic")  # None when the SDK imports
+if SDK_MISSING is None:
+    import anthropic
+
+    # Worth retrying: the request may succeed a moment later.
+    RETRYABLE = (anthropic.RateLimitError, anthropic.InternalServerError, anthropic.APITimeoutError, anthropic.APIConnectionError)
+    # Not worth another turn in this run: the key itself is refused.
+    PERMANENT = (anthropic.AuthenticationError, anthropic.PermissionDeniedError)
+
+
+def sdk_missing_line() -> str | None:
+    """The line a run prints when it goes on without the SDK; None when the SDK imports."""
+    if SDK_MISSING is None:
+        return None
+    return optional.skipped("the claude proposer", SDK_MISSING) + ": the sampler takes every turn"
 
 
 class ClaudeProposer(Proposer):
@@ -46,7 +58,7 @@ class ClaudeProposer(Proposer):
         self.calls = 0  # API requests made (retries included)
         key = api_key if api_key is not None else os.environ.get("ANTHROPIC_API_KEY", "")
         self.client = None
-        if key:
+        if key and SDK_MISSING is None:
             # max_retries=0: our own retry loop, so the backoff is ours to set (and short in tests).
             self.client = anthropic.Anthropic(
                 api_key=key, base_url=base_url or os.environ.get("ANTHROPIC_BASE_URL") or None,
@@ -55,6 +67,8 @@ class ClaudeProposer(Proposer):
 
     def propose(self, context: Context) -> list[Proposal]:
         """One request (retried on transient errors); raises ProposerUnavailable to pass the turn."""
+        if SDK_MISSING is not None:
+            raise ProposerUnavailable(f"the anthropic SDK does not import ({SDK_MISSING}): the sampler takes claude's turns", permanent=True)
         if self.client is None:
             raise ProposerUnavailable("no ANTHROPIC_API_KEY set: the sampler takes claude's turns", permanent=True)
         rejections, self.pending = self.pending, []
