@@ -7,8 +7,9 @@ arch into the kernel cache; on a GPU whose arch is sm_120a (a native RTX 5090) o
                    the kernel cache under every knob and every decision of the host path
 
 Both compile through fa4tune.fake_compile. On sm_120a the GPU stage's compile is the static check's: its first
-shape is the problem itself, whose kernel is the static shape's (no compile key names a sequence length or a
-head count), so its facts are stored under the static check's key and no second compile runs. On any other GPU
+shape is the problem itself, whose kernel is the static shape's (the compile keys name no sequence length or
+head count, only whether the sequence is a single tile, which neither is for problems longer than a tile), so
+its facts are stored under the static check's key and no second compile runs. On any other GPU
 (an H200 emulating SM120 compiles for sm_90a) the DSL fixes its arch per process at import, so the stages run
 in two pools of compiler processes.
 
