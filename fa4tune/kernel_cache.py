@@ -72,8 +72,8 @@ class DiskCompileCache(CompileCache):
 
     `compiled`, `loaded` and `used` (keys, in order) say what happened in this process. A load that fails
     (a torn or foreign file) counts as a miss: the kernel is compiled and the entry rewritten. Next to an
-    entry, `<entry>.json` may hold the kernel's static facts (the compile stage writes them; a loaded kernel
-    cannot be traced again for its shared-storage size).
+    entry, `<entry>.json` may hold the kernel's facts (fa4tune.fake_compile writes them when it compiles the
+    kernel: a loaded kernel cannot be traced again for its shared-storage size).
     """
 
     def __init__(self, directory: Path):

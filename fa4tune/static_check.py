@@ -1,9 +1,11 @@
 """The static check: compile configs for sm_120a with fake tensors (no GPU) and read the cubins.
 
 Each (config, problem class) compiles in a worker process (`python -m fa4tune.static_worker`: a fresh
-interpreter whose environment targets sm_120a before the DSL is imported, with its own dump folder); a compile that runs past the time limit kills its worker, is recorded as
-`compile_timeout`, and the others go on. Results are cached on disk under a key made of every knob,
-the problem class, the target, the kernel class's source and the flash-attn-4 / CUTLASS DSL versions.
+interpreter whose environment targets sm_120a before the DSL is imported, with its own dump folder) through
+fa4tune.fake_compile, the compile the search's compile pipeline uses too; a compile that runs past the time
+limit kills its worker, is recorded as `compile_timeout`, and the others go on. Results are cached on disk
+under a key made of every knob, the problem class, the target, the kernel class's source and the
+flash-attn-4 / CUTLASS DSL versions.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
@@ -27,7 +30,6 @@ from fa4tune.occupancy import occupancy
 from fa4tune.targets import Target
 
 DEFAULT_CACHE = Path(os.environ.get("FA4TUNE_CACHE_DIR", Path.cwd() / ".cache")) / "static-facts.jsonl"
-COMPILE_SEQLEN = 1024  # several tiles in both directions; kernels do not specialise on it
 
 
 @dataclass(frozen=True)
@@ -94,22 +96,20 @@ class _Worker:
     """One compiler process (`python -m fa4tune.static_worker`) and the job it works on."""
 
     def __init__(self, experiment_path: str, env: dict):
-        self.env = env
+        self.env, self.experiment_path = env, experiment_path
         os.makedirs(env["CUTE_DSL_DUMP_DIR"], exist_ok=True)
         python_path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH")]))
-        self.proc = LineProcess("fa4tune.static_worker", [experiment_path], {**env, "PYTHONPATH": python_path}, RESULT_PREFIX)
+        self.proc = LineProcess("fa4tune.static_worker", [], {**env, "PYTHONPATH": python_path}, RESULT_PREFIX)
         self.job = None
         self.started = 0.0
 
     def send(self, job, jobs) -> None:
         self.job, self.started = job, time.monotonic()
-        spec = jobs[job[0]]
-        self.proc.send({"kind": spec.kind, "config": spec.config.to_dict(), "problem_class": spec.problem_class.to_dict()})
+        self.proc.send(job_spec(jobs[job[0]], self.experiment_path))
 
-    def poll(self):
-        """(status, payload) once the worker answered, else None."""
-        reply = self.proc.reply()
-        return (reply["status"], reply["payload"]) if reply is not None else None
+    def poll(self) -> dict | None:
+        """The worker's reply (fa4tune.static_worker.compile_job's) once it answered, else None."""
+        return self.proc.reply()
 
     def alive(self) -> bool:
         return self.proc.alive()
@@ -118,19 +118,24 @@ class _Worker:
         self.proc.stop(kill)
 
 
-def compile_env(target: Target, dump_dir: str) -> dict:
-    """Environment that makes the DSL compile SM120 kernels for the target without a GPU."""
-    return {
+def compile_env(target: Target, dump_dir: str | None = None) -> dict:
+    """Environment that makes the DSL compile SM120 kernels for the target without a GPU (cubins kept in dump_dir)."""
+    env = {
         "FLASH_ATTENTION_ARCH": target.arch,
         "CUTE_DSL_ARCH": target.cute_arch,
         "FLASH_ATTENTION_NUM_SMS": str(target.num_sms),
         "CUTE_DSL_KEEP": "cubin,ptx",
-        "CUTE_DSL_DUMP_DIR": dump_dir,
         "PYTHONWARNINGS": "ignore",
     }
+    return {**env, "CUTE_DSL_DUMP_DIR": dump_dir} if dump_dir else env
 
 
-REPLY_STATUS = {"ok": "ok", "unreadable": "static_error"}  # a compile worker's reply -> StaticFacts.status (else compile_error)
+def job_spec(job: StaticJob, experiment_path: str) -> dict:
+    """The JSON request of fa4tune.static_worker.compile_job."""
+    return {"kind": job.kind, "config": job.config.to_dict(), "problem_class": job.problem_class.to_dict(),
+            "experiment_path": str(experiment_path)}
+
+
 NOT_CACHED = ("compile_timeout", "compile_error", "static_error")
 
 
@@ -147,11 +152,12 @@ def cache_key(job: StaticJob, target: Target, experiment_path: str) -> str:
 
 
 class FactsCache:
-    """Append-only JSON-lines file of StaticFacts by key; a torn last line is ignored."""
+    """Append-only JSON-lines file of StaticFacts by key; a torn last line is ignored. Safe to share between threads."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict[str, dict] = {}
+        self._lock = threading.Lock()
         if path and path.exists():
             for line in path.read_text().splitlines():
                 try:
@@ -167,29 +173,45 @@ class FactsCache:
     def put(self, key: str, facts: StaticFacts) -> None:
         if facts.status in NOT_CACHED or self.path is None:
             return  # a timeout may be load and an error may be the environment's: try again next time
-        self.entries[key] = facts.to_dict()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps({"key": key, "facts": {**facts.to_dict(), "cached": False}}) + "\n")
+        with self._lock:
+            self.entries[key] = facts.to_dict()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"key": key, "facts": {**facts.to_dict(), "cached": False}}) + "\n")
 
 
-def _finish(job: StaticJob, target: Target, status: str, payload) -> StaticFacts:
+def known_facts(job: StaticJob, target: Target, cache: FactsCache, key: str) -> StaticFacts | None:
+    """The job's facts without a compile: infeasible by the static rules, or from the cache; None when it must compile."""
+    check = verdict(job, target)
+    if not check:
+        return facts_from_compile(job, target, "infeasible", str(check))
+    return cache.get(key)
+
+
+def facts_from_compile(job: StaticJob, target: Target, status: str, reason: str = "", kernel: dict | None = None) -> StaticFacts:
+    """StaticFacts of a job from its compile's outcome; `kernel` (fa4tune.fake_compile.KernelFacts.resources()) when
+    it compiled: the compiled shared storage against the target's capacity, and the occupancy."""
     base = dict(kind=job.kind, problem_class=job.problem_class.name, config=job.config.to_dict(), num_threads=job.config.num_threads)
     if status != "ok":
-        return StaticFacts(status=status, reason=str(payload), **base)
-    smem = payload["static_smem_bytes"] + payload["dynamic_smem_bytes"]
-    if payload["dynamic_smem_bytes"] > target.smem_per_block:
+        return StaticFacts(status=status, reason=reason, **base)
+    smem = kernel["static_smem_bytes"] + kernel["dynamic_smem_bytes"]
+    if kernel["dynamic_smem_bytes"] > target.smem_per_block:
         # upstream's formula counts only the Q/K/V(/dO) tiles; the compiled kernel's shared storage is the truth
         reason = (
-            f"smem_capacity_compiled: the compiled kernel asks for {payload['dynamic_smem_bytes']} B of dynamic shared "
+            f"smem_capacity_compiled: the compiled kernel asks for {kernel['dynamic_smem_bytes']} B of dynamic shared "
             f"memory, {target.name} has {target.smem_per_block} B per block"
         )
-        return StaticFacts(status="infeasible", reason=reason, **base, **payload)
-    occ = occupancy(target, job.config.num_threads, payload["registers"], smem)
+        return StaticFacts(status="infeasible", reason=reason, **base, **kernel)
+    occ = occupancy(target, job.config.num_threads, kernel["registers"], smem)
     return StaticFacts(
         status="ok", blocks_per_sm=occ.blocks_per_sm, occupancy=round(occ.occupancy, 4), occupancy_limiter=occ.limiter,
-        **base, **payload,
+        **base, **kernel,
     )
+
+
+def facts_from_reply(job: StaticJob, target: Target, reply: dict) -> StaticFacts:
+    """StaticFacts of a job from fa4tune.static_worker.compile_job's reply."""
+    return facts_from_compile(job, target, reply["status"], reply.get("reason", ""), reply.get("kernel"))
 
 
 class StaticChecker:
@@ -228,15 +250,12 @@ class StaticChecker:
         results: dict[int, StaticFacts] = {}
         pending: list[tuple[int, str]] = []
         for i, job in enumerate(jobs):
-            check = verdict(job, target)
             key = cache_key(job, target, self.experiment_path)
-            if not check:
-                results[i] = _finish(job, target, "infeasible", str(check))
-            elif (hit := self.cache.get(key)) is not None:
-                results[i] = hit
-            else:
+            known = known_facts(job, target, self.cache, key)
+            if known is None:
                 pending.append((i, key))
                 continue
+            results[i] = known
             if on_result:
                 on_result(jobs[i], results[i])
         if pending:
@@ -253,12 +272,11 @@ class StaticChecker:
                 outcome = None
                 reply = worker.poll()
                 if reply is not None:
-                    status, payload = reply
-                    outcome = _finish(jobs[i], target, REPLY_STATUS.get(status, "compile_error"), payload)
+                    outcome = facts_from_reply(jobs[i], target, reply)
                 elif not worker.alive():
-                    outcome = _finish(jobs[i], target, "compile_error", f"compiler process died (exit code {worker.proc.returncode})")
+                    outcome = facts_from_compile(jobs[i], target, "compile_error", f"compiler process died (exit code {worker.proc.returncode})")
                 elif time.monotonic() - worker.started > self.timeout_s:
-                    outcome = _finish(jobs[i], target, "compile_timeout", f"compile ran past {self.timeout_s:.0f} s and was killed")
+                    outcome = facts_from_compile(jobs[i], target, "compile_timeout", f"compile ran past {self.timeout_s:.0f} s and was killed")
                 if outcome is None:
                     continue
                 results[i] = outcome

@@ -1,7 +1,8 @@
-"""The GPU evaluator on the compile pipeline: search.precompile in CPU processes, the harness on the GPU.
+"""The GPU evaluator on the compile pipeline: search.compile_stage in CPU processes, the harness on the GPU.
 
 Same measurements as search.evaluators.GpuEvaluator (prepare's gate, then timing, in child processes), but
-each candidate is compiled ahead for the GPU's arch into the kernel cache, a candidate that fails to compile
+each candidate is compiled ahead (search.compile_stage: its sm_120a static facts, then its compile for the GPU's
+arch into the kernel cache; one compile on an sm_120a GPU), a candidate that fails to compile
 or whose compiled shared storage exceeds the target's never reaches the GPU, and the ready candidates of a
 batch run in one harness child (prepare.run_steps_isolated: a crash still costs only its own step).
 The gate seed is drawn once per evaluator, so that the compile stage knows the gate's shapes.
@@ -18,11 +19,12 @@ from fa4tune.kernel_cache import ENV as KERNEL_CACHE_ENV
 from fa4tune.kernel_cache import device_arch
 from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
+from search.compile_stage import GPU_COMPILE_FUNCTION, CompileStage
 from search.evaluators import not_run
-from search.pipeline import CompilePool, Pipeline, Ready
+from search.pipeline import Pipeline, Ready
 
 DEFAULT_CACHE = Path(os.environ.get("FA4TUNE_CACHE_DIR", Path.cwd() / ".cache")) / "kernels"
-COMPILE_FUNCTION = "search.precompile:compile_candidate"
+COMPILE_FUNCTION = GPU_COMPILE_FUNCTION
 
 
 def shared_env(target: Target, num_sms: int, cache_dir: Path) -> dict:
@@ -45,7 +47,7 @@ def compile_env(target: Target, capability: tuple[int, int], num_sms: int, cache
 
 def compile_job(kind: str, config, problems: list[Problem], target: Target, experiment_path: str, gate_seed: int,
                 gate_random_problems: int, arch: str) -> dict:
-    """The JSON job of search.precompile.compile_candidate."""
+    """The JSON job of search.compile_stage.CompileStage.compile_candidate and search.precompile.compile_gate_shapes."""
     return {
         "kind": kind, "config": config.to_dict(), "problems": [p.to_dict() for p in problems], "target": target.name,
         "experiment_path": str(experiment_path), "gate_seed": gate_seed, "gate_random_problems": gate_random_problems, "arch": arch,
@@ -75,8 +77,8 @@ class PipelinedGpuEvaluator:
         self.child_env = {**gpu.kernel_env(info, target, mode), **shared_env(target, info.num_sms, cache_dir)}
         self.harness_sha256 = prepare.prepare_sha256()
         self._experiment = prepare.load_experiment(self.experiment_path)
-        pool = CompilePool(COMPILE_FUNCTION, compile_jobs, compile_env(target, info.capability, info.num_sms, cache_dir))
-        self.pipeline = Pipeline(pool, self._evaluate_batch, ready_capacity=ready_capacity, max_batch=max_batch)
+        stage = CompileStage.open(target, self.arch, compile_env(target, info.capability, info.num_sms, cache_dir), compile_jobs)
+        self.pipeline = Pipeline(stage, self._evaluate_batch, ready_capacity=ready_capacity, max_batch=max_batch)
         self._lock = threading.Lock()
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:

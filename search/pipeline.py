@@ -72,7 +72,8 @@ class CompilePool:
     """`jobs` compiler processes running `function(job) -> dict` (a "module:function" path), one job each at a time.
 
     A job that runs past `timeout_s` kills its process (a fresh one takes its place) and comes back as
-    {"status": "compile_error", "reason": "compile ran past ..."}; so does a job whose process died.
+    {"status": "compile_error", "reason": "compile ran past ...", "timed_out": True}; a job whose process died
+    comes back as a compile_error too.
     """
 
     def __init__(self, function: str, jobs: int, env: dict | None = None, timeout_s: float = COMPILE_TIMEOUT_S, sys_path: list[str] | None = None):
@@ -109,11 +110,11 @@ class CompilePool:
                 if result is None and not compiler.alive():
                     result = {"status": "compile_error", "reason": f"the compiler process died (exit code {compiler.proc.returncode})"}
                 elif result is None and time.monotonic() - started > self.timeout_s:
-                    result = {"status": "compile_error", "reason": f"compile ran past {self.timeout_s:.0f} s and was killed"}
+                    result = {"status": "compile_error", "reason": f"compile ran past {self.timeout_s:.0f} s and was killed", "timed_out": True}
                 if result is None:
                     continue
                 compiler.job = None
-                if not compiler.alive() or result["reason"].startswith("compile ran past"):
+                if not compiler.alive() or result.get("timed_out"):
                     compiler.stop()
                     self._compilers[n] = _Compiler(self.function, self.env, self.sys_path)
                 future.set_result(result)

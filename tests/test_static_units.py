@@ -79,3 +79,29 @@ def test_patched_functions_build_against_the_pinned_upstream():
 
     # upstream's own module is untouched
     assert "sm120_config" not in interface._flash_attn_fwd.__code__.co_varnames
+
+
+def test_shared_storage_is_recorded_on_the_kernel_class_itself_for_its_own_objects_and_restored():
+    from fa4tune.fake_compile import recording_shared_storage
+
+    class Storage:
+        @staticmethod
+        def size_in_bytes():
+            return 49152
+
+    class Kernel:
+        def _get_shared_storage_cls(self):
+            return Storage
+
+    class Inheriting(Kernel):
+        pass
+
+    own = Kernel.__dict__["_get_shared_storage_cls"]
+    sizes: list[int] = []
+    with recording_shared_storage(Kernel, sizes):
+        assert Kernel()._get_shared_storage_cls() is Storage
+        Inheriting()._get_shared_storage_cls()  # another kernel class's launch: not this one's figure
+    with recording_shared_storage(Inheriting, sizes):
+        Inheriting()._get_shared_storage_cls()
+    assert sizes == [49152, 49152]
+    assert Kernel.__dict__["_get_shared_storage_cls"] is own and "_get_shared_storage_cls" not in Inheriting.__dict__
