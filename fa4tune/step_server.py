@@ -22,7 +22,7 @@ from fa4tune.isolation import OK, TIMEOUT, ChildProcess, ChildResult, open_log
 from fa4tune.measurement import ProblemResult
 
 STEP_FUNCTION = "prepare:child_run_steps"  # the child side of a step (a generator of JSON values)
-PRELOAD = ("prepare",)  # imported as the child starts: torch and the CuTe DSL load while the parent works
+PRELOAD = ("prepare",)  # imported as the child starts (torch with it), while the parent goes on
 
 
 class StepServer:

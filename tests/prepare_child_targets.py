@@ -109,10 +109,10 @@ def context_lost_candidate():
 
 
 def slow_candidate():
-    """Correct, and 30 ms per call: a config the give-up threshold stops."""
+    """Correct, and 100 ms per call: a config the give-up threshold stops."""
 
     def forward(q, k, v, causal):
-        time.sleep(0.03)
+        time.sleep(0.1)
         return torch_attention(q, k, v, causal, return_lse=True)
 
     return _candidate("slow", forward)
