@@ -3,11 +3,12 @@
 Every evaluation in the project goes through here: for each (config, problem, direction) the static
 feasibility rules of the target (an infeasible config is never run), the correctness gate on several input
 cases (fa4tune.gate; a failing config is `incorrect` and never timed), then timing (fa4tune.timing: warm-up,
-L2 flushed, rotated input sets, interleaved candidates, median with spread) in a child process with a time
-limit (fa4tune.isolation: a segfault, CUDA fault or hang costs only that step). experiment.py's candidates
-run under the guardrails of fa4tune.guards (static rules on its source, a trap for other attention
-implementations and side streams, output-reuse and lazy-output checks; a violation is status `guard`), and
-a run refuses to start when prepare.py or a measuring module differs from its pinned hash.
+L2 flushed, rotated input sets, interleaved candidates, median with spread; a candidate past its give-up
+threshold is `pruned`) in a child process with a time limit (fa4tune.step_server: one child kept for a
+whole run; a segfault, CUDA fault or hang costs only that step). experiment.py's candidates run under the
+guardrails of fa4tune.guards (static rules on its source, a trap for other attention implementations and
+side streams, output-reuse and lazy-output checks; a violation is status `guard`), and a run refuses to
+start when prepare.py or a measuring module differs from its pinned hash.
 
     uv run python experiment.py > run.log          # experiment.py's dispatch table (calls run_experiment)
     uv run python prepare.py --baseline            # upstream SM120 defaults vs FA4's own path vs torch SDPA
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, timing  # noqa: E402
+from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
 from fa4tune.feasibility import check_backward, check_forward  # noqa: E402
 from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
@@ -59,6 +60,8 @@ GATE_SEQLEN_OFFSET = 37  # the gate case with sequence lengths that are not tile
 GATE_RANDOM_PROBLEMS = 2  # small problems of the same class drawn at run time (seed recorded)
 GATE_RANDOM_MAX_SEQLEN = 1024
 REFERENCE_CHUNK_BYTES = 2 << 30  # fp32 reference computed in chunks of this many score bytes
+REFERENCE_CACHE_FRACTION = 8  # a step server keeps gate references in up to 1/8 of the device's memory
+REFERENCE_CACHE_CPU_BYTES = 1 << 30  # (on the CPU: tests)
 GUARD_SEED_OFFSET = 7  # the run-time guards' inputs: gate seed + this (other values than every gate case)
 
 # Candidate kinds a step can run (baseline names as printed).
@@ -153,14 +156,24 @@ def sdpa_candidate() -> Candidate:
     return Candidate(TORCH_SDPA, forward, {"path": "torch.nn.functional.scaled_dot_product_attention"})
 
 
+_EXPERIMENTS: dict[Path, tuple[str, object]] = {}  # path -> (sha256 of the source it ran, module)
+
+
 def load_experiment(path: str | Path):
-    """Import experiment.py (or a copy of it) from a path, as module `experiment`."""
+    """Import experiment.py (or a copy of it) from a path, as module `experiment`; the module already loaded
+    from that path while its source is unchanged (its kernels' compile caches with it), else a fresh import."""
     path = Path(path).resolve()
-    cached = sys.modules.get("experiment")
-    if cached is not None and Path(getattr(cached, "__file__", "")).resolve() == path:
-        return cached
     if not path.is_file():
         raise ConfigError("experiment_file", f"{str(path)!r} does not exist")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    known = _EXPERIMENTS.get(path)
+    if known is not None and known[0] == digest:
+        sys.modules["experiment"] = known[1]  # the kernels' classes look their module up by name
+        return known[1]
+    cached = sys.modules.get("experiment")
+    if known is None and cached is not None and Path(getattr(cached, "__file__", "")).resolve() == path:
+        _EXPERIMENTS[path] = (digest, cached)  # imported by name (`import experiment`) before
+        return cached
     spec = importlib.util.spec_from_file_location("experiment", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["experiment"] = module
@@ -169,6 +182,7 @@ def load_experiment(path: str | Path):
     except BaseException:
         del sys.modules["experiment"]  # a later call must not get the half-imported module
         raise
+    _EXPERIMENTS[path] = (digest, module)
     return module
 
 
@@ -241,17 +255,20 @@ def _worst_case_errors(gate_results: Sequence[gate.GateResult]) -> dict:
     return errors
 
 
-def gate_candidate(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings) -> tuple[bool, dict, str]:
+def gate_candidate(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings,
+                   references: gate.ReferenceCache | None = None) -> tuple[bool, dict, str]:
     """Run every gate case; (passed, max_errors record, reason of the first failure). A guarded candidate
-    runs under fa4tune.guards' trap, and after passing, its run-time guards; GuardViolation if one fails."""
+    runs under fa4tune.guards' trap, and after passing, its run-time guards; GuardViolation if one fails.
+    `references` keeps the cases' references for the next candidate."""
     with guards.attention_trap() if candidate.guarded else contextlib.nullcontext():
-        passed, errors, reason = _gate_cases(candidate, problem, direction, device, settings)
+        passed, errors, reason = _gate_cases(candidate, problem, direction, device, settings, references)
         if passed and candidate.guarded:
             guards.check_candidate(candidate.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET)
     return passed, errors, reason
 
 
-def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings) -> tuple[bool, dict, str]:
+def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings,
+                references: gate.ReferenceCache | None = None) -> tuple[bool, dict, str]:
     cases = gate.gate_cases(
         problem, settings.gate_seed, scale=GATE_SCALE, seqlen_offset=GATE_SEQLEN_OFFSET,
         random_count=settings.gate_random_problems, random_max_seqlen=GATE_RANDOM_MAX_SEQLEN,
@@ -262,12 +279,12 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
         if direction == "fwd":
             result = gate.gate_forward(
                 candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
-                chunk_bytes=settings.reference_chunk_bytes,
+                chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
             )
         else:
             result = gate.gate_backward(
                 candidate.forward, q, k, v, problem.causal, dout, variant=case.variant, seed=case.seed,
-                chunk_bytes=settings.reference_chunk_bytes,
+                chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
             )
         del q, k, v, dout
         done.append(result)
@@ -338,8 +355,11 @@ def measure_step(
     settings: Settings,
     timer=None,
     flusher=None,
+    references: gate.ReferenceCache | None = None,
+    give_up_ms: float | None = None,
 ) -> dict[str, ProblemResult]:
-    """Gate every candidate on the problem, then time those that pass against each other.
+    """Gate every candidate on the problem, then time those that pass against each other; one whose median
+    passes `give_up_ms` after a round is timed no further and is `pruned` (None: every candidate timed fully).
 
     Raises StepContextLost after a device fault (the caller replaces the process).
     """
@@ -350,10 +370,10 @@ def measure_step(
     is_cuda = torch.device(device).type == "cuda"
     for i, candidate in enumerate(candidates):
         try:
-            ok, errors, reason = gate_candidate(candidate, problem, direction, device, settings)
+            ok, errors, reason = gate_candidate(candidate, problem, direction, device, settings, references)
         except Exception as err:  # the candidate's failure is its result; the others go on
             results[candidate.name] = ProblemResult(problem.label, direction, _status_of_error(err), reason=_one_line(err))
-            if is_cuda and _context_lost(err):
+            if _context_lost(err):  # (on any device: a process that reports a CUDA error is not trusted again)
                 raise StepContextLost(results, [c.name for c in candidates[i + 1:]], _one_line(err)) from err
             continue
         finally:
@@ -371,47 +391,81 @@ def measure_step(
         timings = timing.benchmark(
             calls, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
             flush=flusher, warmup=settings.warmup, rounds=settings.rounds, seed=settings.gate_seed,
+            give_up=None if give_up_ms is None else {c.name: give_up_ms for c, _ in passed},
         )
     except Exception as err:
         status, reason = _status_of_error(err), f"while timing: {_one_line(err)}"
         for c, errors in passed:
             results[c.name] = ProblemResult(problem.label, direction, status, max_errors=errors, reason=reason)
-        if is_cuda and _context_lost(err):
+        if _context_lost(err):
             raise StepContextLost(results, [], reason) from err
         return results
     count = flops.problem_flops(problem, direction)
     for c, errors in passed:
         t = timings[c.name]
+        status, reason = "ok", ""
+        if t.stopped:
+            status = "pruned"
+            count_text = f"{len(t.samples_ms)} sample{'s' if len(t.samples_ms) != 1 else ''}"
+            reason = f"stopped after {count_text}: median {t.median_ms:.4g} ms > {give_up_ms:.4g} ms (give-up threshold)"
         results[c.name] = ProblemResult(
-            problem.label, direction, "ok", tflops=flops.tflops(count, t.median_ms),
-            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, max_errors=errors, peak_vram_mb=memory[c.name],
+            problem.label, direction, status, tflops=flops.tflops(count, t.median_ms),
+            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, max_errors=errors, reason=reason,
+            peak_vram_mb=memory[c.name],
         )
     return results
 
 
 # ------------------------------------------------------------------------------------------------
-# Steps in child processes: one child runs steps in order and is replaced after a crash, a hang or a
-# device fault; only the step in flight is lost.
+# Steps in a child process (fa4tune.step_server): one child runs steps in order, keeps what it loaded
+# for the next call, and is replaced after a crash, a hang or a device fault; only the step in flight is lost.
 # ------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Step:
-    """One (problem, direction) with the candidates to run on it (as JSON specs)."""
+    """One (problem, direction) with the candidates to run on it (as JSON specs); a candidate whose median
+    passes `give_up_ms` milliseconds after a timed round is timed no further (`pruned`)."""
 
     problem: Problem
     direction: str
     specs: list[dict]
+    give_up_ms: float | None = None
 
     def to_dict(self) -> dict:
-        return {"problem": self.problem.to_dict(), "direction": self.direction, "specs": self.specs}
+        return {"problem": self.problem.to_dict(), "direction": self.direction, "specs": self.specs, "give_up_ms": self.give_up_ms}
+
+
+@dataclass
+class _ChildState:
+    """What a step child keeps between steps and calls, per device."""
+
+    flusher: object
+    references: gate.ReferenceCache
+
+
+_CHILD_STATE: dict[str, _ChildState] = {}
+
+
+def _child_state(device: str) -> _ChildState:
+    """The L2 flusher and the gate's reference cache of this process, made on first use."""
+    import torch
+
+    if device not in _CHILD_STATE:
+        if torch.device(device).type == "cuda":
+            memory = torch.cuda.get_device_properties(device).total_memory
+            references = gate.ReferenceCache(memory // REFERENCE_CACHE_FRACTION)
+        else:
+            references = gate.ReferenceCache(REFERENCE_CACHE_CPU_BYTES)
+        _CHILD_STATE[device] = _ChildState(_make_flusher(device), references)
+    return _CHILD_STATE[device]
 
 
 def child_run_steps(steps: list[dict], settings: dict, device: str = "cuda") -> Iterator[dict]:
     """Child side: for each step yield {"started": i}, then {"step": i, "results": {...}} (with "retry":
-    the candidates still to run, after a device fault ended this process's usefulness)."""
+    the candidates still to run, after a device fault ended this process's usefulness: it retires)."""
     config = Settings(**settings)
-    flusher = _make_flusher(device)
+    state = _child_state(device)
     for i, data in enumerate(steps):
         yield {"started": i}  # the time limit runs per step from here, not from the process start
         problem, direction = Problem.from_dict(data["problem"]), data["direction"]
@@ -422,13 +476,22 @@ def child_run_steps(steps: list[dict], settings: dict, device: str = "cuda") -> 
             except Exception as err:  # e.g. experiment.py does not import: that candidate's result, not a crash
                 results[spec["name"]] = ProblemResult(problem.label, direction, "crash", reason=f"cannot build the candidate: {_one_line(err)}")
         try:
-            results.update(measure_step(problem, direction, candidates, device=device, settings=config, flusher=flusher))
+            results.update(measure_step(problem, direction, candidates, device=device, settings=config, flusher=state.flusher,
+                                        references=state.references, give_up_ms=data.get("give_up_ms")))
         except StepContextLost as lost:
             results.update(lost.results)
+            isolation.retire()  # this process's CUDA context is gone: the server starts a fresh one
             yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "retry": lost.remaining}
-            return  # this process's CUDA context is gone: the parent starts a fresh one
+            return
         yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}}
         _release_cached_memory(device)
+
+
+def new_step_server(*, env: dict | None = None, device: str = "cuda", timeout_s: float = STEP_TIME_LIMIT_S,
+                    log_path: str | None = None) -> step_server.StepServer:
+    """A step server for this harness (one per GPU for a whole run; close it, or use it in a `with`)."""
+    return step_server.StepServer(env=env, device=device, cwd=str(ROOT), sys_path=[str(ROOT)], timeout_s=timeout_s,
+                                  startup_timeout_s=STARTUP_TIME_LIMIT_S, log_path=log_path)
 
 
 def run_steps_isolated(
@@ -436,67 +499,22 @@ def run_steps_isolated(
     settings: Settings,
     *,
     env: dict | None = None,
-    timeout_s: float = STEP_TIME_LIMIT_S,
+    timeout_s: float | None = None,
     device: str = "cuda",
     on_result: Callable[[Step, str, ProblemResult], None] | None = None,
+    server: step_server.StepServer | None = None,
 ) -> list[dict[str, ProblemResult]]:
-    """Run steps in child processes; results[i][candidate name] for every step and candidate, whatever happened.
+    """Run steps in a step server's child; results[i][candidate name] for every step and candidate, whatever happened.
 
-    One child runs the steps in order. When it dies or hangs, the step it was in is marked crash or
-    timeout (a step of several candidates is first retried one candidate at a time, so only the one
-    at fault is marked) and a fresh child goes on with the rest.
+    With `server`, its child (and its env and device) runs them and stays for the next call; else a server
+    made for this call (env, device) and closed at the end. When the child dies or hangs, the step it was in
+    is marked crash or timeout (a step of several candidates is first retried one candidate at a time, so
+    only the one at fault is marked) and a fresh child goes on with the rest. `timeout_s`: per step.
     """
-    results: list[dict[str, ProblemResult]] = [{} for _ in steps]
-    queue: list[tuple[int, list[dict]]] = [(i, list(step.specs)) for i, step in enumerate(steps)]
-
-    def record(index: int, name: str, result: ProblemResult) -> None:
-        results[index][name] = result
-        if on_result is not None:
-            on_result(steps[index], name, result)
-
-    def failed(index: int, specs: list[dict], status: str, reason: str) -> None:
-        for spec in specs:
-            record(index, spec["name"], ProblemResult(steps[index].problem.label, steps[index].direction, status, reason=reason))
-
-    while queue:
-        items, queue = queue, []
-        started: list[int] = []
-        finished: set[int] = set()
-        retry: list[tuple[int, list[dict]]] = []
-
-        def on_value(value, items=items, started=started, finished=finished, retry=retry):
-            if "started" in value:
-                started.append(value["started"])
-                return
-            index, specs = items[value["step"]]
-            for name, data in value["results"].items():
-                record(index, name, ProblemResult.from_dict(data))
-            if value.get("retry"):
-                retry.append((index, [s for s in specs if s["name"] in value["retry"]]))
-            finished.add(value["step"])
-
-        payload = [Step(steps[i].problem, steps[i].direction, specs).to_dict() for i, specs in items]
-        outcome = isolation.run_in_child(
-            "prepare:child_run_steps", {"steps": payload, "settings": settings.to_dict(), "device": device},
-            timeout_s=timeout_s, startup_timeout_s=STARTUP_TIME_LIMIT_S, env=env, sys_path=[str(ROOT)], cwd=str(ROOT),
-            on_value=on_value,
-        )
-        in_flight = next((p for p in reversed(started) if p not in finished), None)
-        rest = [item for p, item in enumerate(items) if p not in finished and p != in_flight]
-        queue = retry + rest
-        status = "timeout" if outcome.status == isolation.TIMEOUT else "crash"
-        reason = outcome.reason or "the child process stopped"
-        if in_flight is not None:
-            index, specs = items[in_flight]
-            if len(specs) > 1:
-                queue[:0] = [(index, [spec]) for spec in specs]  # find out which candidate it was
-            else:
-                failed(index, specs, status, reason)
-        elif not finished and not retry and queue:
-            # the child died before starting any step (its imports, say): charge the next step so the run ends
-            index, specs = queue.pop(0)
-            failed(index, specs, status, reason)
-    return results
+    if server is not None:
+        return server.run_steps(steps, settings, on_result=on_result, timeout_s=timeout_s)
+    with new_step_server(env=env, device=device) as own:
+        return own.run_steps(steps, settings, on_result=on_result, timeout_s=timeout_s)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -587,8 +605,11 @@ def evaluate(kind: str, config, problems: Sequence[Problem], experiment_module, 
 
 def evaluate_isolated(kind: str, config, problems: Sequence[Problem], experiment_path: str | Path = EXPERIMENT_PATH, *,
                       target: Target | None = None, settings: Settings | None = None,
-                      timeout_s: float = STEP_TIME_LIMIT_S) -> Measurement:
-    """evaluate() with every step in a child process (needs a GPU): crashes and hangs become results."""
+                      timeout_s: float | None = None, server: step_server.StepServer | None = None,
+                      give_up_ms: dict[str, float] | None = None) -> Measurement:
+    """evaluate() with every step in a step server's child (needs a GPU): crashes and hangs become results.
+    `server`: one kept for the run (made with gpu.kernel_env), else a fresh one for this call. `give_up_ms`:
+    per problem label, the median past which its timing stops (`pruned`)."""
     target = target or get_target()
     settings = settings or Settings(gate_seed=new_gate_seed())
     info = gpu.read_device()
@@ -602,8 +623,10 @@ def evaluate_isolated(kind: str, config, problems: Sequence[Problem], experiment
         results.append(infeasible)
         if infeasible:
             continue
-        steps.append(Step(problem, kind, [experiment_spec(EXPERIMENT, experiment_path, fwd_config, bwd_config)]))
-    measured = iter(run_steps_isolated(steps, settings, env=gpu.kernel_env(info, target, mode), timeout_s=timeout_s))
+        spec = experiment_spec(EXPERIMENT, experiment_path, fwd_config, bwd_config)
+        steps.append(Step(problem, kind, [spec], (give_up_ms or {}).get(problem.label)))
+    env = None if server is not None else gpu.kernel_env(info, target, mode)
+    measured = iter(run_steps_isolated(steps, settings, env=env, timeout_s=timeout_s, server=server))
     results = [r if r is not None else next(measured)[EXPERIMENT] for r in results]
     return _measurement(kind, own, _problems_for(kind, problems), results, target, info.name, mode)
 

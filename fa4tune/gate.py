@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Hashable
 
 import torch
 
@@ -136,6 +137,86 @@ def reference_attention(
     if not grads:
         return AttentionReference(out, lse, valid_rows=valid_rows)
     return AttentionReference(out, lse, dq.to(dtype), dk.to(dtype), dv.to(dtype), valid_rows)
+
+
+# ------------------------------------------------------------------------------------------------
+# References kept between candidates: every config of a run is gated on the same cases.
+# ------------------------------------------------------------------------------------------------
+
+
+def _reference_tensors(*refs: AttentionReference) -> list[torch.Tensor]:
+    return [t for ref in refs for t in (getattr(ref, f.name) for f in fields(ref)) if t is not None]
+
+
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _checksum(tensors: list[torch.Tensor]) -> list[int]:
+    """Exact sums of the tensors' bits (one synchronize for all of them)."""
+    sums = [t.contiguous().view(_SAME_SIZE_INT[t.element_size()]).sum(dtype=torch.int64) for t in tensors if t.dtype != torch.bool]
+    return torch.stack(sums).tolist() if sums else []
+
+
+class ReferenceCache:
+    """The fp32 and plain references of gate cases, least recently used dropped first beyond `max_bytes`.
+
+    A key names everything the references depend on (shapes with head dims, dtype, device, causal, softmax
+    scale, with or without gradients, the inputs' seed and scale, the chunking), plus a few input values as
+    a check: inputs regenerated from their seed are cheap, the references of a large problem are not. A kept
+    reference whose bits changed (a faulty kernel wrote out of bounds into it) is computed again.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.corrupted = 0
+        self._entries: OrderedDict[Hashable, tuple[AttentionReference, AttentionReference, int, list[int]]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable, compute: Callable[[], tuple[AttentionReference, AttentionReference]]):
+        """(fp32 reference, plain reference) for `key`: kept, or computed now and kept if it fits."""
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            ref, plain, size, checksum = entry
+            self.bytes -= size
+            if _checksum(_reference_tensors(ref, plain)) == checksum:
+                self.hits += 1
+                self._entries[key] = entry  # now the most recently used
+                self.bytes += size
+                return ref, plain
+            self.corrupted += 1
+        self.misses += 1
+        ref, plain = compute()
+        tensors = _reference_tensors(ref, plain)
+        size = sum(t.untyped_storage().nbytes() for t in tensors)
+        if size <= self.max_bytes:
+            while self.bytes + size > self.max_bytes:
+                _, (_, _, dropped, _) = self._entries.popitem(last=False)
+                self.bytes -= dropped
+            self._entries[key] = (ref, plain, size, _checksum(tensors))
+            self.bytes += size
+        return ref, plain
+
+
+def reference_key(direction: str, q, k, v, dout, causal: bool, softmax_scale: float | None, seed: int,
+                  input_scale: float, chunk_bytes: int) -> tuple:
+    """The ReferenceCache key of a gate case's inputs (first and last element of each as a check)."""
+    tensors = [t for t in (q, k, v, dout) if t is not None]
+    ends = torch.stack([t.detach().reshape(-1)[i].float() for t in tensors for i in (0, -1)]).tolist()
+    return (
+        direction, tuple(tuple(t.shape) for t in tensors), str(q.dtype), str(q.device), bool(causal), softmax_scale,
+        seed, float(input_scale), chunk_bytes, tuple(ends),
+    )
+
+
+def _references(references: ReferenceCache | None, key: Callable[[], tuple], compute: Callable[[], tuple]):
+    if references is None:
+        return compute()
+    return references.get(key(), compute)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,12 +376,17 @@ def _shape_text(q, k, v, causal) -> str:
 
 def gate_forward(
     forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
 ) -> GateResult:
-    """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference."""
+    """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
+    `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before)."""
     out, lse = _run_forward(forward, q, k, v, causal)
-    ref = reference_attention(q, k, v, causal, chunk_bytes=chunk_bytes)
-    plain = reference_attention(q, k, v, causal, dtype=q.dtype, chunk_bytes=chunk_bytes)
+    ref, plain = _references(
+        references if seed is not None else None,
+        lambda: reference_key("fwd", q, k, v, None, causal, None, seed, input_scale, chunk_bytes),
+        lambda: (reference_attention(q, k, v, causal, chunk_bytes=chunk_bytes),
+                 reference_attention(q, k, v, causal, dtype=q.dtype, chunk_bytes=chunk_bytes)),
+    )
     checks = [compare("out", out, ref.out, plain.out, q.dtype)]
     if lse is not None:
         checks.append(compare("lse", lse, ref.lse, plain.lse, q.dtype, valid=ref.valid_rows))
@@ -309,9 +395,10 @@ def gate_forward(
 
 def gate_backward(
     forward: Forward, q, k, v, causal: bool, dout, *, variant: str = "normal", seed: int | None = None,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
 ) -> GateResult:
-    """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV."""
+    """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV (references
+    from `references` as in gate_forward)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     with torch.enable_grad():
         out, lse = _run_forward(forward, q, k, v, causal)
@@ -321,8 +408,12 @@ def gate_backward(
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     out, lse = out.detach(), (lse.detach() if lse is not None else None)
-    ref = reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes)
-    plain = reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes)
+    ref, plain = _references(
+        references if seed is not None else None,
+        lambda: reference_key("bwd", q, k, v, dout, causal, None, seed, input_scale, chunk_bytes),
+        lambda: (reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes),
+                 reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes)),
+    )
     checks = [compare("out", out, ref.out, plain.out, q.dtype)]
     if lse is not None:
         checks.append(compare("lse", lse, ref.lse, plain.lse, q.dtype, valid=ref.valid_rows))

@@ -56,6 +56,7 @@ ALLOW_HARNESS_EDIT = "FA4TUNE_ALLOW_HARNESS_EDIT"
 HARNESS_FILES = (
     "prepare.py", "fa4tune/gate.py", "fa4tune/timing.py", "fa4tune/isolation.py", "fa4tune/metrics.py",
     "fa4tune/results_tsv.py", "fa4tune/flops.py", "fa4tune/measurement.py", "fa4tune/gpu.py", "fa4tune/guards.py",
+    "fa4tune/step_server.py",
 )
 SAMPLED_ROWS = 16  # query rows compared against the reference in each guarded call
 

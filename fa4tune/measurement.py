@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-STATUSES = ("ok", "incorrect", "crash", "timeout", "infeasible", "compile_error", "unsupported", "guard")
+STATUSES = ("ok", "incorrect", "crash", "timeout", "infeasible", "compile_error", "unsupported", "guard", "pruned")
 
 
 @dataclass(frozen=True)

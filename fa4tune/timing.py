@@ -24,6 +24,7 @@ class Timing:
     """Milliseconds of one candidate's timed calls: the samples and their summary."""
 
     samples_ms: tuple[float, ...]
+    stopped: bool = False  # timed no further: its median passed its give-up threshold (benchmark's give_up)
 
     def __post_init__(self):
         if not self.samples_ms:
@@ -274,11 +275,14 @@ def benchmark(
     warmup: int = 3,
     rounds: int = 10,
     seed: int = 0,
+    give_up: Mapping[str, float] | None = None,
 ) -> dict[str, Timing]:
     """Time candidates against each other; `candidates[name][i]` runs the call on input set i.
 
     Warm-up calls (compiles, allocations, autotuning caches) run first and are not timed; each candidate
-    runs on every input set at least once during warm-up.
+    runs on every input set at least once during warm-up. After each round, a candidate whose median so far
+    exceeds its `give_up[name]` milliseconds is timed no further (its Timing has `stopped`): a config many
+    times slower than the incumbent costs one round, not all of them.
     """
     if not candidates:
         return {}
@@ -289,12 +293,20 @@ def benchmark(
     for calls in candidates.values():
         for i in range(max(warmup, num_sets)):
             calls[i % num_sets]()
+    give_up = give_up or {}
     samples: dict[str, list[float]] = {name: [] for name in candidates}
-    for plan in schedule(list(candidates), num_sets, rounds, seed):
+    stopped: set[str] = set()
+    plans = schedule(list(candidates), num_sets, rounds, seed)
+    for r, plan in enumerate(plans):
+        plan = [(name, i) for name, i in plan if name not in stopped]
+        if not plan:
+            break
         times = timer.time_calls([candidates[name][i] for name, i in plan], flush)
         for (name, _), ms in zip(plan, times):
             samples[name].append(ms)
-    return {name: Timing(tuple(values)) for name, values in samples.items()}
+        if r + 1 < len(plans):  # a candidate timed to the end keeps its full record
+            stopped |= {name for name, limit in give_up.items() if name in samples and statistics.median(samples[name]) > limit}
+    return {name: Timing(tuple(values), stopped=name in stopped) for name, values in samples.items()}
 
 
 def is_improvement(candidate_runs: Sequence[Timing], incumbent_runs: Sequence[Timing] | Timing) -> bool:

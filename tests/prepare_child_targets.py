@@ -97,3 +97,43 @@ def wrong_candidate():
         return out * 1.5, lse
 
     return _candidate("wrong", forward)
+
+
+def context_lost_candidate():
+    """Reports a device fault, as a kernel that made the CUDA context unusable does."""
+
+    def forward(q, k, v, causal):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (planted)")
+
+    return _candidate("context_lost", forward)
+
+
+def slow_candidate():
+    """Correct, and 100 ms per call: a config the give-up threshold stops."""
+
+    def forward(q, k, v, causal):
+        time.sleep(0.1)
+        return torch_attention(q, k, v, causal, return_lse=True)
+
+    return _candidate("slow", forward)
+
+
+REFERENCE_LOG = "FA4TUNE_TEST_REFERENCE_LOG"
+
+
+def counting_candidate():
+    """Correct; every reference the gate computes in this process from now on adds a line (the process id)
+    to the file $FA4TUNE_TEST_REFERENCE_LOG."""
+    from fa4tune import gate
+
+    if not getattr(gate.reference_attention, "counted", False):
+        compute = gate.reference_attention
+
+        def reference_attention(*args, **kwargs):
+            with open(os.environ[REFERENCE_LOG], "a") as log:
+                log.write(f"{os.getpid()}\n")
+            return compute(*args, **kwargs)
+
+        reference_attention.counted = True
+        gate.reference_attention = reference_attention
+    return _candidate("counting", lambda q, k, v, causal: torch_attention(q, k, v, causal, return_lse=True))

@@ -212,3 +212,96 @@ def test_scaled_inputs_are_scaled_and_never_zero():
     assert torch.allclose(q.float(), (q1.float() * 8), rtol=1e-2)
     assert q.abs().max() > 8 and (q != 0).float().mean() > 0.99
     assert dout.abs().max() < 8  # the output gradient is not scaled
+
+
+# ------------------------------------------------------------------------------------------------
+# The reference cache: a later candidate on the same case reuses the references.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def reference_calls(monkeypatch):
+    calls = []
+    compute = gate.reference_attention
+
+    def counting(q, k, v, causal, *args, **kwargs):
+        calls.append((tuple(q.shape), kwargs.get("dtype", torch.float32), kwargs.get("dout") is not None))
+        return compute(q, k, v, causal, *args, **kwargs)
+
+    monkeypatch.setattr(gate, "reference_attention", counting)
+    return calls
+
+
+def wrong(q, k, v, causal):
+    out, lse = correct(q, k, v, causal)
+    return out * 1.5, lse
+
+
+def test_a_second_candidate_on_the_same_case_reuses_the_references(reference_calls):
+    cache = gate.ReferenceCache(1 << 30)
+    q, k, v, _ = inputs(seed=5)
+    first = gate.gate_forward(correct, q, k, v, True, seed=5, references=cache)
+    assert len(reference_calls) == 2  # fp32 and plain
+    # the inputs regenerated from their seed (as the harness does for each candidate)
+    q, k, v, _ = inputs(seed=5)
+    second = gate.gate_forward(wrong, q, k, v, True, seed=5, references=cache)
+    again = gate.gate_forward(correct, q, k, v, True, seed=5, references=cache)
+    assert len(reference_calls) == 2 and cache.hits == 2
+    assert not second.passed and "out max error" in second.reason  # a kept reference still catches a wrong kernel
+    assert again.checks == first.checks
+    uncached = gate.gate_forward(correct, q, k, v, True, seed=5)
+    assert uncached.checks == first.checks and len(reference_calls) == 4
+
+
+def test_another_seed_scale_shape_direction_or_mask_misses(reference_calls):
+    cache = gate.ReferenceCache(1 << 30)
+    q, k, v, dout = inputs(seed=5)
+    gate.gate_forward(correct, q, k, v, True, seed=5, references=cache)
+    gate.gate_forward(correct, *inputs(seed=6)[:3], True, seed=6, references=cache)
+    gate.gate_forward(correct, *inputs(seed=5, scale=8.0)[:3], True, seed=5, input_scale=8.0, references=cache)
+    other_shape = Problem(2, 40, 72, 4, 2, 64, 64, True)  # other head dims
+    gate.gate_forward(correct, *inputs(other_shape, seed=5)[:3], True, seed=5, references=cache)
+    gate.gate_forward(correct, q, k, v, False, seed=5, references=cache)
+    gate.gate_backward(correct, q, k, v, True, dout, seed=5, references=cache)
+    assert cache.hits == 0 and cache.misses == 6 and len(reference_calls) == 12 and len(cache) == 6
+    assert [c[2] for c in reference_calls[-2:]] == [True, True]  # the backward's references have gradients
+    gate.gate_backward(correct, q, k, v, True, dout, seed=5, references=cache)
+    assert cache.hits == 1 and len(reference_calls) == 12
+
+
+def test_a_mislabelled_input_is_not_given_another_inputs_references(reference_calls):
+    cache = gate.ReferenceCache(1 << 30)
+    gate.gate_forward(correct, *inputs(seed=5)[:3], True, seed=5, references=cache)
+    # other values under the same seed and scale (a caller's mistake): the sampled input values differ
+    result = gate.gate_forward(correct, *inputs(seed=9)[:3], True, seed=5, references=cache)
+    assert cache.misses == 2 and result.passed
+
+
+def test_the_cache_drops_the_least_recently_used_beyond_its_bytes(reference_calls):
+    q, k, v, _ = inputs(seed=5)
+    probe = gate.ReferenceCache(1 << 30)
+    gate.gate_forward(correct, q, k, v, True, seed=5, references=probe)
+    one = probe.bytes
+    cache = gate.ReferenceCache(2 * one)
+    for seed in (5, 6, 5, 7):  # 5 is used again before 7 arrives: 6 is the one dropped
+        gate.gate_forward(correct, *inputs(seed=seed)[:3], True, seed=seed, references=cache)
+    assert len(cache) == 2 and cache.bytes == 2 * one and cache.hits == 1
+    calls = len(reference_calls)
+    gate.gate_forward(correct, *inputs(seed=5)[:3], True, seed=5, references=cache)
+    assert len(reference_calls) == calls
+    gate.gate_forward(correct, *inputs(seed=6)[:3], True, seed=6, references=cache)
+    assert len(reference_calls) == calls + 2
+    small = gate.ReferenceCache(one - 1)  # an entry larger than the whole cache is computed, not kept
+    gate.gate_forward(correct, q, k, v, True, seed=5, references=small)
+    assert len(small) == 0 and small.bytes == 0
+
+
+def test_a_kept_reference_whose_bits_changed_is_computed_again(reference_calls):
+    cache = gate.ReferenceCache(1 << 30)
+    q, k, v, _ = inputs(seed=5)
+    first = gate.gate_forward(correct, q, k, v, True, seed=5, references=cache)
+    (ref, plain, *_), = cache._entries.values()
+    ref.out[0, 0, 0, 0] += 1.0  # as a kernel writing out of bounds into the kept reference would
+    again = gate.gate_forward(correct, q, k, v, True, seed=5, references=cache)
+    assert cache.corrupted == 1 and len(reference_calls) == 4
+    assert again.passed and again.checks == first.checks

@@ -60,14 +60,21 @@ class ScriptedTimer:
         return out
 
 
-def test_benchmark_warms_up_flushes_before_every_timed_call_and_keeps_samples_apart():
-    counts = {"fast": 0, "slow": 0}
+def counted(counts):
+    """call(name, ms): a scripted call that counts its runs in counts[name]."""
 
     def call(name, ms):
         def fn():
             counts[name] += 1
             return name, ms
         return fn
+
+    return call
+
+
+def test_benchmark_warms_up_flushes_before_every_timed_call_and_keeps_samples_apart():
+    counts = {"fast": 0, "slow": 0}
+    call = counted(counts)
 
     timer = ScriptedTimer()
     flushes = []
@@ -92,6 +99,43 @@ def test_benchmark_on_the_cpu_with_the_wall_clock_timer():
 def test_benchmark_rejects_uneven_input_sets():
     with pytest.raises(ValueError):
         timing.benchmark({"a": [lambda: 0], "b": [lambda: 0, lambda: 0]}, timer=timing.WallClockTimer())
+
+
+def test_a_candidate_past_its_give_up_threshold_is_timed_no_further():
+    counts = {"fast": 0, "slow": 0}
+    call = counted(counts)
+
+    result = timing.benchmark(
+        {"fast": [call("fast", 1.0)] * 2, "slow": [call("slow", 20.0)] * 2},
+        timer=ScriptedTimer(), warmup=2, rounds=5, seed=0, give_up={"fast": 5.0, "slow": 5.0},
+    )
+    assert result["slow"].stopped and result["slow"].samples_ms == (20.0, 20.0)  # one round of two input sets
+    assert counts["slow"] == 2 + 2
+    assert not result["fast"].stopped and len(result["fast"].samples_ms) == 10 and counts["fast"] == 2 + 10
+    # without a threshold (or over it only when the last round is done) a candidate is timed fully
+    alone = timing.benchmark({"slow": [call("slow", 20.0)]}, timer=ScriptedTimer(), warmup=1, rounds=3, give_up={"fast": 5.0})
+    assert not alone["slow"].stopped and len(alone["slow"].samples_ms) == 3
+    one_round = timing.benchmark({"slow": [call("slow", 20.0)]}, timer=ScriptedTimer(), warmup=1, rounds=1, give_up={"slow": 5.0})
+    assert not one_round["slow"].stopped
+
+
+def test_give_up_judges_the_median_so_far():
+    def call(ms):
+        return lambda: ("x", ms)
+
+    # one slow input set of three: the median (1 ms) is under the threshold, the 20 ms sample is not
+    result = timing.benchmark({"x": [call(1.0), call(1.0), call(20.0)]}, timer=ScriptedTimer(), warmup=0, rounds=4,
+                              give_up={"x": 5.0})
+    assert not result["x"].stopped and len(result["x"].samples_ms) == 12
+
+
+def test_give_up_with_the_wall_clock_timer():
+    import time
+
+    result = timing.benchmark({"fast": [lambda: None], "slow": [lambda: time.sleep(0.04)]}, timer=timing.WallClockTimer(),
+                              warmup=1, rounds=3, give_up={"fast": 20.0, "slow": 20.0})
+    assert result["slow"].stopped and len(result["slow"].samples_ms) == 1 and result["slow"].median_ms >= 40.0
+    assert not result["fast"].stopped and len(result["fast"].samples_ms) == 3
 
 
 def runs(*samples):
