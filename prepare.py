@@ -28,6 +28,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -357,12 +358,26 @@ def measure_step(
     flusher=None,
     references: gate.ReferenceCache | None = None,
     give_up_ms: float | None = None,
+    seconds: dict | None = None,
 ) -> dict[str, ProblemResult]:
     """Gate every candidate on the problem, then time those that pass against each other; one whose median
     passes `give_up_ms` after a round is timed no further and is `pruned` (None: every candidate timed fully).
+    `seconds`, when given, gets the wall time spent in "gate" (first calls, so kernel loads and compiles
+    included) and in "timing" (peak memory, inputs, warm-up and timed calls).
 
     Raises StepContextLost after a device fault (the caller replaces the process).
     """
+    seconds = {} if seconds is None else seconds
+    started = time.perf_counter()
+    try:
+        return _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started)
+    finally:
+        total = time.perf_counter() - started
+        seconds.setdefault("gate", total)  # (set where the gate ends; unset when it raised)
+        seconds["timing"] = total - seconds["gate"]
+
+
+def _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started):
     import torch
 
     results: dict[str, ProblemResult] = {}
@@ -382,6 +397,7 @@ def measure_step(
             passed.append((candidate, errors))
         else:
             results[candidate.name] = ProblemResult(problem.label, direction, "incorrect", max_errors=errors, reason=reason)
+    seconds["gate"] = time.perf_counter() - started
     if not passed:
         return results
     try:
@@ -475,21 +491,26 @@ def child_run_steps(steps: list[dict], settings: dict, device: str = "cuda") -> 
                 candidates.append(_candidate_from_spec(spec))
             except Exception as err:  # e.g. experiment.py does not import: that candidate's result, not a crash
                 results[spec["name"]] = ProblemResult(problem.label, direction, "crash", reason=f"cannot build the candidate: {_one_line(err)}")
+        seconds: dict = {}
         try:
             results.update(measure_step(problem, direction, candidates, device=device, settings=config, flusher=state.flusher,
-                                        references=state.references, give_up_ms=data.get("give_up_ms")))
+                                        references=state.references, give_up_ms=data.get("give_up_ms"), seconds=seconds))
         except StepContextLost as lost:
             results.update(lost.results)
             isolation.retire()  # this process's CUDA context is gone: the server starts a fresh one
-            yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "retry": lost.remaining}
+            yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "retry": lost.remaining, "seconds": seconds}
             return
-        yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}}
+        yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "seconds": seconds}
         _release_cached_memory(device)
 
 
-def new_step_server(*, env: dict | None = None, device: str = "cuda", timeout_s: float = STEP_TIME_LIMIT_S,
-                    log_path: str | None = None) -> step_server.StepServer:
-    """A step server for this harness (one per GPU for a whole run; close it, or use it in a `with`)."""
+def new_step_server(*, env: dict | None = None, target: Target | None = None, device: str = "cuda",
+                    timeout_s: float = STEP_TIME_LIMIT_S, log_path: str | None = None) -> step_server.StepServer:
+    """A step server for this harness (one per GPU for a whole run; close it, or use it in a `with`).
+    `env`: the kernels' environment; with `target` instead, this GPU's (emulation variables where it is not one)."""
+    if env is None and target is not None:
+        info = gpu.read_device()
+        env = gpu.kernel_env(info, target, gpu.select_mode(info, target))
     return step_server.StepServer(env=env, device=device, cwd=str(ROOT), sys_path=[str(ROOT)], timeout_s=timeout_s,
                                   startup_timeout_s=STARTUP_TIME_LIMIT_S, log_path=log_path)
 

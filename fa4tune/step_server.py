@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from typing import Callable, Mapping, Sequence
 
 from fa4tune.isolation import OK, TIMEOUT, ChildProcess, ChildResult, open_log
@@ -41,6 +42,8 @@ class StepServer:
         self._lock = threading.Lock()
         self._closed = False
         self._log = open_log(log_path)  # every child's output, in turn
+        # where the time went (the throughput bench reads it): child starts, and per step gate / timing / the rest
+        self.stats = {"starts": 0, "startup_s": 0.0, "steps": 0, "step_s": 0.0, "gate_s": 0.0, "timing_s": 0.0}
         self._start()  # now: its imports overlap the caller's other work
 
     @property
@@ -62,7 +65,16 @@ class StepServer:
                 child.kill()
             child = self._start()
         first = max(self.startup_timeout_s, timeout_s) if fresh else timeout_s
-        outcome = child.call(self.function, kwargs, timeout_s=timeout_s, first_timeout_s=first, on_value=on_value)
+        called, seen = time.monotonic(), []
+
+        def timed(value):
+            if not seen and fresh:  # imports, CUDA context, L2 buffer: what a fresh child costs before its first step
+                self.stats["starts"] += 1
+                self.stats["startup_s"] += time.monotonic() - called
+            seen.append(time.monotonic())
+            on_value(value)
+
+        outcome = child.call(self.function, kwargs, timeout_s=timeout_s, first_timeout_s=first, on_value=timed)
         if not child.alive():  # it failed, or retired: the next call starts a fresh one
             child.kill()
             self._child = None
@@ -102,6 +114,7 @@ class StepServer:
                     started.append(value["started"])
                     return
                 index, specs = items[value["step"]]
+                self._count(value)
                 for name, data in value["results"].items():
                     record(index, name, ProblemResult.from_dict(data))
                 if value.get("retry"):
@@ -127,6 +140,13 @@ class StepServer:
                 index, specs = queue.pop(0)
                 failed(index, specs, status, reason)
         return results
+
+    def _count(self, value: dict) -> None:
+        seconds = value.get("seconds") or {}
+        self.stats["steps"] += 1
+        self.stats["gate_s"] += seconds.get("gate", 0.0)
+        self.stats["timing_s"] += seconds.get("timing", 0.0)
+        self.stats["step_s"] += sum(seconds.values())
 
     def close(self) -> None:
         """End the child (it exits when idle; killed if it does not within seconds) and the log."""

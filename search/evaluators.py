@@ -16,6 +16,7 @@ from typing import Protocol
 from fa4tune.config import ConfigError, Problem, ProblemClass
 from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
+from search.pruning import not_measured
 from search.table import ReplayTable, load_table
 
 MISSING = "missing"  # status of a replayed config that the table does not have
@@ -116,17 +117,20 @@ def not_run(kind: str, problems: list[Problem], compiled: dict) -> tuple[Problem
 
 
 class GpuEvaluator:
-    """The harness on the local GPU: gate, then timing, each step in a child process (prepare.evaluate_isolated).
+    """The harness on the local GPU, one config at a time: gate, then timing, in the run's step server (one child
+    process for the whole run: it keeps its CUDA context, its imports and the gate's fp32 references; a config that
+    faults or hangs costs its step and a fresh child, not the study).
 
     First the config's kernel is compiled for sm_120a on the CPU (fa4tune.static_check; cached, so a config
     compiles once per problem class): every trial records SM120's exact registers, spills and shared memory,
     whatever GPU times it, and a kernel whose compiled shared storage exceeds the target's 99 KB, or that does not
-    compile, never reaches the GPU. A config that faults or hangs on the GPU costs its step, not the study. The
-    other direction's config comes from experiment.py's dispatch table. (`--compile-jobs` is the pipelined
-    evaluator: compiles ahead in parallel, for the GPU's own arch.)
+    compile, never reaches the GPU. The problems are measured one at a time, each reported to the trial's monitor
+    (search.pruning), so a pruned config leaves its other problems unmeasured. The other direction's config comes
+    from experiment.py's dispatch table. (`search run`'s default is the pipelined evaluator, which compiles ahead.)
     """
 
     slots = 1  # one trial at a time: it compiles on the GPU's turn
+    compile_jobs = 0
 
     def __init__(self, target: Target, experiment_path: str | None = None, static_timeout_s: float = STATIC_TIMEOUT_S,
                  static_cache: Path | None = None, settings=None):
@@ -139,19 +143,37 @@ class GpuEvaluator:
         self.harness_sha256 = prepare.prepare_sha256()
         self.static_timeout_s = static_timeout_s
         self.static_cache = static_cache  # None: the static check's own (.cache/static-facts.jsonl)
-        self.settings = settings  # prepare.Settings; None: the harness's defaults
+        # one gate seed for the run, so that the server's child computes each problem's references once
+        self.settings = settings or prepare.Settings(gate_seed=prepare.new_gate_seed())
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
         self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
+        self._server = None  # fa4tune.step_server.StepServer, started on the first GPU step
+
+    @property
+    def server(self):
+        """The run's step server (started when first needed)."""
+        with self._checker_lock:
+            if self._server is None:
+                self._server = self._prepare.new_step_server(target=self.target)
+            return self._server
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
-        """The config's sm_120a static facts, then (unless they end it) one harness evaluation on its problems."""
+        """The config's sm_120a static facts, then (unless they end it) each problem through the harness in turn."""
+        problems = [p for p in problems if kind == "fwd" or p.backward]
         static = self.static_facts(kind, config, problem_class)
         if static["status"] in STATIC_ENDS:
-            problems = [p for p in problems if kind == "fwd" or p.backward]
             return Measurement(kind, problem_class.name, config.to_dict(), not_run(kind, problems, static), self.target.name,
                                "", "", evaluator="gpu", static=static)
-        m = self._prepare.evaluate_isolated(kind, config, problems, self.experiment_path, target=self.target, settings=self.settings)
-        return replace(m, static={**m.static, **static})
+        results, m = [], Measurement(kind, problem_class.name, config.to_dict(), (), self.target.name, "", "", evaluator="gpu")
+        for i, problem in enumerate(problems):
+            limit = monitor.give_up_ms(problem.label) if monitor else None
+            m = self._prepare.evaluate_isolated(kind, config, [problem], self.experiment_path, target=self.target, settings=self.settings,
+                                                server=self.server, give_up_ms={problem.label: limit} if limit else None)
+            results.append(m.results[0])
+            if monitor is not None and not monitor.report(m.results[0]):
+                results += [not_measured(p, kind, f"the config was pruned on {problem.label}") for p in problems[i + 1:]]
+                break
+        return replace(m, problem_class=problem_class.name, results=tuple(results), static={**m.static, **static})
 
     def static_facts(self, kind: str, config, problem_class: ProblemClass) -> dict:
         """StaticFacts.to_dict() of the sm_120a compile, with "arch"; status "static_error" if the check itself broke."""
@@ -168,8 +190,11 @@ class GpuEvaluator:
         return {**facts.to_dict(), "arch": "sm_120a"}
 
     def close(self) -> None:
-        """Ends the static check's compile worker."""
+        """Ends the static check's compile worker and the step server."""
         with self._checker_lock:
             if self._checker is not None:
                 self._checker.close()
                 self._checker = None
+            if self._server is not None:
+                self._server.close()
+                self._server = None

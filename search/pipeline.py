@@ -157,6 +157,7 @@ class Ready:
     job: dict
     compiled: dict
     ready_at: float
+    payload: object = None
     future: Future = field(default_factory=Future)
     taken_at: float | None = None
 
@@ -192,14 +193,15 @@ class Pipeline:
         self._consumer = threading.Thread(target=self._consume, name="pipeline-consumer", daemon=True)
         self._consumer.start()
 
-    def run(self, job: dict) -> tuple[dict, object]:
-        """(compile result, evaluation result); the evaluation is None when the compile stage ended the candidate."""
+    def run(self, job: dict, payload=None) -> tuple[dict, object]:
+        """(compile result, evaluation result); the evaluation is None when the compile stage ended the candidate.
+        `payload` travels with the candidate to the consumer (e.g. the trial's pruning monitor)."""
         compiled = self.pool.submit(job).result()
         if compiled.get("status") != "ok":
             with self._lock:
                 self.stats.skipped += 1
             return compiled, None
-        item = Ready(job, compiled, time.monotonic())
+        item = Ready(job, compiled, time.monotonic(), payload=payload)
         self._ready.put(item)  # blocks while the queue is full: compiles run no further ahead than that
         return compiled, item.future.result()
 

@@ -23,11 +23,57 @@ class FakeHarness:
     def __init__(self):
         self.calls = []
 
-    def evaluate_isolated(self, kind, config, problems, experiment_path, target, settings):
+    def __init__(self, tflops: float = 100.0):
+        self.calls, self.limits, self.tflops = [], [], tflops
+        self.server = _FakeServer()
+
+    def new_step_server(self, **options):
+        return self.server
+
+    def evaluate_isolated(self, kind, config, problems, experiment_path, target, settings, server, give_up_ms=None):
+        assert server is self.server and len(problems) == 1  # one problem at a time, in the run's server
         self.calls.append(config)
-        results = tuple(ProblemResult(p.label, kind, "ok", tflops=100.0) for p in problems)
+        self.limits.append(give_up_ms)
+        limit = (give_up_ms or {}).get(problems[0].label)
+        status = "pruned" if limit else "ok"
+        results = tuple(ProblemResult(p.label, kind, status, tflops=self.tflops) for p in problems)
         return Measurement(kind, problems[0].problem_class.name, config.to_dict(), results, target.name, "fake GPU", "emulated",
                            evaluator="gpu")
+
+
+class _FakeServer:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+class _Monitor:
+    """search.pruning.TrialMonitor's interface: a give-up time for the second problem; stops on a pruned result."""
+
+    def __init__(self, limits):
+        self.limits, self.reported = limits, []
+
+    def give_up_ms(self, label):
+        return self.limits.get(label)
+
+    def report(self, result):
+        self.reported.append(result.status)
+        return result.status != "pruned"
+
+
+def test_problems_go_one_at_a_time_to_the_runs_server_and_a_pruned_one_ends_the_config(tmp_path, monkeypatch):
+    evaluator, harness = _evaluator(tmp_path)
+    monkeypatch.setattr(evaluator, "static_facts", lambda *args: {"status": "ok", "arch": "sm_120a"})
+    problems = [p for p in load_suite("standard") if p.problem_class.name == "d128-noncausal-bf16"][:3]
+    assert len(problems) == 3
+    monitor = _Monitor({problems[1].label: 1.5})
+    m = evaluator.evaluate("fwd", ForwardConfig(), problems[0].problem_class, problems, monitor=monitor)
+    assert [r.status for r in m.results] == ["ok", "pruned", "pruned"] and monitor.reported == ["ok", "pruned"]
+    assert "not measured" in m.results[2].reason and m.results[2].tflops is None
+    assert harness.limits == [None, {problems[1].label: 1.5}]  # the third problem never reached the GPU
+    evaluator.close()
+    assert harness.server.closed
 
 
 def _evaluator(tmp_path) -> tuple[GpuEvaluator, FakeHarness]:
@@ -116,3 +162,41 @@ def test_trials_in_flight_on_several_threads_each_get_their_own_kernels_facts(tm
     assert sorted(map(str, harness.calls)) == sorted(map(str, configs))
     assert [m.static["status"] for m in found] == ["ok", "ok"]
     assert [m.static["num_threads"] for m in found] == [128, 256] and all(m.static["registers"] > 0 for m in found)
+
+
+class _RoundServer:
+    """The step server as the pipelined evaluator's consumer calls it: records each call's steps; a step whose
+    give-up time is set comes back pruned."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run_steps(self, steps, settings):
+        self.calls.append([(s.specs[0]["name"], s.problem.label, s.give_up_ms) for s in steps])
+        return [{s.specs[0]["name"]: ProblemResult(s.problem.label, s.direction, "pruned" if s.give_up_ms else "ok", tflops=50.0)}
+                for s in steps]
+
+
+def test_the_pipelined_consumer_sends_each_candidates_next_problem_per_round_and_drops_a_pruned_one():
+    import prepare
+    from search.gpu_pipeline import PipelinedGpuEvaluator, compile_job
+    from search.pipeline import Ready
+
+    problems = [p for p in load_suite("standard") if p.problem_class.name == "d128-noncausal-bf16"]
+    evaluator = object.__new__(PipelinedGpuEvaluator)  # the consumer's half alone: no GPU, no compilers
+    evaluator._prepare, evaluator.target, evaluator.experiment_path = prepare, TARGET, str(prepare.EXPERIMENT_PATH)
+    evaluator._experiment, evaluator.settings = prepare.load_experiment(prepare.EXPERIMENT_PATH), prepare.Settings(gate_seed=1)
+    evaluator.server = _RoundServer()
+    configs = [ForwardConfig(), ForwardConfig(tile_n=64)]
+    monitors = [_Monitor({}), _Monitor({problems[1].label: 2.0})]
+    batch = [Ready(compile_job("fwd", c, problems, TARGET, evaluator.experiment_path, 1, 2, "sm_90a"), {"status": "ok"}, 0.0, payload=m)
+             for c, m in zip(configs, monitors)]
+    finished = {}
+    evaluator._evaluate_batch(batch, lambda item, results: finished.setdefault(batch.index(item), [r.status for r in results]))
+    assert finished == {0: ["ok", "ok", "ok"], 1: ["ok", "pruned", "pruned"]}
+    labels = [p.label for p in problems]
+    assert evaluator.server.calls == [  # one call per round; the pruned candidate's third problem never sent
+        [("candidate 0", labels[0], None), ("candidate 1", labels[0], None)],
+        [("candidate 0", labels[1], None), ("candidate 1", labels[1], 2.0)],
+        [("candidate 0", labels[2], None)],
+    ]
