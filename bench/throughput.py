@@ -1,23 +1,24 @@
-"""Throughput of GPU evaluation: checked (config, problem) evaluations per GPU-hour, sequential vs pipelined.
+"""Throughput of GPU evaluation: checked (config, problem) evaluations per GPU-hour, in the mode `search run` uses by
+default and in the sequential mode, on the same candidates, with where the time goes.
 
-    python3 bench/throughput.py [--suite standard] [--seconds 240] [--compile-jobs 8] [--modes sequential pipelined]
+    python3 bench/throughput.py [--suite standard] [--seconds 240] [--sequential-seconds 150] [--modes default sequential]
 
 The same candidate list for both modes: forward configs of every problem class of the suite (the feasible
-space in a fixed shuffled order), each evaluated on the suite's problems of its class, through prepare's
-correctness gate and timing (settings as bench/sweep.py: rounds=6, input_sets=2, gate_random_problems=1).
-A mode takes candidates until its time is up and finishes those it started.
+space in a fixed shuffled order), each evaluated on the suite's problems of its class, with the harness's own
+settings (gate, timing) and pruning as `search run` prunes (an Optuna study per mode with search.pruning's
+SlowerThanBestPruner; the give-up times come from the best results so far). A mode takes candidates until
+its time is up and finishes those it started.
 
-- sequential: what `python -m search run` does per trial: search.evaluators.GpuEvaluator (the sm_120a static
-  check of the config on the CPU, into a fresh facts cache, then prepare.evaluate_isolated: one harness child per
-  config, which compiles its kernels, then gates and times them).
-- pipelined: search.gpu_pipeline.PipelinedGpuEvaluator: --compile-jobs CPU processes compile ahead (fake
-  tensors, for the GPU's arch) into a fresh kernel cache, compile failures end there, and the GPU takes the
-  ready candidates in batches (one harness child per batch, kernels loaded from the cache).
+- default: what `python -m search run` does: search.evaluators.make_evaluator("gpu") with its defaults, the
+  pipelined evaluator: cores - 1 CPU processes compile ahead (the sm_120a static check, then the GPU's arch, into
+  a fresh kernel cache), `evaluator.slots` candidates in flight, one step-server child on the GPU for the run.
+- sequential: `--compile-jobs 0`: search.evaluators.GpuEvaluator, one candidate at a time, its sm_120a static
+  check first, then the step server's child compiles and measures it.
 
-"checked" counts (config, problem) results that went through the gate (ok or incorrect). GPU idle is the
-share of nvidia-smi samples (every 100 ms) of utilization.gpu, as 1 - mean(utilization); the pipelined
-mode also reports the share of time its consumer waited for a compiled candidate. Prints a table and, with
---out FILE, writes the per-candidate records as JSON lines. Record the output in docs/measurements/.
+"checked" counts (config, problem) results that went through the gate (ok, incorrect, or pruned after some
+timing). GPU idle is 1 - mean(nvidia-smi utilization.gpu) sampled every 100 ms (the timer's blocking kernels
+count as busy: their total is printed beside it). Prints a table and, with --out FILE, the per-candidate
+records as JSON lines. Record the output in docs/measurements/.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ from fa4tune.space import feasible_forward  # noqa: E402
 from fa4tune.suites import load_suite, problem_classes  # noqa: E402
 from fa4tune.targets import get_target  # noqa: E402
 
-CHECKED = ("ok", "incorrect")  # results that went through the gate
+CHECKED = ("ok", "incorrect", "pruned")  # results that went through the gate (a pruned one was timed, then stopped)
+
+
+def checked(r) -> bool:
+    """A result that went through the gate (not a problem left out after its config was pruned)."""
+    return r.status in CHECKED and not (r.status == "pruned" and r.tflops is None)
 
 
 def candidates(suite: str, target, seed: int = 0) -> list[tuple]:
@@ -88,121 +94,159 @@ class UtilizationSampler:
         return 1 - statistics.fmean(self.samples) / 100 if self.samples else None
 
 
-def _tally(measurements: list, seconds: float, idle: float | None, waited: float | None) -> dict:
+def _tally(measurements: list, seconds: float, idle: float | None, evaluator) -> dict:
     results = [r for m in measurements for r in m.results]
-    checked = sum(1 for r in results if r.status in CHECKED)
+    count = sum(1 for r in results if checked(r))
+    server = evaluator.server
+    stats = dict(server.stats) if server is not None and hasattr(server, "stats") else {}
+    pipeline = getattr(evaluator, "_pipeline", None)
+    waited = sum(e - s for s, e in pipeline.stats.waits) if pipeline is not None else None
+    static_s = sum((m.static or {}).get("compile_seconds") or 0.0 for m in measurements if not (m.static or {}).get("cached"))
+    compile_s = getattr(evaluator, "stats", {}).get("compile_s", 0.0)
     return {
-        "candidates": len(measurements), "checked": checked,
+        "candidates": len(measurements), "checked": count,
         "ok": sum(1 for r in results if r.status == "ok"), "incorrect": sum(1 for r in results if r.status == "incorrect"),
+        "pruned": sum(1 for m in measurements if m.status == "pruned"),
         "compile_stage": sum(1 for r in results if r.status in ("compile_error", "infeasible")),
         "crash_or_timeout": sum(1 for r in results if r.status in ("crash", "timeout")),
-        "seconds": seconds, "per_gpu_hour": checked / seconds * 3600 if seconds else 0.0,
-        "gpu_idle_share": idle, "consumer_wait_share": waited,
+        "seconds": seconds, "per_gpu_hour": count / seconds * 3600 if seconds else 0.0,
+        "gpu_idle_share": idle, "consumer_wait_s": waited, "static_compile_cpu_s": static_s, "gpu_arch_compile_cpu_s": compile_s,
+        **{f"gpu_child_{k}": v for k, v in stats.items()},
     }
 
 
-def run_sequential(todo: list, settings, target, seconds: float, cache_dir: Path) -> tuple[list, dict]:
-    from search.evaluators import GpuEvaluator
+class Pruning:
+    """search run's pruning for a list of candidates: an Optuna study with SlowerThanBestPruner, one trial each."""
 
-    evaluator = GpuEvaluator(target, static_cache=cache_dir / "static-facts.jsonl", settings=settings)
-    sampler, start, done = UtilizationSampler(), time.monotonic(), []
-    try:
-        for cfg, pc, problems in todo:
-            if time.monotonic() - start > seconds:
-                break
-            done.append(evaluator.evaluate("fwd", cfg, pc, problems))
-            print(f"  sequential {len(done):4d} {pc.name:26s} {cfg.short():60s} {done[-1].status}", flush=True)
-    finally:
-        evaluator.close()
-    wall = time.monotonic() - start
-    return done, _tally(done, wall, sampler.stop(), None)
+    def __init__(self, factor: float):
+        import optuna
+
+        from search.pruning import make_pruner
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.factor = factor
+        self.study = optuna.create_study(direction="maximize", pruner=make_pruner(factor))
+        self.lock = threading.Lock()
+
+    def monitor(self, problems, kind: str):
+        from search.pruning import TrialMonitor, best_tflops, give_up_ms
+
+        with self.lock:
+            trial = self.study.ask()
+            done = [t.user_attrs["results"] for t in self.study.get_trials(deepcopy=False) if "results" in t.user_attrs]
+            return TrialMonitor(trial, give_up_ms(problems, kind, best_tflops(done), self.factor))
+
+    def tell(self, monitor, m) -> None:
+        from optuna.trial import TrialState
+
+        with self.lock:
+            monitor.trial.set_user_attr("results", [r.to_dict() for r in m.results])
+            if m.ok:
+                self.study.tell(monitor.trial, m.geomean_tflops())
+            else:
+                self.study.tell(monitor.trial, state=TrialState.PRUNED if m.status == "pruned" else TrialState.FAIL)
 
 
-def run_pipelined(todo: list, settings, target, seconds: float, compile_jobs: int, max_batch: int, cache_dir: Path) -> tuple[list, dict]:
+def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, prune_factor: float) -> tuple[list, dict]:
+    """Evaluates candidates from `todo` for `seconds` in a mode, with `evaluator.slots` in flight."""
+    from search.evaluators import GpuEvaluator, default_compile_jobs
     from search.gpu_pipeline import PipelinedGpuEvaluator
 
-    evaluator = PipelinedGpuEvaluator(target, compile_jobs, cache_dir=cache_dir, settings=settings, max_batch=max_batch)
+    if mode == "sequential":
+        evaluator = GpuEvaluator(target, static_cache=cache_dir / "static-facts.jsonl")
+    else:  # make_evaluator("gpu")'s default, with a fresh kernel cache so that every compile counts
+        evaluator = PipelinedGpuEvaluator(target, default_compile_jobs(), cache_dir=cache_dir)
+    pruning = Pruning(prune_factor)
+    print(f"{mode}: {type(evaluator).__name__}, compile jobs {getattr(evaluator, 'compile_jobs', 0)}, slots {evaluator.slots}", flush=True)
     sampler, start, done, lock = UtilizationSampler(), time.monotonic(), [], threading.Lock()
 
     def one(item):
         cfg, pc, problems = item
         if time.monotonic() - start > seconds:
             return
-        m = evaluator.evaluate("fwd", cfg, pc, problems)
+        monitor = pruning.monitor(problems, "fwd")
+        m = evaluator.evaluate("fwd", cfg, pc, problems, monitor=monitor)
+        pruning.tell(monitor, m)
         with lock:
             done.append(m)
-            print(f"  pipelined  {len(done):4d} {pc.name:26s} {cfg.short():60s} {m.status}", flush=True)
+            print(f"  {mode:10s} {len(done):4d} {time.monotonic() - start:6.1f}s {pc.name:26s} {cfg.short():60s} {m.status}", flush=True)
 
     try:
-        with ThreadPoolExecutor(compile_jobs + 2) as slots:  # trials in flight: compiling, ready, on the GPU
+        with ThreadPoolExecutor(evaluator.slots) as slots:
             list(slots.map(one, todo))
         wall = time.monotonic() - start
-        stats = evaluator.pipeline.stats
-        waited = sum(e - s for s, e in stats.waits) / wall if wall else None
+        idle = sampler.stop()
+        tally = _tally(done, wall, idle, evaluator)
     finally:
         evaluator.close()
-    return done, _tally(done, wall, sampler.stop(), waited)
+    return done, tally
 
 
 def _agreement(by_mode: dict) -> str:
-    """Median TFLOPS ratio pipelined/sequential over (config, problem) measured ok by both (a loaded kernel must match)."""
-    if set(by_mode) != {"sequential", "pipelined"}:
+    """Median TFLOPS ratio default/sequential over (config, problem) measured ok by both (the same kernel, the same harness)."""
+    if set(by_mode) != {"sequential", "default"}:
         return ""
     seq = {(json.dumps(m.config, sort_keys=True), r.problem): r.tflops for m in by_mode["sequential"] for r in m.results if r.status == "ok"}
-    ratios = [r.tflops / seq[k] for m in by_mode["pipelined"] for r in m.results
+    ratios = [r.tflops / seq[k] for m in by_mode["default"] for r in m.results
               if r.status == "ok" and (k := (json.dumps(m.config, sort_keys=True), r.problem)) in seq and seq[k]]
-    return f"same (config, problem) ok in both modes: {len(ratios)}, median TFLOPS pipelined/sequential {statistics.median(ratios):.3f}" if ratios else ""
+    if not ratios:
+        return ""
+    return (f"same (config, problem) ok in both modes: {len(ratios)}, TFLOPS default/sequential: median {statistics.median(ratios):.3f}, "
+            f"min {min(ratios):.3f}, max {max(ratios):.3f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="standard")
-    parser.add_argument("--modes", nargs="+", default=["sequential", "pipelined"], choices=["sequential", "pipelined"])
-    parser.add_argument("--seconds", type=float, default=240.0, help="time per mode before it stops taking candidates")
-    parser.add_argument("--compile-jobs", type=int, default=8)
-    parser.add_argument("--max-batch", type=int, default=8, help="ready candidates per harness child")
-    parser.add_argument("--cache", type=Path, default=None, help="kernel cache (default: a fresh temporary one, so compiles count)")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--input-sets", type=int, default=2)
-    parser.add_argument("--gate-random-problems", type=int, default=1)
+    parser.add_argument("--modes", nargs="+", default=["default", "sequential"], choices=["default", "sequential"])
+    parser.add_argument("--seconds", type=float, default=240.0, help="time of the default mode before it stops taking candidates")
+    parser.add_argument("--sequential-seconds", type=float, default=150.0)
+    parser.add_argument("--prune-factor", type=float, default=None, help="default: search run's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="JSON lines: one record per evaluated candidate and mode")
     args = parser.parse_args()
 
-    import prepare
     from fa4tune import gpu
+    from search.pruning import DEFAULT_FACTOR
 
     target = get_target("sm120")
     info = gpu.read_device()
-    settings = prepare.Settings(gate_seed=prepare.new_gate_seed(), rounds=args.rounds, input_sets=args.input_sets,
-                                gate_random_problems=args.gate_random_problems)
     todo = candidates(args.suite, target, args.seed)
+    factor = DEFAULT_FACTOR if args.prune_factor is None else args.prune_factor
     print(f"device: {info.name} ({gpu.select_mode(info, target)} for {target.name}); suite {args.suite}: {len(todo)} candidates; "
-          f"settings {settings.to_dict()}; {args.seconds:.0f} s per mode; compile jobs {args.compile_jobs}, batch {args.max_batch}", flush=True)
-    cache_dir = args.cache or Path(tempfile.mkdtemp(prefix="fa4tune-kernels-"))
+          f"prune factor {factor}; harness settings as search run", flush=True)
     rows, by_mode = {}, {}
     for mode in args.modes:
-        print(f"{mode}:", flush=True)
-        if mode == "sequential":
-            by_mode[mode], rows[mode] = run_sequential(todo, settings, target, args.seconds, cache_dir)
-        else:
-            by_mode[mode], rows[mode] = run_pipelined(todo, settings, target, args.seconds, args.compile_jobs, args.max_batch, cache_dir)
+        cache_dir = Path(tempfile.mkdtemp(prefix=f"fa4tune-{mode}-"))
+        limit = args.seconds if mode == "default" else args.sequential_seconds
+        by_mode[mode], rows[mode] = run_mode(mode, todo, target, limit, cache_dir, factor)
+        shutil.rmtree(cache_dir, ignore_errors=True)
         if args.out:
             with open(args.out, "a") as f:
                 for m in by_mode[mode]:
                     f.write(json.dumps({"mode": mode, **m.to_dict()}) + "\n")
-    if args.cache is None:
-        shutil.rmtree(cache_dir, ignore_errors=True)
+                f.write(json.dumps({"mode": mode, "tally": rows[mode]}) + "\n")
 
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.0f} %"
 
+    def sec(x):
+        return "n/a" if x is None else f"{x:.0f}"
+
     print()
-    print("| mode | candidates | checked (config, problem) | ok | incorrect | ended in compile stage | crash/timeout | seconds | checked per GPU-hour | GPU idle (nvidia-smi) | consumer waiting |")
+    print("| mode | candidates | checked (config, problem) | ok | incorrect | pruned configs | ended in compile stage | crash/timeout | seconds | checked per GPU-hour | GPU idle (nvidia-smi) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
-        print(f"| {mode} | {r['candidates']} | {r['checked']} | {r['ok']} | {r['incorrect']} | {r['compile_stage']} | {r['crash_or_timeout']} | "
-              f"{r['seconds']:.0f} | {r['per_gpu_hour']:.0f} | {pct(r['gpu_idle_share'])} | {pct(r['consumer_wait_share'])} |")
+        print(f"| {mode} | {r['candidates']} | {r['checked']} | {r['ok']} | {r['incorrect']} | {r['pruned']} | {r['compile_stage']} | {r['crash_or_timeout']} | "
+              f"{r['seconds']:.0f} | {r['per_gpu_hour']:.0f} | {pct(r['gpu_idle_share'])} |")
+    print()
+    print("where the time goes (seconds; the GPU child's are wall time in that process, the compiles CPU-seconds spread over the compile processes)")
+    print("| mode | wall | GPU child starts (s) | gate incl. kernel loads/compiles | timing | GPU child waiting for work | sm_120a static compiles (CPU) | GPU-arch compiles (CPU) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, r in rows.items():
+        busy = r.get("gpu_child_startup_s", 0) + r.get("gpu_child_step_s", 0)
+        print(f"| {mode} | {r['seconds']:.0f} | {r.get('gpu_child_starts', 0)} ({sec(r.get('gpu_child_startup_s'))}) | {sec(r.get('gpu_child_gate_s'))} | "
+              f"{sec(r.get('gpu_child_timing_s'))} | {sec(max(0.0, r['seconds'] - busy))} | {sec(r['static_compile_cpu_s'])} | {sec(r['gpu_arch_compile_cpu_s'])} |")
     if line := _agreement(by_mode):
         print(line)
     for mode, r in rows.items():
