@@ -224,8 +224,8 @@ def main() -> None:
         if args.out:
             with open(args.out, "a") as f:
                 for m in by_mode[mode]:
-                    f.write(json.dumps({"mode": mode, **m.to_dict()}) + "\n")
-                f.write(json.dumps({"mode": mode, "tally": rows[mode]}) + "\n")
+                    f.write(json.dumps({**m.to_dict(), "bench_mode": mode}) + "\n")
+                f.write(json.dumps({"bench_mode": mode, "tally": rows[mode]}) + "\n")
 
     def pct(x):
         return "n/a" if x is None else f"{100 * x:.0f} %"

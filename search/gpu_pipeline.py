@@ -27,7 +27,7 @@ from search.pipeline import Pipeline, Ready
 
 DEFAULT_CACHE = Path(os.environ.get("FA4TUNE_CACHE_DIR", Path.cwd() / ".cache")) / "kernels"
 COMPILE_FUNCTION = GPU_COMPILE_FUNCTION
-MAX_COMPILING = 6  # trials compiling at once, at most (more would leave the sampler proposing blind)
+MAX_COMPILING = 14  # trials compiling at once, at most (more would leave the sampler proposing blind)
 
 
 def shared_env(target: Target, num_sms: int, cache_dir: Path) -> dict:
