@@ -21,7 +21,8 @@ def make_sampler(name: str, seed: int | None = None) -> optuna.samplers.BaseSamp
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "tpe":
         # multivariate: the knobs interact (the shared-memory rule couples tiles, stages and Q_in_regs).
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8)
+        # constant_liar: trials in flight (the run's slots) count as bad guesses, so parallel asks spread out
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8, deterministic_objective=False)
     raise ConfigError("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
