@@ -179,3 +179,47 @@ def test_after_ctrl_c_the_summary_names_the_best_so_far_as_not_confirmed(tmp_pat
     line = summary(outcome)
     assert "not confirmed" in line and "stopped by Ctrl-C" in line and f"#{outcome.winner.number}" in line
     assert EXHAUSTED != outcome.stopped and evaluated_count(records(loop.study)) == 5
+
+
+class _FaultyGpu(ReplayEvaluator):
+    """Replays the table, except that three configs end as the GPU harness ends them: a fault, a hang, a wrong result."""
+
+    FAULTS = [("crash", "killed by signal SIGSEGV"), ("timeout", "no progress: waited 300 s; the child was killed"),
+              ("incorrect", "out: max error 8.4 > tolerance 0.05")]
+
+    def __init__(self, table):
+        super().__init__(table)
+        self.faulted: dict = {}
+
+    def evaluate(self, kind, config, problem_class, problems, monitor=None):
+        m = super().evaluate(kind, config, problem_class, problems)
+        if len(self.faulted) < len(self.FAULTS) and len(self.calls) % 3 == 2:
+            status, reason = self.FAULTS[len(self.faulted)]
+            self.faulted[config_key(config.to_dict())] = status
+            results = tuple(ProblemResult(r.problem, kind, status, reason=reason) for r in m.results)
+            return Measurement(m.kind, m.problem_class, m.config, results, m.target, m.device, m.mode, m.evaluator)
+        return m
+
+
+def test_a_fault_a_hang_and_a_wrong_result_are_recorded_with_their_reasons_and_nothing_else_changes(tmp_path):
+    from fa4tune import results_tsv
+    from search_helpers import make_loop
+
+    table = write_table(tmp_path)
+    path = tmp_path / "results.tsv"
+    loop, evaluator, _ = make_loop(table, sampler="random", n_trials=12, confirmations=0, results_path=str(path),
+                                   evaluator=_FaultyGpu(load_table(str(table))))
+    loop.run()
+    trials = loop.study.get_trials()
+    clean = ReplayEvaluator(load_table(str(table)))
+    for t in trials:
+        key = config_key(t.user_attrs[attrs.CONFIG])
+        if key in evaluator.faulted and t.user_attrs[attrs.EVALUATED]:
+            status = evaluator.faulted[key]
+            assert t.user_attrs[attrs.STATUS] == status and t.user_attrs[attrs.REASON] and t.constraints[attrs.CONSTRAINT_KEY] == 1.0
+        elif t.user_attrs[attrs.EVALUATED] and t.user_attrs[attrs.STATUS] == "ok":  # the others: exactly the table's numbers
+            m = clean.evaluate("fwd", loop.space.config(t.params), spec().problem_class, list(spec().problems))
+            assert t.value == m.geomean_tflops()
+    assert len(evaluator.faulted) == 3
+    rows = results_tsv.read_rows(path).rows
+    assert len(rows) == len(trials) and {row.status for row in rows} >= {"crash", "timeout", "incorrect", "ok"}
