@@ -426,7 +426,7 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
             reason = f"stopped after {count_text}: median {t.median_ms:.4g} ms > {give_up_ms:.4g} ms (give-up threshold)"
         results[c.name] = ProblemResult(
             problem.label, direction, status, tflops=flops.tflops(count, t.median_ms),
-            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, max_errors=errors, reason=reason,
+            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, ms_q1=t.q1_ms, ms_q3=t.q3_ms, max_errors=errors, reason=reason,
             peak_vram_mb=memory[c.name],
         )
     return results
@@ -902,6 +902,7 @@ def run_experiment(experiment_module, suite: str = DEFAULT_SUITE, *, description
         peak_vram_mb=summary.peak_vram_mb, configs_ok=f"{summary.configs_ok}/{summary.configs_total}",
         status="ok" if not statuses else ",".join(statuses), prepare_sha256=prepare_sha256(), description=description,
         config={"suite": suite, "gate_seed": settings.gate_seed, "forward": configs["fwd"], "backward": configs["bwd"],
+                "fwd_spread_pct": summary.fwd_spread_pct, "bwd_spread_pct": summary.bwd_spread_pct,  # (no new columns)
                 **({"harness_edited": changed} if changed else {})},
     )
     results_tsv.append_row(results_path, row)
