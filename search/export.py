@@ -74,7 +74,8 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
     if classes:
         unknown = sorted(set(classes) - {ev.problem_class.name for ev in studies})
         if unknown:
-            raise ConfigError("problem_class", f"no study of problem class {unknown[0]!r} for target {target} in {storage_text}")
+            have = ", ".join(sorted({ev.problem_class.name for ev in studies}))
+            raise ConfigError("problem_class", f"no study of problem class {unknown[0]!r} for target {target} in {storage_text} (classes: {have})")
         studies = [ev for ev in studies if ev.problem_class.name in classes]
     winners = [_accept(ev, needed, allow_replay) for ev in studies]
     _check_no_conflict(winners)
