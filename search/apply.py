@@ -61,7 +61,8 @@ def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> 
         return Decision(name, direction, pc, None, f"unconfirmed_winner: {head} is confirmed {len(confirmed)} of {needed} times; "
                                                    "run the same `python -m search run` again to confirm it")
     values = ", ".join(f"{c.value:.1f}" for c in confirmed)
-    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS")
+    replayed = " (replayed from a table, not measured by the harness)" if w.evaluator == "replay" else ""
+    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS{replayed}")
 
 
 def render_entry(key: str, config, indent: str = "    ") -> str:

@@ -457,7 +457,8 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         lines.append(f"Target rules: {target.name}, {target.description}.")
     lines += _wrap(
         "Search: one Optuna study per (direction, problem class); the objective is the geometric mean of TFLOPS "
-        "over the class's problems; each winner was re-measured "
+        "over the class's problems; each winner was "
+        + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
         + " or ".join(sorted({str(len(w.confirmations)) for w in winners})) + " times and confirmed within tolerance. "
         f"Tuned on {', '.join(dtypes)}; the tables do not key on dtype."
     )

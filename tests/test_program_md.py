@@ -166,3 +166,11 @@ def test_every_guard_rule_is_explained(rule):
 
     assert rule in guards.WHY
     assert f"| `{rule}` |" in PROGRAM
+
+
+@pytest.mark.parametrize("path", ["results.tsv", "results.tsv.lock", "run.log", "static.log", "search.db", "search.db-wal",
+                                  "search.db.lock", "sm120-tuned.patch", ".cache/static-facts.jsonl"])
+def test_what_the_tools_write_at_the_root_is_ignored_by_git(path):
+    # program.md: results.tsv stays untracked ("never git add it"); so do the logs, databases and patches the tools write
+    done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+    assert done.returncode == 0, f"{path} is not in .gitignore"

@@ -77,6 +77,7 @@ def test_apply_writes_a_confirmed_winner_and_prints_the_diff(confirmed_url, expe
     assert len(removed) == 1 and CLASS in removed[0]
     assert "\n".join(added) == apply_module.render_entry(CLASS, ForwardConfig.from_dict(best.config))
     assert "confirmed at" in done.stdout and f"+++ b/{experiment_copy}" in done.stdout
+    assert "TFLOPS (replayed from a table, not measured by the harness)" in done.stdout
     ast.parse(after)
     assert len(after.splitlines()) == len(before.splitlines()) + len(added) - 1
     again = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")

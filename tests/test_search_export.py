@@ -209,3 +209,10 @@ def test_an_unknown_problem_class_lists_the_classes_of_the_studies(winners_url, 
     out = tmp_path / "p.patch"
     _refused(_export(winners_url, "--allow-replay", "--problem-class", "d999", out=out), out,
              "problem_class: no study of problem class 'd999'", f"(classes: {MHA}, {GQA}")
+
+
+def test_a_replayed_export_never_says_its_winners_were_measured(winners_url):
+    done = _export(winners_url, "--allow-replay", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "each winner was replayed from the table (not measured by the harness) 2 times" in text and "re-measured" not in text
