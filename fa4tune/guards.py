@@ -73,6 +73,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 
 from fa4tune import flops, gate, measurement, timing  # noqa: E402
+
 SAMPLED_ROWS = 16  # query rows compared against the reference in each guarded call
 
 OTHER_ATTENTION, SELF_TIMING, SIDE_STREAM, DEFERRED_WORK = "other_attention", "self_timing", "side_stream", "deferred_work"

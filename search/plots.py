@@ -94,7 +94,7 @@ def _message(text: str, label: str):
 
     fig = plt.figure(figsize=(7, 1), constrained_layout=True)
     _title(fig, f"{text}\n{label}")
-    fig.set_figheight(0.3 + 0.2 * (fig._suptitle.get_text().count("\n") + 1))
+    fig.set_figheight(0.3 + 0.2 * (fig.get_suptitle().count("\n") + 1))
     return fig
 
 
