@@ -10,8 +10,15 @@ metric lines, results.tsv) lives in prepare.py and fa4tune/, which the agent doe
 
 # No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time (cute.struct
 # fields, cutlass.Constexpr kernel parameters), and string annotations break both.
+
+if __name__ == "__main__":
+    # The command line answers --help and refuses bad input before the imports below (seconds); it then checks
+    # this file, imports it as module `experiment` (as the harness does) and runs its dispatch table.
+    from fa4tune.cli import experiment_main
+
+    raise SystemExit(experiment_main(__file__))
+
 import math
-import sys
 from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Optional
@@ -626,9 +633,3 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config)
     return (out, lse) if return_lse else out
-
-
-if __name__ == "__main__":
-    from fa4tune.cli import experiment_main
-
-    sys.exit(experiment_main(sys.modules[__name__]))

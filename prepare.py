@@ -20,7 +20,6 @@ kernels run emulated (upstream's SM120 classes compiled for the local GPU) and t
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import importlib.util
@@ -37,13 +36,6 @@ from typing import Callable, Iterator, Sequence
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-
-from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
-from fa4tune.feasibility import check_backward, check_forward  # noqa: E402
-from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
-from fa4tune.suites import load_suite  # noqa: E402
-from fa4tune.targets import Target, get_target  # noqa: E402
 
 # ------------------------------------------------------------------------------------------------
 # The harness's fixed settings.
@@ -67,6 +59,43 @@ GUARD_SEED_OFFSET = 7  # the run-time guards' inputs: gate seed + this (other va
 
 # Candidate kinds a step can run (baseline names as printed).
 EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line (main() is at the end): parsed before the imports below, which take seconds (torch), so that
+# --help and bad arguments answer at once.
+# ------------------------------------------------------------------------------------------------
+
+from fa4tune.cli import CommandParser, positive_seconds  # noqa: E402
+
+
+def _parser() -> CommandParser:
+    """prepare.py's options (one `error:` line and exit 2 for a bad one)."""
+    parser = CommandParser(
+        prog="prepare.py",
+        description="The fixed benchmark harness: correctness gate, timing, metric lines, results.tsv. "
+        "Tuned configs run through experiment.py (`python experiment.py > run.log`).",
+    )
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--baseline", action="store_true", help="time upstream's SM120 defaults, FA4's own path for this GPU and torch SDPA")
+    action.add_argument("--experiment", metavar="PATH", help="run the dispatch table of an experiment file (as `python experiment.py` does)")
+    action.add_argument("--self-check", action="store_true", help="show the gate catches planted faults on this GPU, and the timer's spread")
+    parser.add_argument("--suite", default=DEFAULT_SUITE, help=f"suite name (suites/*.json) or path to a suite file (default: {DEFAULT_SUITE})")
+    parser.add_argument("--only", metavar="TEXT", help="only the problems whose name contains TEXT")
+    parser.add_argument("--time-limit", type=positive_seconds, default=STEP_TIME_LIMIT_S, help=f"seconds per step before a child is killed (default: {STEP_TIME_LIMIT_S:g})")
+    parser.add_argument("--description", default="", help="free text for the results.tsv row (--experiment)")
+    return parser
+
+
+if __name__ == "__main__":
+    _parser().parse_args()  # exits here for --help and bad arguments; main() parses again
+
+from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
+from fa4tune.feasibility import check_backward, check_forward  # noqa: E402
+from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
+from fa4tune.suites import load_suite  # noqa: E402
+from fa4tune.targets import Target, get_target  # noqa: E402
 
 
 def _status_of_error(err: BaseException) -> str:
@@ -426,7 +455,7 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
             reason = f"stopped after {count_text}: median {t.median_ms:.4g} ms > {give_up_ms:.4g} ms (give-up threshold)"
         results[c.name] = ProblemResult(
             problem.label, direction, status, tflops=flops.tflops(count, t.median_ms),
-            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, max_errors=errors, reason=reason,
+            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, ms_q1=t.q1_ms, ms_q3=t.q3_ms, max_errors=errors, reason=reason,
             peak_vram_mb=memory[c.name],
         )
     return results
@@ -737,9 +766,11 @@ def _header(context: RunContext, suite: str, problems: Sequence[Problem], settin
 def _load_problems(suite: str, only: str | None) -> list[Problem]:
     problems = load_suite(suite)
     if only:
-        problems = [p for p in problems if only in p.label]
-        if not problems:
-            raise ConfigError("problem_filter", f"no problem of suite {suite!r} has {only!r} in its name")
+        chosen = [p for p in problems if only in p.label]
+        if not chosen:
+            raise ConfigError("problem_filter", f"no problem of suite {suite!r} has {only!r} in its name "
+                                                f"(problems: {', '.join(p.label for p in problems)})")
+        problems = chosen
     return problems
 
 
@@ -902,6 +933,7 @@ def run_experiment(experiment_module, suite: str = DEFAULT_SUITE, *, description
         peak_vram_mb=summary.peak_vram_mb, configs_ok=f"{summary.configs_ok}/{summary.configs_total}",
         status="ok" if not statuses else ",".join(statuses), prepare_sha256=prepare_sha256(), description=description,
         config={"suite": suite, "gate_seed": settings.gate_seed, "forward": configs["fwd"], "backward": configs["bwd"],
+                "fwd_spread_pct": summary.fwd_spread_pct, "bwd_spread_pct": summary.bwd_spread_pct,  # (no new columns)
                 **({"harness_edited": changed} if changed else {})},
     )
     results_tsv.append_row(results_path, row)
@@ -1030,28 +1062,6 @@ def run_self_check() -> int:
     surprises += claimed
     print(f"self_check: {'ok' if not surprises else f'{surprises} unexpected'}", flush=True)
     return 0 if not surprises else 1
-
-
-# ------------------------------------------------------------------------------------------------
-# Command line.
-# ------------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="prepare.py",
-        description="The fixed benchmark harness: correctness gate, timing, metric lines, results.tsv. "
-        "Tuned configs run through experiment.py (`python experiment.py > run.log`).",
-    )
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--baseline", action="store_true", help="time upstream's SM120 defaults, FA4's own path for this GPU and torch SDPA")
-    action.add_argument("--experiment", metavar="PATH", help="run the dispatch table of an experiment file (as `python experiment.py` does)")
-    action.add_argument("--self-check", action="store_true", help="show the gate catches planted faults on this GPU, and the timer's spread")
-    parser.add_argument("--suite", default=DEFAULT_SUITE, help=f"suite name (suites/*.json) or path to a suite file (default: {DEFAULT_SUITE})")
-    parser.add_argument("--only", metavar="TEXT", help="only the problems whose name contains TEXT")
-    parser.add_argument("--time-limit", type=float, default=STEP_TIME_LIMIT_S, help=f"seconds per step before a child is killed (default: {STEP_TIME_LIMIT_S:g})")
-    parser.add_argument("--description", default="", help="free text for the results.tsv row (--experiment)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,17 +1,50 @@
-"""Command line of experiment.py: static sm_120a check without a GPU, harness run with one."""
+"""Command lines: the parser every command uses, and experiment.py's (static sm_120a check without a GPU,
+harness run with one).
+
+Every refusal is one `error:` line on stderr and exit code 2: bad arguments (CommandParser), a guard violation,
+and a dispatch-table entry that names an unknown knob, is keyed by no problem class or breaks a static rule.
+experiment.py hands over its command line before its own imports (torch, the CuTe DSL: seconds), so `--help`
+and bad arguments answer at once; the file is then checked, imported as module `experiment` and run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from pathlib import Path
 
-from fa4tune.config import ConfigError
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+
+DISPATCH_TABLES = (("FORWARD_DISPATCH", "fwd", ForwardConfig), ("BACKWARD_DISPATCH", "bwd", BackwardConfig))
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, except that a bad argument is one `error:` line and exit code 2, like every refusal."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (usage: {self.prog} --help)\n")
+
+
+def count(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a number of seconds above 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+    return value
+
+
+def _parser() -> CommandParser:
+    parser = CommandParser(
         prog="experiment.py",
         description="Run experiment.py's dispatch table: on a GPU through prepare.py (correctness gate, timing, "
         "metric lines, results.tsv); without one (or with --static) as a static sm_120a compile report.",
@@ -19,22 +52,31 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--static", action="store_true", help="compile for sm_120a and read cubins even if a GPU is present")
     parser.add_argument("--suite", default="standard", help="suite name (suites/*.json) or path to a suite file (default: standard)")
     parser.add_argument("--target", default=None, help="target rules to check against (default: sm120)")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel compile processes (default: number of CPUs)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a compile is killed (default: 300)")
+    parser.add_argument("--jobs", type=count, default=None, help="parallel compile processes (default: number of CPUs)")
+    parser.add_argument("--timeout", type=positive_seconds, default=300.0, help="seconds before a compile is killed (default: 300)")
     parser.add_argument("--no-cache", action="store_true", help="ignore and do not write the static-facts cache")
     parser.add_argument("--description", default="", help="free text stored in results.tsv (GPU runs)")
     return parser
 
 
-def experiment_main(module, argv: list[str] | None = None) -> int:
-    """Entry point of `python experiment.py`; returns the exit code (2 for bad input)."""
+def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
+    """Entry point of `python experiment.py` (the file at `path`); returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
     from fa4tune import guards
 
-    violations = guards.check_module(module)
-    for violation in violations:  # before any compile or GPU work (program.md's guardrails)
-        print(f"error: {violation}", file=sys.stderr)
-    if violations:
+    path = Path(path)
+    refusals = [str(v) for v in guards.check_source(path)]  # before the file runs (program.md's guardrails)
+    if not refusals:
+        try:
+            module = _import_experiment(path)
+            from fa4tune.targets import get_target
+
+            refusals = [str(v) for v in guards.check_kernel_classes(module)] + dispatch_refusals(module, get_target(args.target))
+        except ConfigError as err:
+            refusals = [str(err)]
+    for line in refusals:
+        print(f"error: {line}", file=sys.stderr)
+    if refusals:
         return 2
     try:
         if args.static or not _gpu_available():
@@ -45,6 +87,45 @@ def experiment_main(module, argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def _import_experiment(path: Path):
+    """The experiment file imported as module `experiment`; a ConfigError raised by its top level (a dispatch
+    entry with an unknown knob) names the line."""
+    import prepare
+
+    try:
+        return prepare.load_experiment(path)
+    except ConfigError as err:
+        lines = [frame.lineno for frame in traceback.extract_tb(err.__traceback__) if Path(frame.filename).resolve() == path.resolve()]
+        if not lines:
+            raise
+        raise ConfigError(err.rule, f"{str(err).split(': ', 1)[1]} ({path.name}:{lines[-1]})") from err
+
+
+def dispatch_refusals(module, target) -> list[str]:
+    """One line per dispatch-table entry that can never run: its key is not a problem class name as the dispatch
+    looks it up, its value is not a config of its direction, or the config breaks a static rule of the target."""
+    from fa4tune.static_check import StaticJob, verdict
+
+    refusals = []
+    for table, kind, config_type in DISPATCH_TABLES:
+        for key, config in getattr(module, table, {}).items():
+            entry = f"{table}[{key!r}]"
+            try:
+                pc = ProblemClass.parse(key)
+            except ConfigError as err:
+                refusals.append(f"{entry}: {err}")
+                continue
+            if pc.name != key:
+                refusals.append(f"{entry}: problem_class_name: the dispatch looks this class up as {pc.name!r}, so the entry is never used")
+            elif not isinstance(config, config_type):
+                refusals.append(f"{entry}: dispatch_entry: must be a {config_type.__name__}, got {type(config).__name__}")
+            else:
+                check = verdict(StaticJob(kind, config, pc), target)
+                if not check:
+                    refusals.append(f"{entry}: infeasible on {target.name}: {check}")
+    return refusals
 
 
 def _gpu_available() -> bool:
@@ -67,7 +148,8 @@ def static_jobs(module, problems) -> list:
 
 
 def static_main(module, args) -> int:
-    """Compile the dispatch table for the target, print a table and the static_* metric lines."""
+    """Compile the dispatch table for the target, print a table and the static_* metric lines; one `error:` line
+    per kernel that is not ok (exit code 1, as a GPU run's failed problems)."""
     from fa4tune.static_check import DEFAULT_CACHE, run_static
     from fa4tune.static_report import print_report
     from fa4tune.suites import load_suite
@@ -82,4 +164,7 @@ def static_main(module, args) -> int:
         timeout_s=args.timeout, cache_path=None if args.no_cache else DEFAULT_CACHE,
     )
     print_report(jobs, facts, target)
+    for job, f in zip(jobs, facts):
+        if not f.ok:
+            print(f"error: static {job.kind} {job.problem_class.name}: {f.status}: {f.reason} [target={target.name} mode=static]", file=sys.stderr)
     return 0 if all(f.ok for f in facts) else 1

@@ -22,12 +22,18 @@ class ConfigError(ValueError):
         self.rule = rule
 
 
-def _from_mapping(cls, data: Mapping[str, Any]):
-    """Builds a frozen config from a mapping, rejecting unknown knobs and wrong types by name."""
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
+def _check_knobs(cls, names) -> None:
+    """ConfigError naming the first unknown knob and listing the known ones."""
+    known = [f.name for f in fields(cls)]
+    unknown = [name for name in names if name not in known]
     if unknown:
         raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
+
+
+def _from_mapping(cls, data: Mapping[str, Any]):
+    """Builds a frozen config from a mapping, rejecting unknown knobs and wrong types by name."""
+    _check_knobs(cls, sorted(data))
+    known = {f.name: f for f in fields(cls)}
     values = {}
     for name, value in data.items():
         expected = known[name].type
@@ -46,6 +52,11 @@ def _from_mapping(cls, data: Mapping[str, Any]):
 
 class _Record:
     """Shared behaviour of the frozen records: dict round trip and a stable, complete key."""
+
+    def __new__(cls, *args, **kwargs):
+        # the dataclass __init__ would raise a bare TypeError for ForwardConfig(tile_k=32); name the knobs instead
+        _check_knobs(cls, kwargs)
+        return super().__new__(cls)
 
     def to_dict(self) -> dict[str, Any]:
         """All fields, in declaration order (JSON-ready)."""

@@ -31,7 +31,6 @@ FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it writes says whic
 
 from __future__ import annotations
 
-import argparse
 import ast
 import contextlib
 import hashlib
@@ -45,9 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
-
-from fa4tune import flops, gate, measurement, timing
+from fa4tune.cli import CommandParser
 
 ROOT = Path(__file__).resolve().parent.parent
 PIN_PATH = Path(__file__).resolve().with_name("harness.sha256")
@@ -58,6 +55,25 @@ HARNESS_FILES = (
     "fa4tune/results_tsv.py", "fa4tune/flops.py", "fa4tune/measurement.py", "fa4tune/gpu.py", "fa4tune/guards.py",
     "fa4tune/step_server.py",
 )
+
+
+def _parser() -> CommandParser:
+    """The command line's options (main() is at the end)."""
+    parser = CommandParser(prog="python -m fa4tune.guards", description=(
+        "Check experiment.py against the guardrails' static rules and the harness files against their pinned "
+        "hashes (no GPU needed); the run-time guards run inside prepare.py."))
+    parser.add_argument("experiment", nargs="?", default=str(ROOT / "experiment.py"), help="experiment file to check (default: experiment.py)")
+    parser.add_argument("--pin", action="store_true", help="maintainers: record the current harness files' sha256 in fa4tune/harness.sha256")
+    return parser
+
+
+if __name__ == "__main__":
+    _parser().parse_args()  # --help and bad arguments answer before torch is imported (seconds); main() parses again
+
+import torch  # noqa: E402
+
+from fa4tune import flops, gate, measurement, timing  # noqa: E402
+
 SAMPLED_ROWS = 16  # query rows compared against the reference in each guarded call
 
 OTHER_ATTENTION, SELF_TIMING, SIDE_STREAM, DEFERRED_WORK = "other_attention", "self_timing", "side_stream", "deferred_work"
@@ -238,12 +254,6 @@ class _SourceCheck(ast.NodeVisitor):
     def visit_Name(self, node: ast.Name) -> None:
         if node.id in self.aliases:
             self._flag(forbidden_rule(self.aliases[node.id]), node.lineno, self.aliases[node.id])
-
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        # `sys.modules[__name__]` (experiment.py's own module, for its command line) is the one allowed use
-        if self._dotted(node.value) == "sys.modules" and isinstance(node.slice, ast.Name) and node.slice.id == "__name__":
-            return
-        self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -759,13 +769,9 @@ def harness_edit_mark(changed: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Check experiment.py and the harness pin (exit 1 on a violation), or --pin the harness."""
-    parser = argparse.ArgumentParser(prog="python -m fa4tune.guards", description=(
-        "Check experiment.py against the guardrails' static rules and the harness files against their pinned "
-        "hashes (no GPU needed); the run-time guards run inside prepare.py."))
-    parser.add_argument("experiment", nargs="?", default=str(ROOT / "experiment.py"), help="experiment file to check (default: experiment.py)")
-    parser.add_argument("--pin", action="store_true", help="maintainers: record the current harness files' sha256 in fa4tune/harness.sha256")
-    args = parser.parse_args(argv)
+    """Check experiment.py and the harness pin, or --pin the harness; a violation is a refusal (one `error:` line
+    each, exit code 2, as every refusal of the project's commands), a clean check exits 0."""
+    args = _parser().parse_args(argv)
     if args.pin:
         write_pin()
         print(f"pinned {len(HARNESS_FILES)} harness files in {PIN_PATH}")
@@ -781,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if changed:
         print(f"error: {harness_edit_error(changed)}", file=sys.stderr)
     print(f"guards: {len(violations)} violation(s) in {path.name}; harness {'edited' if changed else 'as pinned'}")
-    return 1 if violations or changed else 0
+    return 2 if violations or changed else 0
 
 
 if __name__ == "__main__":

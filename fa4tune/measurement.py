@@ -26,6 +26,8 @@ class ProblemResult:
     max_errors: dict = field(default_factory=dict)  # e.g. {"out": 1e-3, "lse": 2e-5, "out_tolerance": 4e-3}
     reason: str = ""
     peak_vram_mb: float | None = None
+    ms_q1: float | None = None  # quartiles of the timed calls: their IQR is the spread the keep rule uses
+    ms_q3: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

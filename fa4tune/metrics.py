@@ -3,7 +3,7 @@
 The metric lines are the interface to people and programs (`grep '^fwd_tflops_geomean:' run.log`):
 
     fwd_tflops_peak, fwd_tflops_geomean, bwd_tflops_peak, bwd_tflops_geomean,
-    fwd_utilization, peak_vram_mb, configs_ok, target, device, mode
+    fwd_utilization, fwd_spread_pct, bwd_spread_pct, peak_vram_mb, configs_ok, target, device, mode
 
 Geomeans and peaks are over the problems whose status is ok; `configs_ok: N/M` counts the configs (one
 per direction and problem class) whose every problem passed, so a run that lost problems says so there.
@@ -12,6 +12,13 @@ forward geomean as a percent of the dense bf16 peak of the device that ran the k
 DEVICE_PEAKS), and the line names that device, its peak and the peak's source; an emulated run says so,
 since its rate is another GPU's. A device the table does not know prints `nan` and says why: a rate
 divided by some other GPU's peak is a wrong figure (an H200's rate over the RTX 5090's peak read 122 %).
+
+`fwd_spread_pct` / `bwd_spread_pct` are the run's timing noise in that direction: the largest interquartile
+range of one problem's timed calls, in percent of its median, over the ok problems (program.md keeps a change
+only when the geomean moves by more than this). The IQR, as in fa4tune.timing.is_improvement: min and max
+follow single outliers (on the H200 the median over problems of (max - min) / median was 4-7 % while the
+geomeans of three runs moved 0.2 % forward and 1.0 % backward: docs/measurements/logs/2026-11-30-h200-stability.json,
+"after"); the largest over the problems, because a geomean moves less than its noisiest problem does.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from fa4tune.targets import Target
 
 METRIC_NAMES = (
     "fwd_tflops_peak", "fwd_tflops_geomean", "bwd_tflops_peak", "bwd_tflops_geomean",
-    "fwd_utilization", "peak_vram_mb", "configs_ok", "target", "device", "mode",
+    "fwd_utilization", "fwd_spread_pct", "bwd_spread_pct", "peak_vram_mb", "configs_ok", "target", "device", "mode",
 )
 
 
@@ -41,6 +48,8 @@ class RunSummary:
     fwd_utilization: float | None  # percent of peak_tflops, the peak of `device`
     peak_tflops: float | None  # None: DEVICE_PEAKS does not know `device`
     peak_source: str
+    fwd_spread_pct: float | None  # largest IQR / median of a forward problem's timed calls, percent
+    bwd_spread_pct: float | None
     peak_vram_mb: float | None
     configs_ok: int
     configs_total: int
@@ -55,6 +64,14 @@ class RunSummary:
 
 def _ok_rates(results: Iterable[ProblemResult], direction: str) -> list[float]:
     return [r.tflops for r in results if r.direction == direction and r.status == "ok" and r.tflops]
+
+
+def spread_pct(results: Iterable[ProblemResult], direction: str) -> float | None:
+    """The largest interquartile range of a problem's timed calls, in percent of its median, over the direction's
+    ok problems (None when none has quartiles)."""
+    spreads = [100.0 * (r.ms_q3 - r.ms_q1) / r.ms_median for r in results
+               if r.direction == direction and r.status == "ok" and r.ms_median and r.ms_q1 is not None and r.ms_q3 is not None]
+    return max(spreads) if spreads else None
 
 
 def summarize(measurements: Sequence[Measurement], target: Target, device: str, mode: str) -> RunSummary:
@@ -72,6 +89,8 @@ def summarize(measurements: Sequence[Measurement], target: Target, device: str, 
         fwd_utilization=100.0 * fwd_geomean / peak.tflops if fwd_geomean and peak else None,
         peak_tflops=peak.tflops if peak else None,
         peak_source=peak.source if peak else "",
+        fwd_spread_pct=spread_pct(results, "fwd"),
+        bwd_spread_pct=spread_pct(results, "bwd"),
         peak_vram_mb=max(memory) if memory else None,
         configs_ok=sum(1 for m in measurements if m.ok),
         configs_total=len(measurements),
@@ -87,13 +106,15 @@ def format_number(value: float | None) -> str:
 
 
 def metric_lines(summary: RunSummary) -> list[str]:
-    """The ten `name: value` lines, in METRIC_NAMES order."""
+    """The twelve `name: value` lines, in METRIC_NAMES order."""
     values = {
         "fwd_tflops_peak": format_number(summary.fwd_tflops_peak),
         "fwd_tflops_geomean": format_number(summary.fwd_tflops_geomean),
         "bwd_tflops_peak": format_number(summary.bwd_tflops_peak),
         "bwd_tflops_geomean": format_number(summary.bwd_tflops_geomean),
         "fwd_utilization": utilization_text(summary),
+        "fwd_spread_pct": "nan" if summary.fwd_spread_pct is None else f"{summary.fwd_spread_pct:.2f}",
+        "bwd_spread_pct": "nan" if summary.bwd_spread_pct is None else f"{summary.bwd_spread_pct:.2f}",
         "peak_vram_mb": format_number(summary.peak_vram_mb),
         "configs_ok": f"{summary.configs_ok}/{summary.configs_total}",
         "target": summary.target,
@@ -153,6 +174,12 @@ def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
+def _iqr_pct(r: ProblemResult) -> str:
+    """The problem's share of the spread line: its IQR in percent of its median."""
+    spread = spread_pct([r], r.direction)
+    return "" if spread is None else f"{spread:.2f}"
+
+
 def _gate_margin(r: ProblemResult) -> str:
     """Worst error/tolerance ratio of the gate (below 1 passes)."""
     ratios = [
@@ -164,19 +191,20 @@ def _gate_margin(r: ProblemResult) -> str:
 
 
 def problem_table(measurements: Sequence[Measurement], title: str):
-    """One row per (problem, direction): status, TFLOPS, time (median, min, max), memory, gate margin, reason."""
+    """One row per (problem, direction): status, TFLOPS, time (median, min, max, IQR %), memory, gate margin, reason."""
     from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=escape(title), title_justify="left")
-    for column in ("problem", "dir", "class", "status", "TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol", "config / reason"):
-        table.add_column(column, justify="right" if column in ("TFLOPS", "median ms", "min ms", "max ms", "VRAM MB", "gate err/tol") else "left")
+    numbers = ("TFLOPS", "median ms", "min ms", "max ms", "IQR %", "VRAM MB", "gate err/tol")
+    for column in ("problem", "dir", "class", "status", *numbers, "config / reason"):
+        table.add_column(column, justify="right" if column in numbers else "left")
     for m in measurements:
         config = " ".join(f"{k}={v}" for k, v in m.config.items() if k != "kernel")
         for r in m.results:
             table.add_row(
                 escape(r.problem), r.direction, escape(m.problem_class), r.status if r.status == "ok" else f"[red]{r.status}[/red]",
-                _rate(r) if r.status == "ok" else "", _ms(r.ms_median), _ms(r.ms_min), _ms(r.ms_max),
+                _rate(r) if r.status == "ok" else "", _ms(r.ms_median), _ms(r.ms_min), _ms(r.ms_max), _iqr_pct(r),
                 "" if r.peak_vram_mb is None else f"{r.peak_vram_mb:.0f}", _gate_margin(r),
                 escape(config if r.status == "ok" else r.reason),
             )

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
-import optuna
-
+from fa4tune.cli import CommandParser, count
 from fa4tune.config import ConfigError
 from search import review_cli
 
-BAD_INPUT = 2
-REFUSED = 1
+BAD_INPUT = 2  # bad input and refusals alike: one `error:` line each
 
 
 def _run_parser(sub) -> None:
@@ -51,8 +48,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--workers", type=int, help="run N worker processes (one per GPU; 0: only create the studies)")
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m search", description="Tune FlashAttention-4's SM120 configs per problem class.")
+def _parser() -> CommandParser:
+    parser = CommandParser(prog="python -m search", description="Tune FlashAttention-4's SM120 configs per problem class.")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
     p = sub.add_parser("report", help="best config per study and credit per proposer")
@@ -72,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=0.99)
     p.add_argument("--problem-class", action="append", dest="problem_classes")
     p.add_argument("--sampler", default=None, help="the sampler of the turns and default strategies (default: run's default)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--jobs", type=count, default=os.cpu_count() or 1)
     review_cli.add_parsers(sub)
     from search import worker
 
@@ -83,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         commands = {"run": _run, "report": _report, "apply": _apply, "bench": _bench,
@@ -144,10 +143,15 @@ def _apply(args) -> int:
         raise ConfigError("experiment_file", f"{args.experiment!r} does not exist")
     print(f"storage: {describe(url)}")
     decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target)
+    if not decisions:
+        raise ConfigError("storage_empty", f"no search studies for target {args.target} in {describe(url)}: run `python -m search run` first")
     old = path.read_text()
     new = apply.apply(old, decisions)
     for d in decisions:
-        print(d.refusal or d.note)
+        if d.refusal:
+            print(f"error: {d.refusal}", file=sys.stderr)
+        else:
+            print(d.note)
     if new != old:
         print(apply.unified_diff(old, new, args.experiment), end="")
         if not args.dry_run:
@@ -155,9 +159,7 @@ def _apply(args) -> int:
             print(f"wrote {args.experiment}")
     elif any(d.config for d in decisions):
         print(f"{args.experiment} already holds the confirmed winners")
-    if not decisions:
-        print("nothing to apply: no search studies for this target")
-    return REFUSED if any(d.refusal for d in decisions) or not decisions else 0
+    return BAD_INPUT if any(d.refusal for d in decisions) else 0  # the confirmed ones are written all the same
 
 
 def _bench(args) -> int:
@@ -174,6 +176,10 @@ def _bench(args) -> int:
 
     path = args.table or bench.DEFAULT_TABLE
     table = load_table(path)
+    unknown = sorted(set(args.problem_classes or ()) - set(table.problem_classes("fwd")))
+    if unknown:
+        raise ConfigError("problem_class", f"table {path!r} has no forward problem class {unknown[0]!r} "
+                                           f"(classes: {', '.join(table.problem_classes('fwd'))})")
     classes = bench.classes_of(table, classes=args.problem_classes)
     if not classes:
         raise ConfigError("table_file", f"table {path!r} has no problem class with a passing forward config")

@@ -31,7 +31,7 @@ class Decision:
     direction: str
     problem_class: str
     config: dict | None
-    refusal: str = ""
+    refusal: str = ""  # 'rule: why' (an `error:` line)
     note: str = ""
 
 
@@ -51,15 +51,18 @@ def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> 
     direction, pc = meta[attrs.DIRECTION], meta[attrs.PROBLEM_CLASS]
     w = winner(history)
     if w is None:
-        return Decision(name, direction, pc, None, f"{name}: refused: no trial passed the correctness gate")
+        return Decision(name, direction, pc, None, f"no_winner: {name}: no trial passed the correctness gate, so there is no winner")
     head = f"{name}: best trial #{w.number} ({w.value:.1f} TFLOPS, {short_config(w.config)})"
     if w.evaluator == "replay" and not allow_replay:
-        return Decision(name, direction, pc, None, f"{head}: refused: replayed from a table, not measured by the harness (--allow-replay to apply anyway)")
+        return Decision(name, direction, pc, None, f"replayed_winner: {head} was replayed from a table, not measured by the harness "
+                                                   "(--allow-replay to apply it anyway)")
     confirmed = [c for c in confirmations(history, w.number) if c.confirmed]
     if len(confirmed) < needed:
-        return Decision(name, direction, pc, None, f"{head}: refused: confirmed {len(confirmed)} of {needed} times; run the same `python -m search run` again to confirm it")
+        return Decision(name, direction, pc, None, f"unconfirmed_winner: {head} is confirmed {len(confirmed)} of {needed} times; "
+                                                   "run the same `python -m search run` again to confirm it")
     values = ", ".join(f"{c.value:.1f}" for c in confirmed)
-    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS")
+    replayed = " (replayed from a table, not measured by the harness)" if w.evaluator == "replay" else ""
+    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS{replayed}")
 
 
 def render_entry(key: str, config, indent: str = "    ") -> str:

@@ -74,7 +74,8 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
     if classes:
         unknown = sorted(set(classes) - {ev.problem_class.name for ev in studies})
         if unknown:
-            raise ConfigError("problem_class", f"no study of problem class {unknown[0]!r} for target {target} in {storage_text}")
+            have = ", ".join(sorted({ev.problem_class.name for ev in studies}))
+            raise ConfigError("problem_class", f"no study of problem class {unknown[0]!r} for target {target} in {storage_text} (classes: {have})")
         studies = [ev for ev in studies if ev.problem_class.name in classes]
     winners = [_accept(ev, needed, allow_replay) for ev in studies]
     _check_no_conflict(winners)
@@ -456,7 +457,8 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         lines.append(f"Target rules: {target.name}, {target.description}.")
     lines += _wrap(
         "Search: one Optuna study per (direction, problem class); the objective is the geometric mean of TFLOPS "
-        "over the class's problems; each winner was re-measured "
+        "over the class's problems; each winner was "
+        + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
         + " or ".join(sorted({str(len(w.confirmations)) for w in winners})) + " times and confirmed within tolerance. "
         f"Tuned on {', '.join(dtypes)}; the tables do not key on dtype."
     )

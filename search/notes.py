@@ -87,12 +87,17 @@ def trial_note(ev: StudyEvidence, r: TrialRecord) -> str:
     a = ev.user_attrs(r.number)
     constraint = (a.get(attrs.CONSTRAINT) or [None])[0]
     feasible = "**feasible: no**" if r.status == "infeasible" else "**feasible: yes**"
+    # a replayed trial's numbers are a table's record: never say the harness gated or timed it in this run
+    replayed = f"replayed from {replayed_table(a.get(attrs.DEVICE, '')) or 'a recorded table'}, not measured by this run" \
+        if r.evaluator == "replay" else ""
     if r.status == "infeasible":
         head = f"{feasible} · rule `{r.rule}`: {r.reason}"
     elif r.ok:
-        head = f"{feasible} · **ok**: {r.value:.1f} TFLOPS geomean ({STATUS_WORDS['ok']})"
+        head = f"{feasible} · **ok**: {r.value:.1f} TFLOPS geomean ({replayed or STATUS_WORDS['ok']})"
     else:
         head = f"{feasible} · **{r.status}**: {STATUS_WORDS.get(r.status, r.status)}" + (f" · {r.reason}" if r.reason else "")
+        if replayed and r.status != "missing":
+            head += f" ({replayed})"
     lines = [head]
     if constraint is not None:
         lines.append(f"\nconstraint `feasibility` = {constraint:g} (> 0: infeasible or failed)")

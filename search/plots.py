@@ -6,7 +6,9 @@ tile_heatmap.png     best TFLOPS per (tile_m, tile_n), one panel per num_threads
 registers_spills.png registers and spill bytes (sm_120a cubin) against TFLOPS for that class
 
 Numbers come from the studies' trials, or from a recorded table when one is given (the winners stay the
-studies'). Every figure says where its numbers come from (search.evidence.source_label).
+studies'). Every figure says where its numbers come from (search.evidence.source_label). A figure is as large as
+its panels, with its title wrapped to that width; a panel with nothing to draw is left out (a figure with no
+panel left says why in one line).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ PROPOSER_COLOURS = {
 }
 OTHER_COLOUR = "#8c564b"
 DPI = 110
+TITLE_CHARS_PER_INCH = 12  # 10 pt DejaVu Sans averages about 6 pt a character: wrap titles at this many per inch
 
 
 def make_plots(studies: list[StudyEvidence], out_dir: str | Path, table=None, plot_class: str | None = None,
@@ -47,7 +50,7 @@ def make_plots(studies: list[StudyEvidence], out_dir: str | Path, table=None, pl
 
     paths = []
     for name, fig in figures.items():
-        fig.savefig(out / name, dpi=DPI)
+        fig.savefig(out / name, dpi=DPI, bbox_inches="tight", pad_inches=0.15)  # (nothing drawn outside is cut)
         plt.close(fig)
         paths.append(out / name)
     return paths
@@ -77,11 +80,37 @@ def _figure(rows: int, cols: int, width: float, height: float):
     return fig, axes
 
 
+def _title(fig, text: str, fontsize: float = 10) -> None:
+    """The figure's title, each line wrapped to the figure's width."""
+    import textwrap
+
+    width = max(20, int(fig.get_figwidth() * TITLE_CHARS_PER_INCH * 10 / fontsize))
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in text.split("\n")), fontsize=fontsize)
+
+
+def _message(text: str, label: str):
+    """A figure with nothing to plot: one line that says why, and where the numbers would come from."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(7, 1), constrained_layout=True)
+    _title(fig, f"{text}\n{label}")
+    fig.set_figheight(0.3 + 0.2 * (fig.get_suptitle().count("\n") + 1))
+    return fig
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def best_so_far(studies: list[StudyEvidence], label: str):
     """Best-so-far against trial number per study; each trial's value as a point in its proposer's colour."""
-    cols = min(4, max(1, len(studies)))
-    rows = max(1, -(-len(studies) // cols))
-    fig, axes = _figure(rows, cols, 4.2 * cols, 3.2 * rows + 0.6)
+    from matplotlib.ticker import MaxNLocator
+
+    if not studies:
+        return _message("Best geomean TFLOPS so far: no search studies", label)
+    cols = min(4, len(studies))
+    rows = -(-len(studies) // cols)
+    fig, axes = _figure(rows, cols, max(7.0, 4.2 * cols), 3.2 * rows + 1.0)
     seen: list[str] = []
     for ax, ev in zip(axes.flat, studies):
         best, xs, ys = None, [], []
@@ -101,20 +130,19 @@ def best_so_far(studies: list[StudyEvidence], label: str):
         if default is not None:
             ax.axhline(default.value, color="#999999", linestyle="--", linewidth=1)
         ax.set_title(f"{ev.direction} {ev.problem_class.name}", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # trial numbers
         ax.set_xlabel("trial", fontsize=8)
         ax.set_ylabel("geomean TFLOPS", fontsize=8)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(studies):]:
-        ax.axis("off")
-    if not studies:
-        axes.flat[0].text(0.5, 0.5, "no search studies", ha="center", va="center")
+        ax.remove()  # (the last row's empty cells)
     if seen:
         from matplotlib.lines import Line2D
 
         handles = [Line2D([], [], marker="o", linestyle="", color=PROPOSER_COLOURS.get(n, OTHER_COLOUR)) for n in seen]
         fig.legend(handles, seen, loc="outside lower center", ncol=len(seen), fontsize=8)
-    fig.suptitle(f"Best geomean TFLOPS so far (line), each trial coloured by proposer (x: infeasible or failed, at 0; "
-                 f"dashed: upstream default)\n{label}", fontsize=10)
+    _title(fig, f"Best geomean TFLOPS so far (line), each trial coloured by proposer (x: infeasible or failed, at 0; "
+                f"dashed: upstream default)\n{label}")
     return fig
 
 
@@ -131,45 +159,46 @@ def _per_problem(ev: StudyEvidence, config: dict, table) -> dict[str, float] | N
 
 
 def speedup(studies: list[StudyEvidence], label: str, table, needed: int):
-    """Per problem: the confirmed winner's TFLOPS over upstream's default, forward and backward panels."""
-    fig, axes = _figure(1, 2, 13, 5)
-    for ax, direction, title in zip(axes.flat, ("fwd", "bwd"), ("forward", "backward")):
-        bars, notes = [], []
+    """Per problem: the confirmed winner's TFLOPS over upstream's default, a panel per direction that has one."""
+    panels, notes = {}, []
+    for direction in ("fwd", "bwd"):
+        bars = []
         for ev in (ev for ev in studies if ev.direction == direction):
             w = ev.winner()
             if w is None or len(ev.confirmed(w.number)) < needed:
-                notes.append(f"{ev.problem_class.name}: no winner confirmed {needed} times")
+                notes.append(f"{direction} {ev.problem_class.name}: no winner confirmed {needed} times")
                 continue
             tuned, default = _per_problem(ev, w.config, table), _per_problem(ev, ev.default_config(), table)
             if not tuned or not default:
-                notes.append(f"{ev.problem_class.name}: upstream default not measured")
+                notes.append(f"{direction} {ev.problem_class.name}: upstream default not measured")
                 continue
             for problem, value in tuned.items():
                 if problem in default:
                     bars.append((f"{ev.problem_class.name} | {problem}", value / default[problem], default[problem], value))
         if bars:
-            names = [b[0] for b in bars]
-            values = [b[1] for b in bars]
-            colours = ["#2ca02c" if v > 1.005 else "#7f7f7f" for v in values]
-            ax.barh(range(len(bars)), values, color=colours)
-            ax.set_yticks(range(len(bars)), names, fontsize=7)
-            ax.invert_yaxis()
-            ax.axvline(1.0, color="#000000", linewidth=1)
-            for i, (_, v, base, tuned) in enumerate(bars):
-                ax.text(v, i, f" {v:.2f}x ({base:.0f} -> {tuned:.0f})", va="center", fontsize=7)
-            ax.set_xlim(min(0.9, min(values) - 0.05), max(values) * 1.25)
-            ax.set_xlabel("tuned / upstream default TFLOPS", fontsize=8)
-        else:
-            have = any(ev.direction == direction for ev in studies)
-            why = f"no {title} study with a confirmed winner\nand a measured upstream default" if have else f"no {title} studies in this storage"
-            ax.text(0.5, 0.5, why, ha="center", va="center", fontsize=9)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        if notes:
-            ax.text(0.99, 0.01, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom", fontsize=6, color="#555555")
-        ax.set_title(f"{title}: confirmed winner vs upstream's SM120 default, per problem", fontsize=9)
+            panels[direction] = bars
     source = f"numbers from {table.name}" if table is not None else "numbers from the studies' trials"
-    fig.suptitle(f"Speedup of the tuned dispatch over upstream defaults ({source})\n{label}", fontsize=10)
+    left_out = f"\nleft out: {'; '.join(notes)}" if notes else ""
+    if not panels:
+        what = "no study with a confirmed winner and a measured upstream default" if studies else "no search studies"
+        return _message(f"Speedup of the tuned dispatch over upstream defaults: {what}{left_out}", label)
+    rows = max(len(bars) for bars in panels.values())
+    fig, axes = _figure(1, len(panels), 8 * len(panels), 2.4 + 0.35 * rows)
+    for ax, (direction, bars) in zip(axes.flat, panels.items()):
+        names = [b[0] for b in bars]
+        values = [b[1] for b in bars]
+        colours = ["#2ca02c" if v > 1.005 else "#7f7f7f" for v in values]
+        ax.barh(range(len(bars)), values, color=colours, height=0.6)
+        ax.set_yticks(range(len(bars)), names, fontsize=7)
+        ax.set_ylim(rows - 0.5, -0.5)  # top to bottom, bars of one height in every panel
+        ax.axvline(1.0, color="#000000", linewidth=1)
+        for i, (_, v, base, tuned) in enumerate(bars):
+            ax.text(v, i, f" {v:.2f}x ({base:.0f} -> {tuned:.0f})", va="center", fontsize=7)
+        ax.set_xlim(min(0.9, min(values) - 0.05), max(values) * 1.3)
+        ax.set_xlabel("tuned / upstream default TFLOPS", fontsize=8)
+        title = {"fwd": "forward", "bwd": "backward"}[direction]
+        ax.set_title(f"{title}: confirmed winner vs upstream's SM120 default, per problem", fontsize=9)
+    _title(fig, f"Speedup of the tuned dispatch over upstream defaults ({source}){left_out}\n{label}")
     return fig
 
 
@@ -181,27 +210,29 @@ def _measurements(ev: StudyEvidence, table) -> list[tuple[dict, float | None]]:
 
 
 def tile_heatmap(ev: StudyEvidence | None, label: str, table):
-    """Best TFLOPS per (tile_m, tile_n) over the other knobs, one panel per num_threads."""
+    """Best TFLOPS per (tile_m, tile_n) over the other knobs, one panel per num_threads that has a measured config."""
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    space = get_space("fwd")
-    threads = space.domain["num_threads"]
-    fig, axes = _figure(1, len(threads), 5.2 * len(threads), 4.6)
     if ev is None:
-        fig.suptitle(f"no forward study to draw\n{label}", fontsize=10)
-        return fig
+        return _message("Best geomean TFLOPS per tile: no forward study to draw", label)
+    space = get_space("fwd")
     tile_m, tile_n = space.domain["tile_m"], space.domain["tile_n"]
-    grids = {t: np.full((len(tile_m), len(tile_n)), np.nan) for t in threads}
-    measured = {t: np.zeros((len(tile_m), len(tile_n)), bool) for t in threads}
+    grids = {t: np.full((len(tile_m), len(tile_n)), np.nan) for t in space.domain["num_threads"]}
+    measured = {t: np.zeros((len(tile_m), len(tile_n)), bool) for t in space.domain["num_threads"]}
     for config, value in _measurements(ev, table):
         t, i, j = config["num_threads"], tile_m.index(config["tile_m"]), tile_n.index(config["tile_n"])
         measured[t][i, j] = True
         if value is not None and not (grids[t][i, j] >= value):
             grids[t][i, j] = value
+    threads = [t for t in grids if measured[t].any()]
+    source = f"all configs in {table.name}" if table is not None else "the study's trials"
+    if not threads:
+        return _message(f"fwd {ev.problem_class.name}: best geomean TFLOPS per tile: no config measured ({source})", label)
     values = [v for g in grids.values() for v in g.flatten() if not np.isnan(v)]
     vmin, vmax = (min(values), max(values)) if values else (0, 1)
     default, w = ev.default_config(), ev.winner()
+    fig, axes = _figure(1, len(threads), max(7.0, 5.2 * len(threads)), 4.9)
     for ax, t in zip(axes.flat, threads):
         image = ax.imshow(grids[t], cmap="viridis", vmin=vmin, vmax=vmax, origin="upper")
         for i, m in enumerate(tile_m):
@@ -224,9 +255,10 @@ def tile_heatmap(ev: StudyEvidence | None, label: str, table):
         ax.set_ylabel("tile_m", fontsize=8)
         ax.set_title(f"num_threads={t}", fontsize=9)
         fig.colorbar(image, ax=ax, shrink=0.8, label="geomean TFLOPS")
-    source = f"all configs in {table.name}" if table is not None else "the study's trials"
-    fig.suptitle(f"fwd {ev.problem_class.name}: best geomean TFLOPS per tile, max over num_stages and Q_in_regs ({source})\n"
-                 f"red box: the study's winner; white dashed box: upstream's default\n{label}", fontsize=10)
+    others = [t for t in grids if t not in threads]
+    left_out = f"; no config with num_threads={', '.join(map(str, others))} measured" if others else ""
+    _title(fig, f"fwd {ev.problem_class.name}: best geomean TFLOPS per tile, max over num_stages and Q_in_regs ({source}{left_out})\n"
+                f"red box: the study's winner; white dashed box: upstream's default\n{label}")
     return fig
 
 
@@ -251,11 +283,10 @@ def _static_facts(ev: StudyEvidence, cache_path: Path | None) -> tuple[dict[tupl
 
 
 def registers_spills(ev: StudyEvidence | None, label: str, table, cache_path: Path | None = DEFAULT_CACHE):
-    """Registers and spill bytes of the sm_120a cubin against measured TFLOPS, per config of one class."""
-    fig, axes = _figure(1, 2, 12, 4.6)
+    """Registers and spill bytes of the sm_120a cubin against measured TFLOPS, per config of one class (the spill
+    panel only when a config spills)."""
     if ev is None:
-        fig.suptitle(f"no forward study to draw\n{label}", fontsize=10)
-        return fig
+        return _message("sm_120a registers and spills vs TFLOPS: no forward study to draw", label)
     facts, where = _static_facts(ev, cache_path)
     points = []
     for config, value in _measurements(ev, table):
@@ -264,17 +295,17 @@ def registers_spills(ev: StudyEvidence | None, label: str, table, cache_path: Pa
             points.append((f["registers"], f.get("spill_store_bytes", 0) + f.get("spill_load_bytes", 0), value, config))
     if not points:
         why = "no static facts for this class" if not facts else "no static facts for a measured config"
-        fig.suptitle(f"fwd {ev.problem_class.name}: registers/spills vs TFLOPS: {why} (run the static check: "
-                     f"`uv run python experiment.py --static` fills {DEFAULT_CACHE.name})\n{label}", fontsize=10)
-        for ax in axes.flat:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        return fig
+        return _message(f"fwd {ev.problem_class.name}: registers/spills vs TFLOPS: {why} (run the static check: "
+                        f"`uv run python experiment.py --static` fills {DEFAULT_CACHE.name})", label)
+    spills = any(p[1] for p in points)
+    panels = [(0, "registers per thread")] + ([(1, "spill store + load bytes (SASS)")] if spills else [])
+    fig, axes = _figure(1, len(panels), max(7.0, 6 * len(panels)), 4.6)
     default, w = config_key(ev.default_config()), ev.winner()
-    for ax, index, xlabel in ((axes.flat[0], 0, "registers per thread"), (axes.flat[1], 1, "spill store + load bytes (SASS)")):
+    for ax, (index, xlabel) in zip(axes.flat, panels):
         for t, colour in ((128, "#1f77b4"), (256, "#ff7f0e")):
             chosen = [p for p in points if p[3]["num_threads"] == t]
-            ax.scatter([p[index] for p in chosen], [p[2] for p in chosen], s=22, color=colour, label=f"num_threads={t}")
+            if chosen:
+                ax.scatter([p[index] for p in chosen], [p[2] for p in chosen], s=22, color=colour, label=f"num_threads={t}")
         for p in points:
             if config_key(p[3]) == default:
                 ax.scatter(p[index], p[2], s=120, facecolors="none", edgecolors="black", linewidths=1.5, label="upstream default")
@@ -283,8 +314,10 @@ def registers_spills(ev: StudyEvidence | None, label: str, table, cache_path: Pa
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel("geomean TFLOPS", fontsize=8)
         ax.legend(fontsize=7)
-    axes.flat[1].set_xscale("symlog", linthresh=100)
+        if index == 1:
+            ax.set_xscale("symlog", linthresh=100)
     source = f"TFLOPS from {table.name}" if table is not None else "TFLOPS from the study's trials"
-    fig.suptitle(f"fwd {ev.problem_class.name}: sm_120a registers and spills vs TFLOPS, {len(points)} configs "
-                 f"({where}; {source})\n{label}", fontsize=10)
+    what = "registers and spills" if spills else "registers (no config spills)"
+    _title(fig, f"fwd {ev.problem_class.name}: sm_120a {what} vs TFLOPS, {_plural(len(points), 'config')} "
+                f"({where}; {source})\n{label}")
     return fig

@@ -16,7 +16,7 @@ from fa4tune.config import ConfigError
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search import evaluators
-from search.evaluators import ReplayEvaluator
+from search.evaluators import AUTO, ReplayEvaluator
 from search.live import make_view, short_config
 from search.loop import EXHAUSTED, FINISHED, STALLED, LocalLock, Outcome, StopFlag, StudyLoop, loop_settings_of, run_study
 from search.loop import INTERRUPTED as INTERRUPTED_STOP
@@ -42,12 +42,16 @@ def git_commit() -> str:
 
 
 def _check_numbers(config: RunConfig) -> None:
-    for name in ("n_trials", "k"):
+    for name in ("n_trials", "k", "window"):
         if getattr(config, name) < 1:
             raise ConfigError("run_config_value", f"{name} must be at least 1, got {getattr(config, name)}")
-    for name in ("confirmations", "api_retries", "slots"):
+    for name in ("confirmations", "api_retries", "slots", "replay_delay", "api_backoff"):
         if getattr(config, name) < 0:
             raise ConfigError("run_config_value", f"{name} must be >= 0, got {getattr(config, name)}")
+    if not config.api_timeout > 0:
+        raise ConfigError("run_config_value", f"api_timeout must be > 0 seconds, got {config.api_timeout}")
+    if config.compile_jobs < AUTO:
+        raise ConfigError("run_config_value", f"compile_jobs must be >= 0 (or {AUTO}: cores - 1), got {config.compile_jobs}")
     if not 0 <= config.tolerance < 1:
         raise ConfigError("run_config_value", f"tolerance must be in [0, 1), got {config.tolerance}")
     if config.prune_factor and config.prune_factor <= 1:

@@ -81,7 +81,9 @@ def specs_for(problems: list[Problem], directions: list[str], target: Target, cl
     if classes:
         unknown = sorted(set(classes) - {s.problem_class.name for s in specs})
         if unknown:
-            raise ConfigError("problem_class", f"problem class {unknown[0]!r} has no problems in the suite for {', '.join(directions)}")
+            have = sorted({p.problem_class.name for p in problems if any(d == "fwd" or p.backward for d in directions)})
+            raise ConfigError("problem_class", f"problem class {unknown[0]!r} has no problems in the suite for {', '.join(directions)} "
+                                               f"(classes: {', '.join(have) or 'none'})")
     return specs
 
 

@@ -102,6 +102,7 @@ def test_sdpa_is_only_trapped_for_guarded_candidates():
     ("import fa4tune.config\nfa4tune.timing.benchmark = None", "harness_access"),
     ("import os\nos.environ['FLASH_ATTENTION_ARCH'] = 'sm_90'", "harness_access"),
     ("import sys\nsys.modules['fa4tune.gate'].RTOL = 1e9", "harness_access"),
+    ("import sys\nme = sys.modules[__name__]", "harness_access"),  # (the old command line's one exception is gone)
     ("exec(open('other.py').read())", "harness_access"),
     ("from torch.nn.functional import *", "harness_access"),
 ])
@@ -116,7 +117,6 @@ def test_the_static_check_names_the_rule_and_the_line(source, rule):
     "from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120",
     "from flash_attn.cute import utils\nfrom flash_attn.cute.pack_gqa import PackGQA",
     "import torch\nstream = torch.cuda.current_stream()",
-    "import sys\nsys.exit(main(sys.modules[__name__]))",
     "import cuda.bindings.driver as cuda\ndef f(stream: cuda.CUstream = None): pass",
     "import math\nscale = 1.0 / math.sqrt(128)",
 ])
@@ -143,11 +143,15 @@ def test_run_experiment_refuses_a_cheating_experiment_file_before_running_anythi
     assert not results.exists()
 
 
-def test_experiment_py_command_line_refuses_too(tmp_path, capsys):
+def test_experiment_py_command_line_refuses_too_before_the_file_runs(tmp_path, capsys):
     cheat = tmp_path / "experiment.py"
-    cheat.write_text("from flash_attn import flash_attn_func\n")
-    assert cli.experiment_main(types.SimpleNamespace(__file__=str(cheat)), ["--static"]) == 2
-    assert "guard other_attention: experiment.py:1 uses from flash_attn import flash_attn_func" in capsys.readouterr().err
+    ran = tmp_path / "ran"
+    cheat.write_text(f"from flash_attn import flash_attn_func\nopen({str(ran)!r}, 'w').close()\n")
+    assert cli.experiment_main(cheat, ["--static"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: guard other_attention: experiment.py:1 uses from flash_attn import flash_attn_func "
+        "(experiment.py computes attention with its own SM120 kernels, never by calling another implementation)"]
+    assert not ran.exists()
 
 
 def test_a_kernel_class_derived_from_an_sm90_kernel_is_refused():
@@ -534,7 +538,7 @@ def test_guards_command_checks_an_experiment_file(tmp_path):
     cheat.write_text("import torch\nevent = torch.cuda.Event(enable_timing=True)\n")
     done = subprocess.run([sys.executable, "-m", "fa4tune.guards", str(cheat)], capture_output=True, text=True, timeout=120,
                           cwd=guards.ROOT, env={**os.environ, "PYTHONPATH": str(guards.ROOT)})
-    assert done.returncode == 1
+    assert done.returncode == 2  # a violation is a refusal, as everywhere
     assert "error: guard self_timing: experiment.py:2 uses torch.cuda.Event" in done.stderr
     assert done.stdout.startswith("guards: 1 violation(s) in experiment.py")
 

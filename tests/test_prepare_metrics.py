@@ -96,6 +96,34 @@ def test_missing_values_print_nan_and_a_clean_run_is_ok():
     assert metrics.metric_number(values["bwd_tflops_geomean"]) != metrics.metric_number(values["bwd_tflops_geomean"])  # nan
 
 
+def timed(problem, direction, median, q1, q3, status="ok"):
+    return ProblemResult(problem, direction, status, tflops=100.0 if status == "ok" else None, ms_median=median,
+                         ms_min=q1 * 0.9, ms_max=q3 * 1.5, ms_q1=q1, ms_q3=q3)
+
+
+def test_spread_lines_are_the_largest_iqr_percent_of_the_directions_ok_problems():
+    run = [
+        measurement("fwd", "d128-noncausal-bf16", timed("a", "fwd", 2.0, 1.99, 2.03), timed("b", "fwd", 1.0, 0.99, 1.01)),
+        measurement("fwd", "d64-causal-bf16", timed("c", "fwd", 1.0, 0.8, 1.4, status="incorrect")),  # not timed: not counted
+        measurement("bwd", "d128-noncausal-bf16", timed("a", "bwd", 4.0, 3.98, 4.02)),
+    ]
+    summary = metrics.summarize(run, SM120, "NVIDIA H200", "emulated")
+    assert summary.fwd_spread_pct == pytest.approx(2.0) and summary.bwd_spread_pct == pytest.approx(1.0)
+    values = metrics.parse_metric_lines("\n".join(metrics.metric_lines(summary)))
+    assert (values["fwd_spread_pct"], values["bwd_spread_pct"]) == ("2.00", "1.00")
+    assert metrics.METRIC_NAMES.index("fwd_spread_pct") == metrics.METRIC_NAMES.index("fwd_utilization") + 1
+    text = render(metrics.problem_table(run, "t"))
+    assert "IQR %" in text and "2.00" in text.splitlines()[next(i for i, ln in enumerate(text.splitlines()) if " a " in ln)]
+
+
+def test_spread_lines_are_nan_without_a_timed_problem_of_that_direction():
+    forward_only = [measurement("fwd", "d128-noncausal-gqa4-bf16", timed("decode", "fwd", 1.0, 0.99, 1.02))]
+    values = metrics.parse_metric_lines("\n".join(metrics.metric_lines(metrics.summarize(forward_only, SM120, "cpu", "cpu"))))
+    assert values["fwd_spread_pct"] == "3.00" and values["bwd_spread_pct"] == "nan"
+    # results without quartiles (recorded before they were kept) give no spread, not a wrong one
+    assert metrics.spread_pct(RUN[0].results, "fwd") is None
+
+
 def render(table):
     buffer = io.StringIO()
     metrics.print_table(table, file=buffer)

@@ -46,7 +46,7 @@ def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_pat
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all("tiny d256: infeasible: forward config: smem_capacity" in e for e in errors)
     assert all("target=sm120 device=cpu (test) mode=cpu" in e for e in errors)
-    # the others ran, and the output ends with exactly the ten metric lines, after the table
+    # the others ran, and the output ends with exactly the twelve metric lines, after the table
     lines = out.rstrip("\n").splitlines()
     tail = lines[-len(metrics.METRIC_NAMES):]
     assert [line.split(": ")[0] for line in tail] == list(metrics.METRIC_NAMES)
@@ -63,6 +63,10 @@ def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_pat
     assert row.fwd_tflops_geomean > 0 and row.bwd_tflops_geomean > 0  # (CPU rates: the lines round them to 0.0)
     assert values["fwd_tflops_geomean"] == f"{row.fwd_tflops_geomean:.1f}"
     assert row.config["forward"]["d64-causal-bf16"]["tile_n"] == 128 and row.config["gate_seed"] == 3
+    # the spreads are in the row's config JSON (results.tsv keeps its columns), as the lines print them
+    for direction in ("fwd", "bwd"):
+        assert row.config[f"{direction}_spread_pct"] >= 0
+        assert values[f"{direction}_spread_pct"] == f"{row.config[f'{direction}_spread_pct']:.2f}"
     assert len(row.prepare_sha256) == 64
 
 

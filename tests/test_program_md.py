@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from fa4tune import cli, metrics, static_report
-from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.results_tsv import COLUMNS, ResultRow, append_row
 from fa4tune.targets import get_target
 
@@ -125,20 +124,26 @@ def _one(needle: str) -> str:
     return command
 
 
-def test_the_spread_one_liner_reads_the_run_table(tmp_path):
-    results = (
-        ProblemResult("b1 s8192 h16 d128", "fwd", "ok", tflops=380.0, ms_median=1.0, ms_min=0.99, ms_max=1.03),  # 4%
-        ProblemResult("b4 s2048 h32 d64", "fwd", "ok", tflops=300.0, ms_median=2.0, ms_min=1.98, ms_max=2.02),  # 2%
-        ProblemResult("gqa decode 4k", "fwd", "incorrect", reason="out max error 1 > tolerance 0.1"),
-        ProblemResult("b1 s8192 h16 d128", "bwd", "ok", tflops=250.0, ms_median=4.0, ms_min=3.96, ms_max=4.12),  # 4%
-        ProblemResult("b2 s4096 h16 d96", "fwd", "ok", tflops=290.0, ms_median=0.5, ms_min=0.5, ms_max=0.505),  # 1%
-    )
-    m = Measurement("fwd", "suite", {"tile_m": 128}, results, "sm120", "NVIDIA H200", "emulated")
-    with open(tmp_path / "run.log", "w") as log:
-        metrics.print_table(metrics.problem_table([m], "experiment.py per problem [target=sm120]"), file=log)
-    done = subprocess.run(["bash", "-c", _one("spread_pct")], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_the_keep_rule_reads_the_spread_lines_not_the_table():
+    keep = PROGRAM[PROGRAM.index("## Keep or discard"):PROGRAM.index("## Logging")]
+    assert "`fwd_spread_pct:`" in keep and "`bwd_spread_pct:`" in keep
+    assert not [c for c in commands() if "awk" in c]  # no parsing of the rich table's box characters
+
+
+def _row(description, fwd, bwd, fwd_spread, bwd_spread):
+    return ResultRow("2026-11-29T10:00:00+00:00", "abc1234", "manual", "sm120", "NVIDIA H200", "emulated", fwd, bwd, 380.0, 250.0,
+                     900.0, "15/15", "ok", "0" * 64, description, {"forward": {}, "fwd_spread_pct": fwd_spread, "bwd_spread_pct": bwd_spread})
+
+
+def test_the_spread_one_liner_prints_the_last_rows_geomeans_and_spreads(tmp_path):
+    for i in range(5):
+        append_row(tmp_path / "results.tsv", _row(f"baseline (run {i})", 300.0 + i, 240.0, 0.5 + i, None))
+    command = _one("read_rows('results.tsv')").replace("uv run python", shlex.quote(sys.executable))
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "spread_pct: 2"  # median of 1, 2, 4, 4 (the lower middle); the incorrect row is not counted
+    rows = [line.split("  ") for line in done.stdout.splitlines()]
+    assert rows == [[f"{300.0 + i}", f"{0.5 + i}", "240.0", "None", f"baseline (run {i})"] for i in range(1, 5)]
 
 
 def test_the_log_one_liner_shows_the_named_columns(tmp_path):
@@ -161,3 +166,11 @@ def test_every_guard_rule_is_explained(rule):
 
     assert rule in guards.WHY
     assert f"| `{rule}` |" in PROGRAM
+
+
+@pytest.mark.parametrize("path", ["results.tsv", "results.tsv.lock", "run.log", "static.log", "search.db", "search.db-wal",
+                                  "search.db.lock", "sm120-tuned.patch", ".cache/static-facts.jsonl"])
+def test_what_the_tools_write_at_the_root_is_ignored_by_git(path):
+    # program.md: results.tsv stays untracked ("never git add it"); so do the logs, databases and patches the tools write
+    done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
+    assert done.returncode == 0, f"{path} is not in .gitignore"

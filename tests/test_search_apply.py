@@ -46,9 +46,9 @@ def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path,
     url = _search(tmp_path, confirmations=0)
     before = experiment_copy.read_text()
     done = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
-    assert done.returncode == 1
-    refusal = [line for line in done.stdout.splitlines() if "refused" in line]
-    assert len(refusal) == 1 and "confirmed 0 of 2 times" in refusal[0] and STUDY in refusal[0]
+    assert done.returncode == 2  # a refusal, as export's
+    (refusal,) = done.stderr.splitlines()
+    assert refusal.startswith(f"error: unconfirmed_winner: {STUDY}: best trial #") and "is confirmed 0 of 2 times" in refusal
     assert experiment_copy.read_text() == before
 
 
@@ -56,7 +56,9 @@ def test_apply_refuses_a_replayed_winner_unless_allowed(confirmed_url, experimen
     url = confirmed_url
     before = experiment_copy.read_text()
     done = run_cli("apply", "--storage", url, "--experiment", experiment_copy)
-    assert done.returncode == 1 and "replayed from a table, not measured by the harness" in done.stdout
+    assert done.returncode == 2
+    (refusal,) = done.stderr.splitlines()
+    assert refusal.startswith("error: replayed_winner: ") and "was replayed from a table, not measured by the harness" in refusal
     assert experiment_copy.read_text() == before
 
 
@@ -75,6 +77,7 @@ def test_apply_writes_a_confirmed_winner_and_prints_the_diff(confirmed_url, expe
     assert len(removed) == 1 and CLASS in removed[0]
     assert "\n".join(added) == apply_module.render_entry(CLASS, ForwardConfig.from_dict(best.config))
     assert "confirmed at" in done.stdout and f"+++ b/{experiment_copy}" in done.stdout
+    assert "TFLOPS (replayed from a table, not measured by the harness)" in done.stdout
     ast.parse(after)
     assert len(after.splitlines()) == len(before.splitlines()) + len(added) - 1
     again = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")

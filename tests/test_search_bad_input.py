@@ -104,6 +104,33 @@ def test_a_missing_table_and_an_unknown_sampler(tmp_path):
     assert not (tmp_path / "search.db").exists()
 
 
+def test_an_unknown_problem_class_lists_the_classes(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    _one_line_error(run_cli(*replay_args(url, write_table(tmp_path), "--problem-class", "d999")),
+                    "problem_class: problem class 'd999'", "(classes: d128-causal-bf16, ")
+    _one_line_error(run_cli("bench", "--table", write_table(tmp_path), "--problem-class", "d999", "--seeds", "1"),
+                    "problem_class: table", "no forward problem class 'd999' (classes: ", "d128-causal-bf16")
+    assert not (tmp_path / "search.db").exists()
+
+
+@pytest.mark.parametrize("option,value,needle", [
+    ("--window", "0", "window must be at least 1, got 0"), ("--replay-delay", "-1", "replay_delay must be >= 0, got -1.0"),
+    ("--api-timeout", "0", "api_timeout must be > 0 seconds, got 0.0"), ("--compile-jobs", "-3", "compile_jobs must be >= 0"),
+])
+def test_numbers_out_of_range_are_refused(tmp_path, option, value, needle):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    _one_line_error(run_cli(*replay_args(url, write_table(tmp_path), option, value)), "run_config_value", needle)
+    assert not (tmp_path / "search.db").exists()
+
+
+def test_apply_on_a_storage_without_studies_of_the_target(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    optuna.create_study(study_name="someone else's", storage=open_storage(url))
+    _one_line_error(run_cli("apply", "--storage", url, "--experiment", tmp_path / "nope.py"), "experiment_file")
+    (tmp_path / "experiment.py").write_text("FORWARD_DISPATCH = {}\n")
+    _one_line_error(run_cli("apply", "--storage", url, "--experiment", tmp_path / "experiment.py"), "storage_empty", "no search studies for target sm120")
+
+
 def test_report_and_apply_on_a_storage_that_does_not_exist(tmp_path):
     url = f"sqlite:///{tmp_path / 'search.db'}"
     _one_line_error(run_cli("report", "--storage", url), "storage_empty")

@@ -190,3 +190,20 @@ def test_search_run_leaves_a_note_on_each_study(tmp_path):
     write_notes(storage)
     assert get_note_from_system_attrs(storage.get_study_system_attrs(storage.get_study_id_from_name(STUDY)), None)["body"] == note
     assert not [k for k in system if k.startswith("dashboard:") and ":note_str:" in k and not k.startswith("dashboard:note_str:")]
+
+
+def test_a_replayed_trial_note_says_replayed_never_gated_and_timed(tmp_path):
+    from dataclasses import replace
+
+    from search.evidence import load_studies
+    from search.notes import STATUS_WORDS, trial_note
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp_path), [FWD_MHA], confirmations=0)
+    (ev,) = load_studies(open_storage(url))
+    ok = next(r for r in ev.history if r.ok and r.proposer == "scripted")
+    note = trial_note(ev, ok)
+    assert note.startswith(f"**feasible: yes** · **ok**: {ok.value:.1f} TFLOPS geomean "
+                           "(replayed from synthetic_fwd.json, not measured by this run)")
+    assert STATUS_WORDS["ok"] not in note and "timed" not in note
+    assert STATUS_WORDS["ok"] in trial_note(ev, replace(ok, evaluator="gpu"))  # a harness measurement says so

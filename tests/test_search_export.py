@@ -203,3 +203,16 @@ def test_a_study_left_out_with_problem_class_is_not_exported(winners_url):
     assert done.returncode == 0, done.stderr
     assert "qhead_per_kvhead == 4" not in done.stdout and "Sm120BwdConfig(\n" not in done.stdout
     assert f"fwd  {MHA} " in done.stdout and f"fwd  {GQA} " not in done.stdout
+
+
+def test_an_unknown_problem_class_lists_the_classes_of_the_studies(winners_url, tmp_path):
+    out = tmp_path / "p.patch"
+    _refused(_export(winners_url, "--allow-replay", "--problem-class", "d999", out=out), out,
+             "problem_class: no study of problem class 'd999'", f"(classes: {MHA}, {GQA}")
+
+
+def test_a_replayed_export_never_says_its_winners_were_measured(winners_url):
+    done = _export(winners_url, "--allow-replay", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "each winner was replayed from the table (not measured by the harness) 2 times" in text and "re-measured" not in text

@@ -59,8 +59,45 @@ def test_speedup_bars_are_the_confirmed_winners_over_upstream_defaults_per_probl
 def test_a_study_without_two_confirmations_is_left_out_of_the_speedups(studies):
     _, _, found = studies
     fig = plots.speedup([found[("fwd", MHA)]], "label", None, needed=3)
-    assert not fig.axes[0].patches
-    assert any("no winner confirmed 3 times" in t.get_text() for t in fig.axes[0].texts)
+    assert not fig.axes  # no panel has a bar: the figure is its one line of why
+    assert f"left out: fwd {MHA}: no winner confirmed 3 times" in " ".join(fig._suptitle.get_text().split())
+    fig = plots.speedup([found[("fwd", MHA)], found[("bwd", BWD_CLASS)]], "label", None, needed=2)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["forward", "backward"]
+
+
+def test_panels_with_nothing_to_draw_are_left_out(studies):
+    _, _, found = studies
+    forward_only = plots.speedup([found[("fwd", MHA)], found[("fwd", GQA)]], "label", None, needed=2)
+    assert [ax.get_title().split(":")[0] for ax in forward_only.axes] == ["forward"]  # no empty backward panel
+    gqa = plots.tile_heatmap(found[("fwd", GQA)], "label", None)  # its trials all have num_threads=128
+    assert [ax.get_title() for ax in gqa.axes if ax.images] == ["num_threads=128"]
+    assert "no config with num_threads=256 measured" in " ".join(gqa._suptitle.get_text().split())
+    registers = plots.registers_spills(found[("fwd", MHA)], "label", None)  # no config spills
+    assert [ax.get_xlabel() for ax in registers.axes] == ["registers per thread"]
+    assert "registers (no config spills)" in registers._suptitle.get_text()
+
+
+def test_every_title_fits_inside_its_figure(studies):
+    # the bug: one study's best_so_far was 4.2 inches wide and its 110-character title was cut off on both sides
+    _, table, found = studies
+    evs = list(found.values())
+    figures = [plots.best_so_far(evs[:1], "SYNTHETIC test data, not a measurement"), plots.best_so_far(evs, "label"),
+               plots.speedup(evs[:1], "label", None, 2), plots.speedup(evs, "label", None, 2), plots.speedup([], "label", None, 2),
+               plots.tile_heatmap(found[("fwd", GQA)], "label", None), plots.registers_spills(found[("fwd", MHA)], "label", None)]
+    for fig in figures:
+        fig.canvas.draw()
+        inside = fig.bbox
+        for text in [fig._suptitle, *(ax.title for ax in fig.axes)]:
+            box = text.get_window_extent()
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and box.y1 <= inside.y1, (text.get_text(), box, inside)
+
+
+def test_one_config_is_one_config(studies):
+    _, _, found = studies
+    ev = found[("fwd", MHA)]
+    baseline = replace(ev, history=[r for r in ev.history if r.proposer == "baseline"])
+    for history, words in ((baseline, ", 1 config ("), (ev, ", 6 configs (")):
+        assert words in " ".join(plots.registers_spills(history, "label", None)._suptitle.get_text().split())
 
 
 def test_heat_map_cells_hold_the_best_tflops_of_each_tile_over_the_other_knobs(studies):
@@ -85,7 +122,8 @@ def test_registers_plot_takes_static_facts_from_trials_else_from_the_cache_else_
     cache.write_text(json.dumps({"key": "k", "facts": facts}) + "\n")
     fig = plots.registers_spills(bare, "label", None, cache)
     assert "static facts from static-facts.jsonl" in fig._suptitle.get_text()
-    offsets = fig.axes[0].collections[1].get_offsets()  # num_threads=256 points: the winner
+    (points,) = [c for c in fig.axes[0].collections if c.get_label() == "num_threads=256"]
+    offsets = points.get_offsets()  # the winner
     assert [tuple(p) for p in offsets] == [(200, pytest.approx(bare.winner().value))]
     empty = plots.registers_spills(bare, "label", None, tmp_path / "missing.jsonl")
     assert "no static facts for this class" in empty._suptitle.get_text()
