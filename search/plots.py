@@ -11,6 +11,7 @@ studies'). Every figure says where its numbers come from (search.evidence.source
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from fa4tune.static_check import DEFAULT_CACHE, FactsCache
@@ -202,12 +203,15 @@ def tile_heatmap(ev: StudyEvidence | None, label: str, table):
     values = [v for g in grids.values() for v in g.flatten() if not np.isnan(v)]
     vmin, vmax = (min(values), max(values)) if values else (0, 1)
     default, w = ev.default_config(), ev.winner()
+    # a tile is infeasible when no value of the other knobs (every kernel class with its own knobs) makes it feasible
+    rest = [name for name in space.domain if name not in ("tile_m", "tile_n", "num_threads")]
+    others = [dict(zip(rest, combo)) for combo in itertools.product(*(space.domain[name] for name in rest))]
     for ax, t in zip(axes.flat, threads):
         image = ax.imshow(grids[t], cmap="viridis", vmin=vmin, vmax=vmax, origin="upper")
         for i, m in enumerate(tile_m):
             for j, n in enumerate(tile_n):
-                feasible = any(space.check(space.config({**default, "tile_m": m, "tile_n": n, "num_threads": t, "num_stages": s, "Q_in_regs": q}),
-                                           ev.problem_class, _target(ev)) for s in space.domain["num_stages"] for q in (False, True))
+                feasible = any(space.check(space.config({**other, "tile_m": m, "tile_n": n, "num_threads": t}), ev.problem_class, _target(ev))
+                               for other in others)
                 if not np.isnan(grids[t][i, j]):
                     text, colour = f"{grids[t][i, j]:.0f}", "white" if grids[t][i, j] < (vmin + vmax) / 2 else "black"
                 else:
