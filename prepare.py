@@ -92,7 +92,7 @@ if __name__ == "__main__":
 
 from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
-from fa4tune.feasibility import check_backward, check_forward  # noqa: E402
+from fa4tune.feasibility import check_backward, check_forward_problem  # noqa: E402
 from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 from fa4tune.targets import Target, get_target  # noqa: E402
@@ -589,7 +589,7 @@ def _configs_for(kind: str, config, experiment_module, pc) -> tuple[ForwardConfi
 
 def feasibility_failure(direction: str, fwd_config: ForwardConfig, bwd_config: BackwardConfig, problem: Problem, target: Target) -> str:
     """'' when the target can run the configs on this problem, else the failing rule with its numbers."""
-    verdict = check_forward(fwd_config, problem.problem_class, target)
+    verdict = check_forward_problem(fwd_config, problem, target)
     if not verdict:
         return f"forward config: {verdict}"
     if direction == "bwd":

@@ -78,6 +78,9 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
     if refusals:
         return 2
+    # fa4tune.kernel_class finds experiment.py's kernel classes in the module loaded as `experiment`; run as a
+    # script, this module is that one
+    sys.modules.setdefault("experiment", module)
     try:
         if args.static or not _gpu_available():
             return static_main(module, args)

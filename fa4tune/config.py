@@ -1,8 +1,8 @@
 """Configs and problems: frozen records whose field names are upstream's constructor knob names.
 
-A `ForwardConfig` maps 1:1 onto `FlashAttentionForwardSm120(...)`, a `BackwardConfig` onto
-`FlashAttentionBackwardSm120(...)`; a `ProblemClass` is what a dispatch table is keyed on, and a
-`Problem` is one concrete attention call of a suite.
+A `ForwardConfig` maps 1:1 onto `FlashAttentionForwardSm120(...)` (its `kernel` names the kernel class, and
+`extra` holds that class's own knobs), a `BackwardConfig` onto `FlashAttentionBackwardSm120(...)`; a
+`ProblemClass` is what a dispatch table is keyed on, and a `Problem` is one concrete attention call of a suite.
 """
 
 from __future__ import annotations
@@ -30,12 +30,30 @@ def _check_knobs(cls, names) -> None:
         raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
 
 
+EXTRA = "extra"  # ForwardConfig's field for the kernel class's own knobs
+_EXTRA_TYPES = (bool, int, float, str)
+
+
 def _from_mapping(cls, data: Mapping[str, Any]):
-    """Builds a frozen config from a mapping, rejecting unknown knobs and wrong types by name."""
-    _check_knobs(cls, sorted(data))
-    known = {f.name: f for f in fields(cls)}
-    values = {}
+    """Builds a frozen config from a mapping, rejecting unknown knobs and wrong types by name.
+
+    A config with an `extra` field (ForwardConfig) takes the names it does not know as its kernel class's own
+    knobs: which ones that class has is fa4tune.feasibility's rule `kernel_knobs`, not the record's.
+    """
+    known = {f.name: f for f in fields(cls) if f.name != EXTRA}
+    unknown = sorted(set(data) - set(known))
+    extra = {}
+    if unknown and EXTRA not in {f.name for f in fields(cls)}:
+        raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
+    for name in unknown:
+        value = data[name]
+        if not isinstance(value, _EXTRA_TYPES):
+            raise ConfigError("knob_type", f"{name} must be a number, a string or true/false, got {value!r}")
+        extra[name] = value
+    values: dict[str, Any] = {EXTRA: extra} if extra else {}
     for name, value in data.items():
+        if name not in known:
+            continue
         expected = known[name].type
         if expected == "bool":
             if not isinstance(value, bool):
@@ -85,8 +103,32 @@ class ForwardConfig(_Record):
     num_threads: int = 128
     num_stages: int = 1
     Q_in_regs: bool = False
-    # Which kernel class of experiment.py runs it ("sm120": upstream's cp.async kernel).
+    # Which kernel class runs it: the `name` a class of kernels/ or experiment.py declares (fa4tune.kernel_class).
     kernel: str = "sm120"
+    # That class's own knobs (its `knobs`), as sorted (name, value) pairs; given as a dict, e.g. extra={"spare_kb": 1}.
+    extra: tuple = ()
+
+    def __post_init__(self):
+        items = self.extra.items() if isinstance(self.extra, Mapping) else self.extra
+        object.__setattr__(self, EXTRA, tuple(sorted((str(name), value) for name, value in items)))
+
+    @property
+    def extra_knobs(self) -> dict[str, Any]:
+        """The kernel class's own knobs, by name (what reaches its constructor besides upstream's knobs)."""
+        return dict(self.extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Upstream's knobs and `kernel` in declaration order, then the class's own knobs (JSON-ready, flat)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != EXTRA}
+        return {**values, **dict(self.extra)}
+
+    def key(self) -> tuple:
+        """Every knob, the class's own ones as (name, value) pairs: use it in any cache key."""
+        return ("ForwardConfig",) + tuple(getattr(self, f.name) for f in fields(self) if f.name != EXTRA) + self.extra
+
+    def short(self) -> str:
+        """One compact line for tables and logs."""
+        return " ".join(f"{name}={value}" for name, value in self.to_dict().items())
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ kernels land in the kernel cache the GPU process loads from.
 
 The facts: dynamic shared memory is the size of the struct the kernel class's `_get_shared_storage_cls`
 returns while its kernel is traced (upstream's formula counts only the tiles; the struct is what the launch
-asks for); registers, stack, static shared memory and spills come from the cubin (CUTE_DSL_KEEP must name
-cubin). A kernel loaded from the kernel cache is not traced: its facts are the ones stored beside it when it
-was compiled.
+asks for), and beside it what a forward kernel class declares (its `smem_bytes`, fa4tune.kernel_class);
+registers, stack, static shared memory and spills come from the cubin (CUTE_DSL_KEEP must name cubin). A kernel
+loaded from the kernel cache is not traced: its facts are the ones stored beside it when it was compiled.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from fa4tune.config import Problem, ProblemClass
 STATIC_SEQLEN = 1024  # the static check's shape: several tiles in both directions; kernels do not specialise on it
 STATIC_HEADS_KV = 2
 RESOURCES = ("registers", "stack_bytes", "spill_store_bytes", "spill_load_bytes", "static_smem_bytes", "dynamic_smem_bytes",
-             "compile_seconds")
+             "declared_smem_bytes", "compile_seconds")
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class KernelFacts:
     spill_load_bytes: int = 0
     static_smem_bytes: int = 0
     dynamic_smem_bytes: int = 0
+    declared_smem_bytes: int = 0  # a forward kernel class's own formula (smem_bytes) for the first shape; 0: none
     compile_seconds: float = 0.0  # the first shape's own call (for a loaded kernel: when it was compiled)
     kernels_compiled: int = 0
     kernels_loaded: int = 0
@@ -134,7 +135,8 @@ def compile_shapes(experiment, kind: str, config, shapes: list[Problem]) -> Kern
         facts = _read_cubin(fn)
     except Exception as err:  # the kernel compiled; reading it failed (a missing cuobjdump, say)
         return KernelFacts(**counts, cubin_error=f"compiled, but its cubin could not be read: {error_reason(err)}")
-    facts = KernelFacts(**facts, dynamic_smem_bytes=dynamic_smem, compile_seconds=seconds[0], **counts)
+    declared = experiment.kernel_class(config).smem_bytes(config, pc)[0] if kind == "fwd" else 0
+    facts = KernelFacts(**facts, dynamic_smem_bytes=dynamic_smem, declared_smem_bytes=declared, compile_seconds=seconds[0], **counts)
     if hasattr(cache, "write_facts"):
         cache.write_facts(first, facts.resources())  # for a later process that loads the kernel instead
     return facts

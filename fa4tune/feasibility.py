@@ -1,25 +1,22 @@
 """Static feasibility: is a config possible for a target and problem class, and if not, which rule fails.
 
-Pure functions, no GPU, no compiler. The rules are upstream's `can_implement` (SM120 shared-memory
-formula included) plus the ones upstream does not check but the kernels need; each rejection names
-its rule and the numbers. `upstream_can_implement_*` call upstream's own functions, so tests can show
-that both agree wherever upstream has a rule.
+Pure functions, no GPU, no compiler. A forward config's rules come from its kernel class (fa4tune.kernel_class):
+the knobs it declares, its limits, its shared-memory formula against the target's capacity, then its own
+`can_implement`; the backward's are upstream's `can_implement` (SM120 shared-memory formula included) plus the
+ones upstream does not check but the kernel needs. Each rejection names its rule and the numbers.
+`upstream_can_implement_*` call upstream's own functions, so tests can show that both agree wherever upstream
+has a rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
+from fa4tune.kernel_class import forward_kernel, forward_kernels
 from fa4tune.targets import Target
 
-FORWARD_KERNELS = ("sm120", "sm120_tma")
 BYTES_PER_ELEMENT = 2  # fp16 / bf16
-MBARRIER_BYTES = 8
-# The TMA kernel's shared storage: tiles aligned to 1024 B (the 128-byte TMA swizzle repeats every
-# 1024 B), mbarriers after them, and the struct's size rounded up to its 1024-byte alignment.
-TMA_SMEM_ALIGN = 1024
-TMA_NUM_STAGES = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -45,39 +42,8 @@ def _fail(rule: str, message: str) -> Verdict:
 
 
 def forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
-    """Shared memory the config's forward kernel needs and a breakdown (upstream's formula for "sm120")."""
-    if cfg.kernel == "sm120_tma":
-        return tma_forward_smem_bytes(cfg, pc)
-    q = cfg.tile_m * pc.head_dim * BYTES_PER_ELEMENT
-    k = cfg.tile_n * pc.head_dim * cfg.num_stages * BYTES_PER_ELEMENT
-    v = cfg.tile_n * pc.head_dim_v * cfg.num_stages * BYTES_PER_ELEMENT
-    if cfg.Q_in_regs:
-        return max(q, v) + k, f"max(Q {q}, V {v}) + K {k} (Q_in_regs shares Q and V)"
-    return q + k + v, f"Q {q} + K {k} + V {v}"
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def tma_forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
-    """Shared memory of the TMA forward kernel (experiment.TmaForwardSm120) and a breakdown.
-
-    Tiles as upstream's formula (head dims padded to 16, each tile 1024-B aligned), plus one 8-byte
-    mbarrier for Q and one per K stage and per V stage, the whole rounded up to 1024 B; this is the
-    compiled kernel's `SharedStorage.size_in_bytes()` (tests/test_tma_kernel.py checks that).
-    """
-    hd, hdv = _round_up(pc.head_dim, 16), _round_up(pc.head_dim_v, 16)
-    q = _round_up(cfg.tile_m * hd * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
-    k = _round_up(cfg.tile_n * hd * cfg.num_stages * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
-    v = _round_up(cfg.tile_n * hdv * cfg.num_stages * BYTES_PER_ELEMENT, TMA_SMEM_ALIGN)
-    barriers = (1 + 2 * cfg.num_stages) * MBARRIER_BYTES
-    if cfg.Q_in_regs:
-        tiles, shared = max(q, v) + k, f"max(Q {q}, V {v}) + K {k} (Q_in_regs shares Q and V)"
-    else:
-        tiles, shared = q + k + v, f"Q {q} + K {k} + V {v}"
-    total = _round_up(tiles + barriers, TMA_SMEM_ALIGN)
-    return total, f"{shared} + {barriers} B of mbarriers, padded to {TMA_SMEM_ALIGN} B alignment"
+    """Shared memory the config's forward kernel needs and a breakdown (its kernel class's formula)."""
+    return forward_kernel(cfg.kernel).smem_bytes(cfg, pc)
 
 
 def backward_smem_bytes(cfg: BackwardConfig, pc: ProblemClass) -> tuple[int, str]:
@@ -112,53 +78,71 @@ def _sizes(cfg, m_name: str, n_name: str) -> Verdict:
     return OK
 
 
-def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target) -> Verdict:
-    """All static rules for a forward config, in the order a reader would check them."""
-    if cfg.kernel not in FORWARD_KERNELS:
-        return _fail("kernel_known", f"kernel {cfg.kernel!r} is not one of {', '.join(FORWARD_KERNELS)}")
+def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target, kernels: dict[str, type] | None = None) -> Verdict:
+    """All static rules for a forward config, in the order a reader would check them; `kernels`: the registry
+    (fa4tune.kernel_class.forward_kernels() when None)."""
+    kernels = forward_kernels() if kernels is None else kernels
+    cls = kernels.get(cfg.kernel)
+    if cls is None:
+        return _fail("kernel_known", f"kernel {cfg.kernel!r} is not one of {', '.join(kernels)} (the kernel classes of kernels/ and experiment.py)")
+    if not (verdict := _kernel_knobs(cfg, cls)):
+        return verdict
     if not (verdict := _sizes(cfg, "tile_m", "tile_n")):
         return verdict
-    if cfg.kernel == "sm120_tma":
-        # checked before the shared-memory formula, which needs a stage count
-        if isinstance(cfg.num_stages, bool) or cfg.num_stages not in TMA_NUM_STAGES:
-            return _fail(
-                "tma_num_stages",
-                f"the TMA kernel needs num_stages (the depth of its K/V mbarrier pipeline) in "
-                f"{TMA_NUM_STAGES[0]}..{TMA_NUM_STAGES[-1]}, got {cfg.num_stages!r}",
-            )
-    elif cfg.num_stages not in (1, 2, 3, 4):
-        return _fail("num_stages_domain", f"num_stages must be 1..4 (cp.async K/V pipeline depth), got {cfg.num_stages}")
-    smem, breakdown = forward_smem_bytes(cfg, pc)
+    if not (verdict := _limits(cfg, pc, cls)):  # before the shared-memory formula, which needs a stage count
+        return verdict
+    smem, breakdown = cls.smem_bytes(cfg, pc)
     if smem > target.smem_per_block:
         return _fail(
-            "tma_smem_capacity" if cfg.kernel == "sm120_tma" else "smem_capacity",
+            "smem_capacity",
             f"needs {smem} B of shared memory ({breakdown}), {target.name} has {target.smem_per_block} B per block",
         )
-    if (cfg.tile_m * 2) % cfg.num_threads:
-        # upstream's rule; it is the MMA layout's: num_threads/32 warps of 16 rows each must tile tile_m
-        return _fail(
-            "tile_m_x2_divisible_by_num_threads",
-            f"tile_m*2 = {cfg.tile_m * 2} is not a multiple of num_threads={cfg.num_threads} "
-            f"({cfg.num_threads // 32} MMA warps of 16 rows need tile_m to be a multiple of {cfg.num_threads // 2})",
-        )
-    if cfg.Q_in_regs and cfg.num_stages > 1:
-        # Measured: Q_in_regs with 2 stages compiles but gives wrong outputs (max error 3.7 vs a tolerance
-        # of 0.016, every problem class; docs/measurements/2026-11-29-h200-smoke.md). Upstream PR #2499 also
-        # pairs Q_in_regs with one stage only.
-        return _fail("Q_in_regs_one_stage", f"Q_in_regs needs num_stages=1 (Q shares its buffer with V), got num_stages={cfg.num_stages}")
-    if pc.qhead_per_kvhead > 1 and cfg.tile_m & (cfg.tile_m - 1):
-        # Found by compiling: PackGQA's layouts assert for tile_m=192 (qhead_per_kvhead 2 and 4).
-        return _fail(
-            "pack_gqa_tile_m_power_of_two",
-            f"with GQA packing (qhead_per_kvhead={pc.qhead_per_kvhead}) tile_m must be a power of two, got {cfg.tile_m}",
-        )
-    if pc.qhead_per_kvhead > 1 and cfg.tile_m > cfg.num_threads:
-        # Measured on the H200 sweep (docs/measurements/2026-11-29-h200-fwd-sweep.md): with GQA packing every
-        # tile_m=256 config with 128 threads failed PackGQA's assertion at compile time; all others compiled.
-        return _fail(
-            "pack_gqa_tile_m_le_num_threads",
-            f"with GQA packing (qhead_per_kvhead={pc.qhead_per_kvhead}) tile_m ({cfg.tile_m}) must not exceed num_threads ({cfg.num_threads})",
-        )
+    return cls.can_implement(cfg, pc, target)
+
+
+def check_forward_problem(cfg: ForwardConfig, problem: Problem, target: Target, kernels: dict[str, type] | None = None) -> Verdict:
+    """check_forward for the problem's class, then the kernel class's sequence-length limits for this problem."""
+    kernels = forward_kernels() if kernels is None else kernels
+    verdict = check_forward(cfg, problem.problem_class, target, kernels)
+    if not verdict:
+        return verdict
+    limits = kernels[cfg.kernel].limits
+    for name, value in (("seqlen_q", problem.seqlen_q), ("seqlen_k", problem.seqlen_k)):
+        low, high = getattr(limits, name)
+        if value < low or (high is not None and value > high):
+            return _fail(f"{name}_domain", f"kernel {cfg.kernel!r} runs {name} in [{low}, {high if high is not None else 'any'}], got {value}")
+    return OK
+
+
+def _kernel_knobs(cfg: ForwardConfig, cls: type) -> Verdict:
+    """The config carries exactly its kernel class's own knobs, each with a value of the class's domain."""
+    given, declared = cfg.extra_knobs, dict(cls.knobs)
+    unknown, missing = sorted(set(given) - set(declared)), [name for name in declared if name not in given]
+    if unknown or missing:
+        what = f"has no knob {unknown[0]!r}" if unknown else f"needs knob {missing[0]!r}"
+        return _fail("kernel_knobs", f"kernel {cfg.kernel!r} {what} (its own knobs: {', '.join(declared) or 'none'})")
+    for name, domain in declared.items():
+        value = given[name]
+        if not any(value == d and type(value) is type(d) for d in domain):
+            return _fail("kernel_knobs", f"kernel {cfg.kernel!r} needs {name} in {', '.join(map(repr, domain))}, got {value!r}")
+    return OK
+
+
+def _limits(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
+    """The kernel class's declared limits (fa4tune.kernel_class.Limits) for this config and problem class."""
+    limits, kernel = cls.limits, repr(cfg.kernel)
+    if isinstance(cfg.num_stages, bool) or cfg.num_stages not in limits.num_stages:
+        return _fail("num_stages_domain", f"kernel {kernel} runs num_stages in {', '.join(map(str, limits.num_stages))}, got {cfg.num_stages!r}")
+    if limits.num_threads is not None and cfg.num_threads not in limits.num_threads:
+        return _fail("num_threads_domain", f"kernel {kernel} runs num_threads in {', '.join(map(str, limits.num_threads))}, got {cfg.num_threads}")
+    low, high = limits.head_dim
+    for name in ("head_dim", "head_dim_v"):
+        if not low <= getattr(pc, name) <= high:
+            return _fail("head_dim_domain", f"kernel {kernel} runs {name} in [{low}, {high}], got {getattr(pc, name)}")
+    if pc.causal and not limits.causal:
+        return _fail("causal_supported", f"kernel {kernel} does not run causal problems (its limits: causal=False)")
+    if pc.qhead_per_kvhead > 1 and not limits.gqa:
+        return _fail("gqa_supported", f"kernel {kernel} does not run GQA (qhead_per_kvhead={pc.qhead_per_kvhead}; its limits: gqa=False)")
     return OK
 
 

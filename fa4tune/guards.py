@@ -289,8 +289,9 @@ def check_source(path: str | Path) -> list[Violation]:
 
 
 def check_kernel_classes(module) -> list[Violation]:
-    """Kernel classes registered in experiment.py must not derive from FA4's SM90/SM100 kernels (wgmma, tcgen05)."""
-    classes = list(getattr(module, "FORWARD_KERNELS", {}).values()) + [getattr(module, "BACKWARD_KERNEL", None)]
+    """The classes experiment.py defines or imports (its kernel classes among them, fa4tune.kernel_class) must not
+    derive from FA4's SM90/SM100 kernels (wgmma, tcgen05)."""
+    classes = [value for value in vars(module).values() if isinstance(value, type)]
     path = Path(getattr(module, "__file__", "experiment.py")).name
     found = []
     for cls in classes:
@@ -302,7 +303,7 @@ def check_kernel_classes(module) -> list[Violation]:
 
 
 def check_module(module) -> list[Violation]:
-    """The static rules for an imported experiment module: its source, and its registered kernel classes."""
+    """The static rules for an imported experiment module: its source, and its classes."""
     source = getattr(module, "__file__", None)
     return (check_source(source) if source else []) + check_kernel_classes(module)
 

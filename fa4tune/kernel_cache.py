@@ -9,8 +9,8 @@ Enabled by FA4TUNE_KERNEL_CACHE=DIR (search.pipeline sets it for its compilers a
 An entry is DIR/<fingerprint>/<sha256 of the pickled compile key>.o. The compile key leads with every knob
 of the config and the kernel class (fa4tune.sm120_interface) and holds every decision of the host path
 (dtype, head dims, GQA packing, causal, ...). The fingerprint covers what the key does not: the
-flash-attn-4 sources (flash_attn/cute/*.py), the kernel classes' module (experiment.py), the patched host
-path, the CUTLASS DSL and Python versions, the compile arch and the SM120 emulation settings.
+flash-attn-4 sources (flash_attn/cute/*.py), the kernel classes' modules (experiment.py, kernels/ and the
+protocol, fa4tune.kernel_class), the patched host path, the CUTLASS DSL and Python versions, the compile arch and the SM120 emulation settings.
 """
 
 from __future__ import annotations
@@ -55,7 +55,9 @@ def fingerprint(kernel_module_file: str, arch: str) -> str:
     for name in ARCH_VARIABLES:
         h.update(f"{name}={os.environ.get(name, '')}".encode())
     cute_root = Path(flash_attn.cute.__file__).resolve().parent
-    sources = sorted(cute_root.rglob("*.py")) + [Path(kernel_module_file), Path(__file__).with_name("sm120_interface.py")]
+    from fa4tune.kernel_class import source_files
+
+    sources = sorted(cute_root.rglob("*.py")) + [Path(kernel_module_file), Path(__file__).with_name("sm120_interface.py"), *source_files()]
     for source in sources:
         content = source.read_bytes()
         h.update(source.name.encode() + len(content).to_bytes(8, "little") + content)

@@ -7,8 +7,9 @@ the pinned version's source of those two functions, make a few exact, checked ed
 once, else we stop with an error naming the flash-attn-4 version), and compile them into a private
 copy of the interface module's namespace. Upstream's module is not modified.
 
-The edits: a `sm120_config` argument; the config's knobs replace the hard-coded ones; the kernel class
-comes from the config (`kernel_class(config)`); our key (config + class) leads every compile key; the
+The edits: a `sm120_config` argument; the config's knobs replace the hard-coded ones, and its kernel class's
+own knobs (`extra`) join the constructor's arguments; the kernel class comes from the config
+(`kernel_class(config)`); our key (config + class) leads every compile key; the
 postprocess uses the main kernel's thread count; the arch is always SM120 (SM80 `mma.sync` code,
 compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so).
 """
@@ -42,14 +43,16 @@ def _replace_once(src: str, old: str, new: str, what: str) -> str:
     return src.replace(old, new)
 
 
-def fwd_constructor(cls: str, num_stages: str, Q_in_regs: str) -> str:
-    """The source of _flash_attn_fwd's SM120 constructor call, with these expressions for the class and two knobs."""
+def fwd_constructor(cls: str, num_stages: str, Q_in_regs: str, extra: str = "") -> str:
+    """The source of _flash_attn_fwd's SM120 constructor call, with these expressions for the class and two knobs
+    (and `extra`, a mapping expression of more keyword arguments, when given)."""
     return (
         f"            fa_fwd = {cls}(\n"
         "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
         "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
         f"                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages={num_stages},\n"
         f"                num_threads=num_threads,\n                Q_in_regs={Q_in_regs},\n"
+        + (f"                **{extra},\n" if extra else "")
     )
 
 
@@ -74,7 +77,7 @@ FORWARD_EDITS = [
     ),
     (
         UPSTREAM_FWD_CONSTRUCTOR,
-        fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs"),
+        fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
         "forward SM120 constructor",
     ),
 ]

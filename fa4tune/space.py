@@ -1,4 +1,8 @@
-"""The search space: each knob's domain, and the feasible configs of a problem class on a target."""
+"""The search space: each knob's domain, and the feasible configs of a problem class on a target.
+
+The forward's `kernel` knob ranges over the registered kernel classes (fa4tune.kernel_class), and each class
+adds its own knobs with the domains it declares; a config carries only its own class's.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Iterator
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.feasibility import check_backward, check_forward
+from fa4tune.kernel_class import forward_kernels
 from fa4tune.targets import Target
 
 FORWARD_DOMAIN: dict[str, tuple] = {
@@ -15,9 +20,7 @@ FORWARD_DOMAIN: dict[str, tuple] = {
     "num_threads": (128, 256),
     "num_stages": (1, 2),
     "Q_in_regs": (False, True),
-    # experiment.FORWARD_KERNELS: upstream's cp.async kernel, and the TMA-fed one (num_stages is its pipeline depth)
-    "kernel": ("sm120", "sm120_tma"),
-}
+}  # upstream's knobs, every kernel class's; forward_domain() adds `kernel` and the classes' own
 
 BACKWARD_DOMAIN: dict[str, tuple] = {
     "m_block_size": (32, 64, 128),
@@ -41,14 +44,32 @@ def _product(domain: dict[str, tuple]) -> Iterator[dict]:
         yield dict(zip(names, values))
 
 
-def forward_candidates() -> list[ForwardConfig]:
-    """Every forward config of the domain, feasible or not."""
-    return [ForwardConfig(**values) for values in _product(FORWARD_DOMAIN)]
+def forward_domain(kernels: dict[str, type] | None = None) -> dict[str, tuple]:
+    """FORWARD_DOMAIN, then `kernel` (the registered classes' names), then each class's own knobs (a knob two
+    classes share gets both domains' values)."""
+    kernels = forward_kernels() if kernels is None else kernels
+    domain = {**FORWARD_DOMAIN, "kernel": tuple(kernels)}
+    for cls in kernels.values():
+        for name, values in cls.knobs.items():
+            domain[name] = tuple(dict.fromkeys(domain.get(name, ()) + tuple(values)))
+    return domain
+
+
+def forward_candidates(kernels: dict[str, type] | None = None) -> list[ForwardConfig]:
+    """Every forward config of the domain, feasible or not: each kernel class with its own knobs."""
+    kernels = forward_kernels() if kernels is None else kernels
+    configs = []
+    for values in _product(FORWARD_DOMAIN):
+        for name, cls in kernels.items():  # `kernel` varies fastest, then the class's own knobs
+            for own in _product(dict(cls.knobs)):
+                configs.append(ForwardConfig.from_dict({**values, "kernel": name, **own}))
+    return configs
 
 
 def feasible_forward(pc: ProblemClass, target: Target) -> list[ForwardConfig]:
     """Forward configs that pass every static rule for this problem class and target."""
-    return [cfg for cfg in forward_candidates() if check_forward(cfg, pc, target)]
+    kernels = forward_kernels()
+    return [cfg for cfg in forward_candidates(kernels) if check_forward(cfg, pc, target, kernels)]
 
 
 def feasible_backward(pc: ProblemClass, target: Target) -> Iterator[BackwardConfig]:

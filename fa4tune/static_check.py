@@ -4,8 +4,9 @@ Each (config, problem class) compiles in a worker process (`python -m fa4tune.st
 interpreter whose environment targets sm_120a before the DSL is imported, with its own dump folder) through
 fa4tune.fake_compile, the compile the search's compile pipeline uses too; a compile that runs past the time
 limit kills its worker, is recorded as `compile_timeout`, and the others go on. Results are cached on disk
-under a key made of every knob, the problem class, the target, the kernel class's source and the
-flash-attn-4 / CUTLASS DSL versions.
+under a key made of every knob, the problem class, the target, the kernel classes' sources (experiment.py,
+kernels/) and the flash-attn-4 / CUTLASS DSL versions. A forward kernel whose compiled shared storage is larger
+than its class declares (`smem_bytes`) is rejected: `smem_understated`, with both numbers.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Iterable
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.feasibility import check_backward, check_forward
+from fa4tune.kernel_class import source_files as kernel_sources
 from fa4tune.line_process import LineProcess
 from fa4tune.occupancy import occupancy
 from fa4tune.targets import Target
@@ -59,6 +61,7 @@ class StaticFacts:
     spill_load_bytes: int = 0
     static_smem_bytes: int = 0
     dynamic_smem_bytes: int = 0
+    declared_smem_bytes: int = 0  # the forward kernel class's formula (fa4tune.kernel_class smem_bytes); 0 for bwd
     num_threads: int = 0
     blocks_per_sm: int = 0
     occupancy: float = 0.0
@@ -140,13 +143,14 @@ NOT_CACHED = ("compile_timeout", "compile_error", "static_error")
 
 
 def cache_key(job: StaticJob, target: Target, experiment_path: str) -> str:
-    """Every knob, the problem class, the target rules, the kernel class source and package versions."""
+    """Every knob, the problem class, the target rules, the kernel classes' sources and package versions."""
     source = Path(experiment_path).read_text()
     parts = [
         job.kind, repr(job.config.key()), repr(job.problem_class.key()), repr(target),
         version("flash-attn-4"), version("nvidia-cutlass-dsl"),
         hashlib.sha256(source.encode()).hexdigest(),
         hashlib.sha256(inspect.getsource(__import__("fa4tune.sm120_interface").sm120_interface).encode()).hexdigest(),
+        *(hashlib.sha256(path.read_bytes()).hexdigest() for path in kernel_sources()),
     ]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
 
@@ -190,11 +194,20 @@ def known_facts(job: StaticJob, target: Target, cache: FactsCache, key: str) -> 
 
 def facts_from_compile(job: StaticJob, target: Target, status: str, reason: str = "", kernel: dict | None = None) -> StaticFacts:
     """StaticFacts of a job from its compile's outcome; `kernel` (fa4tune.fake_compile.KernelFacts.resources()) when
-    it compiled: the compiled shared storage against the target's capacity, and the occupancy."""
+    it compiled: the compiled shared storage against the forward kernel class's declared formula and against the
+    target's capacity, and the occupancy."""
     base = dict(kind=job.kind, problem_class=job.problem_class.name, config=job.config.to_dict(), num_threads=job.config.num_threads)
     if status != "ok":
         return StaticFacts(status=status, reason=reason, **base)
     smem = kernel["static_smem_bytes"] + kernel["dynamic_smem_bytes"]
+    if job.kind == "fwd" and kernel["dynamic_smem_bytes"] > kernel["declared_smem_bytes"]:
+        # feasibility and the search trust the class's formula: one that under-states lets configs through
+        # that the launch cannot fit
+        reason = (
+            f"smem_understated: kernel {job.config.kernel!r} declares {kernel['declared_smem_bytes']} B of shared memory "
+            f"(its smem_bytes), the compiled kernel's shared storage is {kernel['dynamic_smem_bytes']} B"
+        )
+        return StaticFacts(status="infeasible", reason=reason, **base, **kernel)
     if kernel["dynamic_smem_bytes"] > target.smem_per_block:
         # upstream's formula counts only the Q/K/V(/dO) tiles; the compiled kernel's shared storage is the truth
         reason = (

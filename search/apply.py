@@ -69,7 +69,7 @@ def render_entry(key: str, config, indent: str = "    ") -> str:
     """A dispatch entry line (wrapped when long): '"d128-causal-bf16": ForwardConfig(tile_m=..., ...),'."""
     defaults = {f.name: f.default for f in fields(config)}
     knobs = [f"{f.name}={_literal(getattr(config, f.name))}" for f in fields(config)
-             if not (f.name == "kernel" and getattr(config, f.name) == defaults["kernel"])]
+             if not (f.name in ("kernel", "extra") and getattr(config, f.name) == defaults[f.name])]
     cls = type(config).__name__
     line = f'{indent}"{key}": {cls}({", ".join(knobs)}),'
     if len(line) <= MAX_LINE:
@@ -87,6 +87,8 @@ def render_entry(key: str, config, indent: str = "    ") -> str:
 
 
 def _literal(value) -> str:
+    if isinstance(value, tuple) and all(isinstance(pair, tuple) for pair in value):  # ForwardConfig.extra, as a dict
+        return "{" + ", ".join(f"{_literal(name)}: {_literal(v)}" for name, v in value) + "}"
     return f'"{value}"' if isinstance(value, str) else repr(value)  # the file's quotes
 
 
@@ -122,9 +124,11 @@ def entry_config(source: str, direction: str, key: str) -> dict | None:
     for k, v in zip(table.keys, table.values):
         if isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call):
             try:
-                return {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+                knobs = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
             except ValueError:
                 return None
+            extra = knobs.pop("extra", {})  # a kernel class's own knobs: flat, as in ForwardConfig.to_dict()
+            return {**knobs, **extra}
     return None
 
 

@@ -26,6 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune.kernel_class import forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
@@ -109,13 +110,24 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool) -> Winner:
                 raise ConfigError("gate_missing", f"{head}: trial #{r.number} has no correctness-gate record for {result['problem']!r}")
     space = get_space(ev.direction)
     config = space.config(w.config)
-    if getattr(config, "kernel", "sm120") != "sm120":
-        raise ConfigError("kernel_not_upstream", f"{head} uses kernel {config.kernel!r}, fa4-tune's own class, which upstream does not have {leave_out}")
+    if isinstance(config, ForwardConfig):
+        upstream_kernel(config, f"{head} uses", leave_out)
     target = TARGETS.get(ev.target)
     verdict = space.check(config, ev.problem_class, target) if target else None
     if verdict is not None and not verdict:
         raise ConfigError("infeasible_winner", f"{head} breaks a static rule as of now: {verdict}")
     return Winner(ev, w, config, tuple(confirmed), ev.default())
+
+
+def upstream_kernel(config: ForwardConfig, head: str = "the config uses", leave_out: str = "") -> type:
+    """The upstream class a forward config's kernel class runs unchanged (its `upstream`, fa4tune.kernel_class);
+    ConfigError kernel_not_upstream for a class of our own, which the patch cannot carry."""
+    cls = forward_kernel(config.kernel)
+    upstream = upstream_class(cls)
+    if upstream is None:
+        raise ConfigError("kernel_not_upstream", f"{head} kernel {config.kernel!r} ({cls.__module__}.{cls.__qualname__}), "
+                          f"fa4-tune's own class, which upstream does not have {leave_out}".rstrip())
+    return upstream
 
 
 def _check_no_conflict(winners: list[Winner]) -> None:
@@ -356,7 +368,7 @@ def patch_interface(source: str, winners: list[Winner]) -> str:
 
 
 def _knobs(config) -> str:
-    return " ".join(f"{f.name}={getattr(config, f.name)}" for f in fields(config) if f.name != "kernel")
+    return " ".join(f"{name}={value}" for name, value in config.to_dict().items() if name != "kernel")
 
 
 def _wrap(text: str) -> list[str]:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 
+from fa4tune.config import ForwardConfig
 from search.history import TrialRecord
+
+DEFAULT_KERNEL = ForwardConfig().kernel
 
 
 def short_config(config: dict) -> str:
-    """Knobs as k=v, leaving out the kernel class while it is the only one."""
-    return " ".join(f"{k}={v}" for k, v in config.items() if not (k == "kernel" and v == "sm120"))
+    """Knobs as k=v, leaving out the kernel class while it is ForwardConfig's default (upstream's)."""
+    return " ".join(f"{k}={v}" for k, v in config.items() if not (k == "kernel" and v == DEFAULT_KERNEL))
 
 
 def trial_line(study: str, r: TrialRecord, best: TrialRecord | None, done: int, n_trials: int) -> str:

@@ -13,6 +13,7 @@ panel left says why in one line).
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from fa4tune.static_check import DEFAULT_CACHE, FactsCache
@@ -232,13 +233,16 @@ def tile_heatmap(ev: StudyEvidence | None, label: str, table):
     values = [v for g in grids.values() for v in g.flatten() if not np.isnan(v)]
     vmin, vmax = (min(values), max(values)) if values else (0, 1)
     default, w = ev.default_config(), ev.winner()
+    # a tile is infeasible when no value of the other knobs (every kernel class with its own knobs) makes it feasible
+    rest = [name for name in space.domain if name not in ("tile_m", "tile_n", "num_threads")]
+    others = [dict(zip(rest, combo)) for combo in itertools.product(*(space.domain[name] for name in rest))]
     fig, axes = _figure(1, len(threads), max(7.0, 5.2 * len(threads)), 4.9)
     for ax, t in zip(axes.flat, threads):
         image = ax.imshow(grids[t], cmap="viridis", vmin=vmin, vmax=vmax, origin="upper")
         for i, m in enumerate(tile_m):
             for j, n in enumerate(tile_n):
-                feasible = any(space.check(space.config({**default, "tile_m": m, "tile_n": n, "num_threads": t, "num_stages": s, "Q_in_regs": q}),
-                                           ev.problem_class, _target(ev)) for s in space.domain["num_stages"] for q in (False, True))
+                feasible = any(space.check(space.config({**other, "tile_m": m, "tile_n": n, "num_threads": t}), ev.problem_class, _target(ev))
+                               for other in others)
                 if not np.isnan(grids[t][i, j]):
                     text, colour = f"{grids[t][i, j]:.0f}", "white" if grids[t][i, j] < (vmin + vmax) / 2 else "black"
                 else:
@@ -255,8 +259,8 @@ def tile_heatmap(ev: StudyEvidence | None, label: str, table):
         ax.set_ylabel("tile_m", fontsize=8)
         ax.set_title(f"num_threads={t}", fontsize=9)
         fig.colorbar(image, ax=ax, shrink=0.8, label="geomean TFLOPS")
-    others = [t for t in grids if t not in threads]
-    left_out = f"; no config with num_threads={', '.join(map(str, others))} measured" if others else ""
+    unmeasured = [t for t in grids if t not in threads]
+    left_out = f"; no config with num_threads={', '.join(map(str, unmeasured))} measured" if unmeasured else ""
     _title(fig, f"fwd {ev.problem_class.name}: best geomean TFLOPS per tile, max over num_stages and Q_in_regs ({source}{left_out})\n"
                 f"red box: the study's winner; white dashed box: upstream's default\n{label}")
     return fig

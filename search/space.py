@@ -2,7 +2,9 @@
 
 A direction ("fwd" or "bwd") fixes the config class, its knob domain, its feasibility rules and
 upstream's default. The space signature names all of that, so a study can refuse to continue
-under a different space.
+under a different space. The forward's domain is read from the registered kernel classes
+(fa4tune.kernel_class): `kernel` ranges over their names, and each class's own knobs join the domain;
+a knob applies only to configs of its class (Optuna samples it for every trial, the config drops it).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import hashlib
 import itertools
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from optuna.distributions import CategoricalDistribution
@@ -19,7 +21,8 @@ from optuna.distributions import CategoricalDistribution
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward, forward_smem_bytes
-from fa4tune.space import BACKWARD_DOMAIN, FORWARD_DOMAIN
+from fa4tune.kernel_class import forward_kernels
+from fa4tune.space import BACKWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
 from search.history import config_key
 
@@ -37,24 +40,33 @@ class Space:
     check: Callable[[Any, ProblemClass, Target], Verdict]
     upstream: Callable[[ProblemClass], Any]
     smem_bytes: Callable[[Any, ProblemClass], tuple[int, str]]
+    kernel_knobs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kernel class name -> its own knobs
 
     def distributions(self) -> dict[str, CategoricalDistribution]:
         """One categorical distribution per knob (single-valued knobs included, so params map 1:1)."""
         return {name: CategoricalDistribution(list(values)) for name, values in self.domain.items()}
 
+    def active(self, values: dict[str, Any]) -> dict[str, tuple]:
+        """The domain's knobs that apply to a config with these values: all but other kernel classes' own knobs."""
+        own = set(self.kernel_knobs.get(values.get("kernel"), ()))
+        others = {name for knobs in self.kernel_knobs.values() for name in knobs} - own
+        return {name: domain for name, domain in self.domain.items() if name not in others}
+
     def config(self, params: dict[str, Any]):
-        """The config of a trial's params (knobs absent from params keep the config's default)."""
-        return self.config_class.from_dict(params)
+        """The config of a trial's params (knobs absent from params keep the config's default; knobs of
+        another kernel class are left out)."""
+        active = self.active(params)
+        return self.config_class.from_dict({name: value for name, value in params.items() if name in active or name not in self.domain})
 
     def params(self, config) -> dict[str, Any]:
-        """Trial params of a config: exactly the domain's knobs."""
+        """Trial params of a config: exactly the domain's knobs (another kernel class's at its first value)."""
         values = config.to_dict()
-        return {name: values[name] for name in self.domain}
+        return {name: values[name] if name in values else domain[0] for name, domain in self.domain.items()}
 
     def in_domain(self, config) -> str:
-        """'' if every knob value lies in the domain, else which one does not."""
+        """'' if every knob value that applies to the config lies in the domain, else which one does not."""
         values = config.to_dict()
-        for name, domain in self.domain.items():
+        for name, domain in self.active(values).items():
             value = values[name]
             if not any(value == d and type(value) is type(d) for d in domain):
                 return f"{name}={value!r} is not in the search domain ({', '.join(map(repr, domain))})"
@@ -79,7 +91,8 @@ class Space:
         if key not in _FEASIBLE:
             names = list(self.domain)
             configs = (self.config(dict(zip(names, values))) for values in itertools.product(*(self.domain[n] for n in names)))
-            _FEASIBLE[key] = [c for c in configs if self.check(c, problem_class, target)]
+            unique = {config_key(c.to_dict()): c for c in configs}  # another class's knobs repeat a config
+            _FEASIBLE[key] = [c for c in unique.values() if self.check(c, problem_class, target)]
         return _FEASIBLE[key]
 
     def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set):
@@ -93,22 +106,36 @@ class Space:
 
     def describe(self, target: Target) -> dict:
         """The space as JSON-ready data (stored on the study next to its signature)."""
-        return {
+        described = {
             "direction": self.direction,
             "domain": {name: list(values) for name, values in self.domain.items()},
             "target": target.name,
             "smem_per_block": target.smem_per_block,
         }
+        if any(self.kernel_knobs.values()):  # which class a knob belongs to decides the configs (absent: as before)
+            described["kernel_knobs"] = {name: list(knobs) for name, knobs in self.kernel_knobs.items()}
+        return described
 
 
-SPACES: dict[str, Space] = {
-    "fwd": Space("fwd", FORWARD_DOMAIN, ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes),
-    "bwd": Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes),
-}
+BACKWARD_SPACE = Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes)
+_FORWARD_SPACES: dict[int, tuple[dict, Space]] = {}  # id(kernel registry) -> (registry, its space)
+
+
+def forward_space(kernels: dict[str, type] | None = None) -> Space:
+    """The forward space of the registered kernel classes (fa4tune.kernel_class.forward_kernels() when None)."""
+    kernels = forward_kernels() if kernels is None else kernels
+    known = _FORWARD_SPACES.get(id(kernels))
+    if known is None or known[0] is not kernels:
+        space = Space("fwd", forward_domain(kernels), ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes,
+                      {name: tuple(cls.knobs) for name, cls in kernels.items()})
+        known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
+    return known[1]
 
 
 def get_space(direction: str) -> Space:
-    """The space of 'fwd' or 'bwd'; a one-line error otherwise."""
-    if direction not in SPACES:
-        raise ConfigError("direction", f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")
-    return SPACES[direction]
+    """The space of 'fwd' (of experiment.py's kernel classes and ours) or 'bwd'; a one-line error otherwise."""
+    if direction == "fwd":
+        return forward_space()
+    if direction == "bwd":
+        return BACKWARD_SPACE
+    raise ConfigError("direction", f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")

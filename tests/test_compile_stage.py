@@ -22,7 +22,7 @@ PROBLEMS = [p for p in load_suite("quick") if p.problem_class.name == "d64-nonca
 PC = PROBLEMS[0].problem_class
 CONFIG = upstream_forward(PC)
 KERNEL = dict(registers=200, stack_bytes=0, spill_store_bytes=0, spill_load_bytes=0, static_smem_bytes=1024,
-              dynamic_smem_bytes=49152, compile_seconds=3.0)
+              dynamic_smem_bytes=49152, declared_smem_bytes=49152, compile_seconds=3.0)
 
 
 def _job(config=CONFIG, gpu_arch="sm_120a") -> dict:
@@ -82,7 +82,7 @@ def test_on_an_sm120a_gpu_one_compile_gives_the_static_facts_and_fills_the_stati
 
 
 def test_on_an_sm120a_gpu_compiled_shared_storage_over_capacity_is_cached_and_not_compiled_again(tmp_path):
-    gpu = _gpu_stage("sm_120a", dynamic_smem_bytes=110592)
+    gpu = _gpu_stage("sm_120a", dynamic_smem_bytes=110592, declared_smem_bytes=110592)
     stage = CompileStage(TARGET, "sm_120a", gpu, None, FactsCache(tmp_path / "facts.jsonl"))
     first = stage.compile_candidate(_job())
     assert first["status"] == "infeasible" and "smem_capacity_compiled" in first["reason"]
@@ -108,7 +108,7 @@ def test_on_another_gpu_the_static_check_and_the_gpu_compile_are_two_compiles(tm
 def test_on_another_gpu_a_static_check_that_ends_the_candidate_skips_the_gpu_compile(tmp_path):
     for reply, status in [
         ({"status": "compile_error", "reason": "DSLRuntimeError: bad layout"}, "compile_error"),
-        ({"status": "ok", "reason": "", "kernel": {**KERNEL, "dynamic_smem_bytes": 110592}}, "infeasible"),
+        ({"status": "ok", "reason": "", "kernel": {**KERNEL, "dynamic_smem_bytes": 110592, "declared_smem_bytes": 110592}}, "infeasible"),
     ]:
         gpu = _gpu_stage("sm_90a")
         stage = CompileStage(TARGET, "sm_90a", gpu, _static_stage(reply), FactsCache(None))

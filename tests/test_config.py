@@ -13,9 +13,22 @@ def test_forward_config_round_trip_and_key_has_every_knob():
 
 def test_unknown_knob_is_named():
     with pytest.raises(ConfigError) as err:
-        ForwardConfig.from_dict({"tile_m": 128, "tile_k": 64})
+        BackwardConfig.from_dict({"m_block_size": 64, "tile_k": 64})
     assert err.value.rule == "unknown_knob"
     assert "'tile_k'" in str(err.value)
+
+
+def test_a_forward_config_carries_its_kernel_class_own_knobs_flat():
+    # which knobs a kernel class has is feasibility's rule (kernel_knobs, tests/test_kernel_protocol.py), not the record's
+    cfg = ForwardConfig.from_dict({"tile_m": 64, "kernel": "sm120_x", "spare_kb": 2, "swizzle": "wide"})
+    assert cfg.extra_knobs == {"spare_kb": 2, "swizzle": "wide"} and cfg == ForwardConfig(64, kernel="sm120_x", extra={"swizzle": "wide", "spare_kb": 2})
+    assert cfg.to_dict() == {**ForwardConfig(64, kernel="sm120_x").to_dict(), "spare_kb": 2, "swizzle": "wide"}
+    assert ForwardConfig.from_dict(cfg.to_dict()) == cfg and hash(cfg) == hash(ForwardConfig.from_dict(cfg.to_dict()))
+    assert cfg.key()[-2:] == (("spare_kb", 2), ("swizzle", "wide")) and cfg.short().endswith("kernel=sm120_x spare_kb=2 swizzle=wide")
+    assert ForwardConfig().key() == ("ForwardConfig", 128, 64, 128, 1, False, "sm120")  # no own knobs: the key as before
+    with pytest.raises(ConfigError) as err:
+        ForwardConfig.from_dict({"kernel": "sm120_x", "spare_kb": [1, 2]})
+    assert err.value.rule == "knob_type" and "spare_kb" in str(err.value)
 
 
 @pytest.mark.parametrize("knob,value", [("tile_m", "128"), ("Q_in_regs", 1), ("num_threads", True), ("tile_n", 64.0)])

@@ -40,10 +40,14 @@ def test_unlisted_class_falls_back_to_upstream_defaults():
 
 
 def test_kernel_class_registry():
-    assert experiment.kernel_class(ForwardConfig()) is experiment.TunedForwardSm120
-    assert experiment.kernel_class(BackwardConfig()) is experiment.TunedBackwardSm120
     from flash_attn.cute.flash_bwd_sm120 import FlashAttentionBackwardSm120
     from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120
 
-    assert issubclass(experiment.TunedForwardSm120, FlashAttentionForwardSm120)
+    from kernels.tma_forward_sm120 import TmaForwardSm120
+    from kernels.tuned_forward_sm120 import TunedForwardSm120
+
+    assert experiment.kernel_class(ForwardConfig()) is TunedForwardSm120
+    assert experiment.kernel_class(ForwardConfig(kernel="sm120_tma")) is TmaForwardSm120
+    assert experiment.kernel_class(BackwardConfig()) is experiment.TunedBackwardSm120
+    assert issubclass(TunedForwardSm120, FlashAttentionForwardSm120)
     assert issubclass(experiment.TunedBackwardSm120, FlashAttentionBackwardSm120)

@@ -157,7 +157,7 @@ def test_experiment_py_command_line_refuses_too_before_the_file_runs(tmp_path, c
 def test_a_kernel_class_derived_from_an_sm90_kernel_is_refused():
     FlashAttentionForwardSm90 = type("FlashAttentionForwardSm90", (), {})  # stands in for upstream's wgmma kernel
     sneaky = type("FastForward", (FlashAttentionForwardSm90,), {})
-    module = types.SimpleNamespace(FORWARD_KERNELS={"sm120": sneaky}, BACKWARD_KERNEL=object)
+    module = types.SimpleNamespace(FastForward=sneaky, TunedBackwardSm120=object, tile_m=128)  # what experiment.py defines
     (violation,) = guards.check_kernel_classes(module)
     assert violation.rule == "other_attention" and "FastForward derived from FlashAttentionForwardSm90" in violation.what
 

@@ -1,4 +1,4 @@
-"""The TMA-fed SM120 forward (experiment.TmaForwardSm120, kernel="sm120_tma"): compile, static facts, layout, rules.
+"""The TMA-fed SM120 forward (kernels/tma_forward_sm120.py, kernel="sm120_tma"): compile, static facts, layout, rules.
 
 Correctness on a GPU is bench/gpu_tma.py's job (H200, SM120 kernels emulated); these tests are what a CPU can show.
 """
@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 
 import experiment
-from fa4tune import feasibility
 from fa4tune.config import ForwardConfig, ProblemClass
-from fa4tune.feasibility import check_forward, forward_smem_bytes, tma_forward_smem_bytes
-from fa4tune.space import FORWARD_DOMAIN, feasible_forward
+from fa4tune.feasibility import check_forward, forward_smem_bytes
+from fa4tune.kernel_class import forward_kernels
+from fa4tune.space import FORWARD_DOMAIN, feasible_forward, forward_domain
 from fa4tune.static_check import StaticJob, run_static
 from fa4tune.targets import get_target
+from kernels.tma_forward_sm120 import TmaForwardSm120
+from kernels.tuned_forward_sm120 import TunedForwardSm120
 
 pytestmark = pytest.mark.compile
 
@@ -53,7 +55,7 @@ def test_compiles_for_sm120a_and_static_facts_are_read(facts, name):
     assert 0 < f.registers <= 255 and f.num_threads == job.config.num_threads
     assert f.spill_store_bytes >= 0 and f.stack_bytes >= 0
     # the launch's shared storage is exactly the feasibility formula: tiles + mbarriers, padded to 1024 B
-    assert f.dynamic_smem_bytes == tma_forward_smem_bytes(job.config, job.problem_class)[0]
+    assert f.dynamic_smem_bytes == f.declared_smem_bytes == TmaForwardSm120.smem_bytes(job.config, job.problem_class)[0]
     assert f.blocks_per_sm >= 1 and f.occupancy > 0
 
 
@@ -74,7 +76,7 @@ def test_tma_loads_need_fewer_registers_than_cp_async(facts):
 def test_over_99k_is_rejected_by_the_tma_rule_without_compiling(facts):
     f = facts["over_99k"]
     assert f.status == "infeasible" and f.compile_seconds == 0
-    assert f.reason.startswith("tma_smem_capacity: needs 164864 B") and "mbarriers" in f.reason
+    assert f.reason.startswith("smem_capacity: needs 164864 B") and "mbarriers" in f.reason
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +121,9 @@ def test_each_tile_is_a_few_whole_boxes(probe):
 
 
 def test_registered_everywhere_the_space_looks():
-    assert experiment.kernel_class(tma()) is experiment.TmaForwardSm120
-    assert issubclass(experiment.TmaForwardSm120, experiment.TunedForwardSm120)
-    assert set(experiment.FORWARD_KERNELS) == set(feasibility.FORWARD_KERNELS) == set(FORWARD_DOMAIN["kernel"])
+    assert experiment.kernel_class(tma()) is TmaForwardSm120
+    assert issubclass(TmaForwardSm120, TunedForwardSm120)
+    assert forward_kernels()["sm120_tma"] is TmaForwardSm120 and "sm120_tma" in forward_domain()["kernel"]
 
 
 def test_space_enumerates_tma_configs():
@@ -134,12 +136,12 @@ def test_space_enumerates_tma_configs():
 
 
 def test_tma_shared_memory_counts_barriers_and_padding():
-    smem, breakdown = tma_forward_smem_bytes(tma(), D128)
+    smem, breakdown = TmaForwardSm120.smem_bytes(tma(), D128)
     assert smem == 98304 + 1024 and "Q 32768 + K 32768 + V 32768 + 40 B of mbarriers" in breakdown
     assert forward_smem_bytes(tma(), D128) == (smem, breakdown)
     assert forward_smem_bytes(ForwardConfig(128, 64, 128, 2), D128)[0] == 98304  # the cp.async kernel: tiles only
     # Q_in_regs: V shares Q's buffer, as upstream's
-    assert tma_forward_smem_bytes(tma(num_stages=1, Q_in_regs=True), D128)[0] == 32768 + 16384 + 1024
+    assert TmaForwardSm120.smem_bytes(tma(num_stages=1, Q_in_regs=True), D128)[0] == 32768 + 16384 + 1024
 
 
 def test_barriers_alone_can_break_the_budget():
@@ -148,20 +150,20 @@ def test_barriers_alone_can_break_the_budget():
     cp_async = ForwardConfig(tile_m=48, tile_n=240, num_threads=96, num_stages=1)
     assert forward_smem_bytes(cp_async, pc)[0] == TARGET.smem_per_block and check_forward(cp_async, pc, TARGET)
     verdict = check_forward(ForwardConfig(48, 240, 96, 1, kernel="sm120_tma"), pc, TARGET)
-    assert verdict.rule == "tma_smem_capacity"
+    assert verdict.rule == "smem_capacity"
     assert "needs 102400 B" in verdict.message and "24 B of mbarriers" in verdict.message and "101376 B" in verdict.message
 
 
 def test_over_99k_rejected_with_rule_and_numbers():
     verdict = check_forward(tma(tile_n=128), D128, TARGET)
-    assert verdict.rule == "tma_smem_capacity"
+    assert verdict.rule == "smem_capacity"
     assert "164864 B" in verdict.message and "101376 B" in verdict.message
 
 
 @pytest.mark.parametrize("stages", [None, 0, 5, True, "2"])
 def test_missing_or_invalid_stage_count_rejected(stages):
     verdict = check_forward(tma(num_stages=stages), D128, TARGET)
-    assert verdict.rule == "tma_num_stages" and repr(stages) in verdict.message
+    assert verdict.rule == "num_stages_domain" and "'sm120_tma'" in verdict.message and repr(stages) in verdict.message
 
 
 def test_unknown_kernel_class_rejected():

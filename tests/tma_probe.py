@@ -1,4 +1,4 @@
-"""Checks of experiment.TmaForwardSm120 that need the DSL (sm_120a, fake tensors, no GPU); prints one JSON line.
+"""Checks of kernels.tma_forward_sm120.TmaForwardSm120 that need the DSL (sm_120a, fake tensors, no GPU); prints one JSON line.
 
 Run by tests/test_tma_kernel.py in a subprocess, since the DSL reads its arch from the environment at
 import time. Reads {"layouts": [[head_dim, rows, stages], ...], "compiles": [[config, head_dim, causal, gqa], ...]}
@@ -25,6 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 import experiment  # noqa: E402
 from fa4tune.config import ForwardConfig  # noqa: E402
 from fa4tune.sm120_interface import build  # noqa: E402
+from kernels.tma_forward_sm120 import TmaForwardSm120  # noqa: E402
 
 
 def byte_swizzle(address: int, bits: int, base: int, shift: int) -> int:
@@ -42,7 +43,7 @@ def check_layouts(cases):
     @cute.jit
     def run():
         for head_dim, rows, stages in cases:
-            kernel = experiment.TmaForwardSm120(cutlass.BFloat16, head_dim, head_dim, tile_n=rows, num_stages=stages)
+            kernel = TmaForwardSm120(cutlass.BFloat16, head_dim, head_dim, tile_n=rows, num_stages=stages)
             shape = (rows, kernel.tile_hdim, stages)
             upstream = cute.tile_to_shape(sm80_utils.get_smem_layout_atom(cutlass.BFloat16, kernel.tile_hdim), shape, (0, 1, 2))
             tma = kernel._tma_layout(kernel.tile_hdim, shape)

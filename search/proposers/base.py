@@ -96,7 +96,7 @@ def _check(proposal: Proposal, context: Context, seen: dict) -> tuple[str, Any]:
     if not isinstance(proposal.rationale, str):
         return "rationale must be a string", None
     values = dict(values)
-    for name, domain in space.domain.items():
+    for name, domain in space.active(values).items():  # another kernel class's own knobs do not apply
         if name not in values:
             if len(domain) != 1:
                 return f"missing knob {name!r}", None

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 from fa4tune.config import ProblemClass
 from fa4tune.feasibility import forward_smem_bytes
+from fa4tune.kernel_class import forward_kernels
 from fa4tune.targets import Target
 from search.history import FINISHED, TrialRecord, config_key, measured
 from search.proposers.base import Context, Rejection
@@ -28,8 +29,7 @@ _SMEM_FORMULA = {
 }
 
 _KERNEL = {
-    "fwd": "of FlashAttention-4's SM120 forward (SM80 mma.sync math; the `kernel` knob names the class in experiment.py: "
-           "sm120 is upstream's cp.async-fed kernel, other names are variants written for this project)",
+    "fwd": "of FlashAttention-4's SM120 forward (SM80 mma.sync math; the `kernel` knob names the kernel class, listed below)",
     "bwd": "of FlashAttention-4's SM120 backward, FlashAttentionBackwardSm120 (SM80 mma.sync math)",
 }
 
@@ -37,7 +37,8 @@ _KERNEL = {
 def tool(context: Context) -> dict:
     """The proposal tool: a JSON schema whose knob properties list exactly the domain's values."""
     knobs = {name: {"enum": list(values)} for name, values in context.space.domain.items()}
-    required = [name for name, values in context.space.domain.items() if len(values) > 1]
+    own = {name for names in context.space.kernel_knobs.values() for name in names}  # only their class's configs have them
+    required = [name for name, values in context.space.domain.items() if len(values) > 1 and name not in own]
     return {
         "name": TOOL_NAME,
         "description": f"Propose {context.k} new configs to measure next, each with a one-paragraph rationale.",
@@ -82,10 +83,23 @@ each with one example rejection:
 {rules}
 
 Knobs and their allowed values:
-{domain}
+{domain}{_kernel_classes(context)}
 
 Answer only by calling the {TOOL_NAME} tool with {context.k} configs that have not been measured yet, each with a
 one-paragraph rationale that says what you expect and why, citing the history."""
+
+
+def _kernel_classes(context: Context) -> str:
+    """The forward's kernel classes, each with its docstring's first line and its own knobs (read from the classes)."""
+    if not context.space.kernel_knobs:
+        return ""
+    lines = ["", "Kernel classes (the `kernel` knob); a class's own knobs apply to its configs only, and are required there:"]
+    for name, cls in forward_kernels().items():
+        if name in context.space.domain.get("kernel", ()):
+            doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
+            own = f"; own knobs: {', '.join(cls.knobs)}" if cls.knobs else ""
+            lines.append(f"- {name}: {doc}{own}")
+    return "\n".join(lines)
 
 
 def user_message(context: Context, rejections: list[Rejection]) -> str:

@@ -1,0 +1,151 @@
+"""The kernel-class protocol: what a forward kernel class declares about itself, and the registry that finds the classes.
+
+A forward kernel class (a subclass of `ForwardKernel` and of upstream's SM120 forward; in practice of
+kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
+  - `name`: the value of a ForwardConfig's `kernel` knob that selects it;
+  - `knobs`: its own constructor knobs beyond upstream's, with their search domains (a config carries them in `extra`);
+  - `limits`: what it runs besides its shared memory (stages, threads, head dims, causal, GQA, sequence lengths);
+  - `smem_bytes(config, problem_class)`: its shared storage in bytes, with a breakdown; the static check rejects a
+    class whose compiled storage is larger (`smem_understated`);
+  - `can_implement(config, problem_class, target)`: every other rule, as a fa4tune.feasibility Verdict;
+  - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface.
+fa4tune.feasibility, the search space, the static check, the host path and export read these, never a name.
+
+The registry: our classes in kernels/ (one per file), then the ones experiment.py defines, each under the `name`
+it declares itself (a subclass that declares none is a base, not a kernel). experiment.py is the module the harness
+loaded as `experiment` (prepare.load_experiment); experiment.py may import this module (fa4tune.guards allows it:
+it declares, it does not measure).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import ClassVar
+
+from fa4tune.config import ConfigError, ForwardConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "kernels"  # ours, at the project root, one class per file
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a kernel class runs, besides its shared memory; fa4tune.feasibility checks each under its own rule."""
+
+    num_stages: tuple[int, ...] = (1, 2, 3, 4)  # num_stages_domain
+    num_threads: tuple[int, ...] | None = None  # num_threads_domain; None: any multiple of 32 up to 512
+    head_dim: tuple[int, int] = (8, 256)  # head_dim_domain: the range of head_dim and head_dim_v
+    causal: bool = True  # causal_supported: runs causal problems
+    gqa: bool = True  # gqa_supported: runs qhead_per_kvhead > 1
+    seqlen_q: tuple[int, int | None] = (1, None)  # seqlen_q_domain: (min, max or None), per problem
+    seqlen_k: tuple[int, int | None] = (1, None)  # seqlen_k_domain
+
+
+class ForwardKernel:
+    """The protocol a forward kernel class implements (a mixin: put it before upstream's class in the bases)."""
+
+    name: ClassVar[str] = ""
+    knobs: ClassVar[dict[str, tuple]] = {}
+    limits: ClassVar[Limits] = Limits()
+    upstream: ClassVar[type | None] = None  # read from the class itself only: a subclass changes the code
+
+    @classmethod
+    def smem_bytes(cls, config: ForwardConfig, problem_class) -> tuple[int, str]:
+        """The bytes of the shared storage the kernel launches with, and a breakdown for messages."""
+        raise NotImplementedError(f"{cls.__name__} declares no shared-memory formula (smem_bytes)")
+
+    @classmethod
+    def can_implement(cls, config: ForwardConfig, problem_class, target):
+        """The class's rules beyond `limits` and its shared memory: fa4tune.feasibility.OK or the failing Verdict."""
+        from fa4tune.feasibility import OK
+
+        return OK
+
+
+def upstream_class(cls: type) -> type | None:
+    """The upstream class `cls` runs unchanged (declared on `cls` itself, never inherited), or None."""
+    return cls.__dict__.get("upstream")
+
+
+def experiment_module():
+    """experiment.py as the harness loaded it (module `experiment`); loaded now from the project root if nothing has."""
+    module = sys.modules.get("experiment")
+    if module is None:
+        import prepare
+
+        module = prepare.load_experiment(prepare.EXPERIMENT_PATH)
+    return module
+
+
+_FOUND: dict[int, tuple[object, dict[str, type]]] = {}  # id(experiment module) -> (module, registry)
+
+
+def forward_kernels(module=None) -> dict[str, type]:
+    """name -> forward kernel class: ours in kernels/, then those `module` (default: experiment_module(); a module
+    or its name, as experiment.py passes `__name__`) defines."""
+    module = experiment_module() if module is None else sys.modules[module] if isinstance(module, str) else module
+    found = _FOUND.get(id(module))
+    if found is not None and found[0] is module:
+        return found[1]
+    registry: dict[str, type] = {}
+    for cls in [*_package_classes(), *_defined_in(module)]:
+        _check_declaration(cls)
+        other = registry.setdefault(cls.name, cls)
+        if other is not cls:
+            raise ConfigError("kernel_name_taken", f"{_where(cls)} and {_where(other)} both declare name = {cls.name!r}")
+    _FOUND[id(module)] = (module, registry)
+    return registry
+
+
+def forward_kernel(name: str, module=None) -> type:
+    """The forward kernel class registered under `name`; ConfigError kernel_known otherwise."""
+    registry = forward_kernels(module)
+    if name not in registry:
+        raise ConfigError("kernel_known", f"kernel {name!r} is not one of {', '.join(registry)} (the kernel classes of kernels/ and experiment.py)")
+    return registry[name]
+
+
+def source_files() -> list[Path]:
+    """The protocol's and our kernel classes' sources (caches of compiled kernels and static facts key on them)."""
+    return [Path(__file__).resolve(), *sorted((ROOT / PACKAGE).glob("*.py"))]
+
+
+def _package_classes() -> list[type]:
+    package = importlib.import_module(PACKAGE)
+    classes = []
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        classes += _defined_in(importlib.import_module(f"{PACKAGE}.{info.name}"))
+    return sorted(classes, key=lambda cls: cls.name)
+
+
+def _defined_in(module) -> list[type]:
+    """The kernel classes a module defines (not imports), in definition order, each with a name of its own."""
+    return [value for value in vars(module).values()
+            if isinstance(value, type) and issubclass(value, ForwardKernel) and value.__module__ == module.__name__
+            and "name" in value.__dict__]
+
+
+def _where(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_declaration(cls: type) -> None:
+    """A declaration the registry can use: a name, knob domains that do not shadow upstream's knobs, Limits."""
+    def bad(message: str) -> ConfigError:
+        return ConfigError("kernel_class_declaration", f"{_where(cls)}: {message}")
+
+    if not isinstance(cls.name, str) or not cls.name.isidentifier():
+        raise bad(f"name must be an identifier-like string (the `kernel` knob's value), got {cls.name!r}")
+    base_knobs = {f.name for f in fields(ForwardConfig)}
+    for knob, domain in dict(cls.knobs).items():
+        if knob in base_knobs:
+            raise bad(f"knob {knob!r} is one of ForwardConfig's own knobs; declare only the class's extra knobs")
+        if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
+            raise bad(f"knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
+    if not isinstance(cls.limits, Limits):
+        raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
+

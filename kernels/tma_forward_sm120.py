@@ -1,0 +1,516 @@
+"""The TMA-fed SM120 forward (kernel "sm120_tma"): upstream's math, Q/K/V tiles loaded by TMA on mbarriers.
+
+Its shared memory is upstream's tiles (each 1024-B aligned, as the 128-byte TMA swizzle needs) plus one 8-byte
+mbarrier for Q and one per K stage and per V stage, the whole rounded up to 1024 B: the compiled kernel's
+`SharedStorage.size_in_bytes()` (tests/test_tma_kernel.py checks that).
+"""
+
+# No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time (cute.struct
+# fields, cutlass.Constexpr kernel parameters), and string annotations break both.
+from functools import partial
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp, warpgroup
+from flash_attn.cute import ampere_helpers as sm80_utils
+from flash_attn.cute import utils
+from flash_attn.cute.block_info import BlockInfo
+from flash_attn.cute.block_sparsity import BlockSparseTensors
+from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned
+from flash_attn.cute.mask import AttentionMask
+from flash_attn.cute.pack_gqa import PackGQA, make_packgqa_tiled_tma_atom, pack_gqa_layout
+from flash_attn.cute.seqlen_info import SeqlenInfoQK
+from flash_attn.cute.softmax import Softmax
+from flash_attn.cute.tile_scheduler import SingleTileScheduler, SingleTileVarlenScheduler, TileSchedulerArguments
+from flash_attn.cute.utils import AuxData
+from quack import copy_utils, layout_utils
+
+from fa4tune.kernel_class import Limits
+from kernels.tuned_forward_sm120 import TILE_ALIGN, TunedForwardSm120, round_up
+
+MBARRIER_BYTES = 8
+
+
+class TmaForwardSm120(TunedForwardSm120):
+    """SM120 forward whose Q, K and V tiles arrive by TMA (bulk tensor copies completing on mbarriers).
+
+    The math, the softmax, the masking and the epilogue are upstream's SM80-style code (mma.sync,
+    ldmatrix). What differs is how tiles reach shared memory: one elected thread of warp 0 issues a
+    TMA copy per tile and arms a "full" mbarrier with the tile's byte count; every thread waits on that
+    barrier instead of on cp.async groups. K and V each have `num_stages` buffers and barriers, in
+    upstream's schedule (V of block i+stages-1 is issued before the QK gemm of block i, K of block
+    i+stages before its PV gemm), so stages=1 still overlaps each load with the other gemm. The CTA
+    barrier that follows each wait (as in upstream's cp.async path) is what makes a buffer free to
+    overwrite. TMA zero-fills rows past seqlen_k and columns past head_dim, so no load predicates.
+    Q goes by TMA too, except with GQA packing when tile_m is not a multiple of qhead_per_kvhead
+    (then upstream's cp.async PackGQA load).
+    """
+
+    name = "sm120_tma"
+    limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
+
+    @classmethod
+    def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
+        """Upstream's tiles, then the mbarriers; the struct's size rounds up to its 1024-byte alignment."""
+        tiles, breakdown = super().smem_bytes(config, problem_class)
+        barriers = cls.num_mbarriers(config.num_stages) * MBARRIER_BYTES
+        total = round_up(tiles + barriers, TILE_ALIGN)
+        return total, f"{breakdown} + {barriers} B of mbarriers, padded to {TILE_ALIGN} B alignment"
+
+    @staticmethod
+    def num_mbarriers(num_stages: int) -> int:
+        """Q's barrier plus one "full" barrier per K stage and per V stage."""
+        return 1 + 2 * num_stages
+
+    def _tma_layout(self, head_dim: int, shape: tuple) -> cute.ComposedLayout:
+        """Upstream's smem layout for a (rows, head_dim[, stages]) tile, described the way TMA needs it.
+
+        Upstream's SM80 layouts swizzle element offsets (S<3,3,3> for 16-bit types: position independent),
+        while the DSL derives a TMA swizzle mode only from layouts that swizzle byte addresses (SM90's
+        S<3,4,3>, applied through a swizzled pointer); given upstream's, it splits each tile into hundreds
+        of small boxes. On a 1024-byte aligned buffer the two describe the same bytes, so TMA writes
+        exactly what upstream's ldmatrix partitions read (tests/test_tma_kernel.py checks every coordinate).
+        """
+        upstream_atom = sm80_utils.get_smem_layout_atom(self.dtype, head_dim)
+        width_bytes = upstream_atom.outer.shape[1] * self.dtype.width // 8
+        kind = {
+            128: warpgroup.SmemLayoutAtomKind.K_SW128,
+            64: warpgroup.SmemLayoutAtomKind.K_SW64,
+            32: warpgroup.SmemLayoutAtomKind.K_SW32,
+        }[width_bytes]
+        atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
+        return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+
+    def _get_shared_storage_cls(self):
+        # upstream's tiles (1024-aligned, as the 128-byte TMA swizzle needs) plus the mbarriers; the
+        # struct's size rounds up to its 1024-byte alignment, so the barriers cost 1024 bytes
+        tile_structs = [
+            cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], 1024]
+            for layout in (self.sQ_layout, self.sK_layout, self.sV_layout)
+        ]
+        sQ_struct, sK_struct, sV_struct = tile_structs
+        cosize_sQV = max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout))
+        sQV_struct = cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_sQV], 1024]
+        mbar_struct = cute.struct.MemRange[cutlass.Int64, self.num_mbarriers(self.num_stages)]
+
+        @cute.struct
+        class SharedStorageQKV:
+            sV: sV_struct
+            sQ: sQ_struct
+            sK: sK_struct
+            mbar: mbar_struct
+
+        @cute.struct
+        class SharedStorageSharedQV:
+            sQ: sQV_struct
+            sK: sK_struct
+            mbar: mbar_struct
+
+        return SharedStorageQKV if const_expr(not self.Q_in_regs) else SharedStorageSharedQV
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        softmax_scale: Float32,
+        mCuSeqlensQ: Optional[cute.Tensor] = None,
+        mCuSeqlensK: Optional[cute.Tensor] = None,
+        mSeqUsedQ: Optional[cute.Tensor] = None,
+        mSeqUsedK: Optional[cute.Tensor] = None,
+        mPageTable: Optional[cute.Tensor] = None,
+        window_size_left: Int32 | int | None = None,
+        window_size_right: Int32 | int | None = None,
+        learnable_sink: Optional[cute.Tensor] = None,
+        blocksparse_tensors: Optional[BlockSparseTensors] = None,
+        aux_data: AuxData = AuxData(),
+        mCuTotalMBlocks: Optional[cute.Tensor] = None,
+        mCuTotalSplitsMBlocks: Optional[cute.Tensor] = None,
+        stream: cuda.CUstream = None,
+    ):
+        """Upstream's SM80 host code, plus the TMA atoms (descriptors) for Q, K and V."""
+        assert learnable_sink is None, "Learnable sink is not supported in this kernel"
+        self._check_type(
+            *(t.element_type if t is not None else None for t in (mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK))
+        )
+        tiled_mma_qk, tiled_mma_pv = self._get_tiled_mma()
+        self.num_mma_threads = tiled_mma_pv.size
+        self.num_producer_threads = self.num_threads
+        self.num_Q_load_threads = self.num_threads
+        self.num_epilogue_threads = self.num_threads
+        self.use_tma_O = False  # O leaves through upstream's register -> smem -> gmem epilogue
+        self.use_tma_Q = not (self.pack_gqa and self.tile_m % self.qhead_per_kvhead != 0)
+        self._setup_attributes()
+        SharedStorage = self._get_shared_storage_cls()
+        mQ, mK, mV, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mV, mO)]
+        QO_layout_transpose = [1, 3, 2, 0] if const_expr(mCuSeqlensQ is None) else [0, 2, 1]
+        KV_layout_transpose = [1, 3, 2, 0] if const_expr(mCuSeqlensK is None) else [0, 2, 1]
+        mQ, mO = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=QO_layout_transpose)) for t in (mQ, mO)]
+        mK, mV = [cute.make_tensor(t.iterator, cute.select(t.layout, mode=KV_layout_transpose)) for t in (mK, mV)]
+        if const_expr(mLSE is not None):
+            LSE_layout_transpose = [2, 1, 0] if const_expr(mCuSeqlensQ is None) else [1, 0]
+            mLSE = cute.make_tensor(mLSE.iterator, cute.select(mLSE.layout, mode=LSE_layout_transpose))
+        mQ_unpacked = mQ
+        if const_expr(self.pack_gqa):
+            nheads_kv = mK.shape[2]
+            mQ = pack_gqa_layout(mQ, self.qhead_per_kvhead, nheads_kv, head_idx=2)
+            mO = pack_gqa_layout(mO, self.qhead_per_kvhead, nheads_kv, head_idx=2)
+            if const_expr(mLSE is not None):
+                mLSE = pack_gqa_layout(mLSE, self.qhead_per_kvhead, nheads_kv, head_idx=1)
+
+        # TMA atoms: one box per tile (per stage for K/V); the smem layouts are upstream's swizzled ones
+        tma_load = cpasync.CopyBulkTensorTileG2SOp()
+        sQ_tma_layout = self._tma_layout(self.tile_hdim, (self.tile_m, self.tile_hdim))
+        sK_tma_layout = self._tma_layout(self.tile_hdim, (self.tile_n, self.tile_hdim, self.num_stages))
+        sV_tma_layout = self._tma_layout(self.tile_hdimv, (self.tile_n, self.tile_hdimv, self.num_stages))
+        sK_tile = cute.select(sK_tma_layout, mode=[0, 1])
+        sV_tile = cute.select(sV_tma_layout, mode=[0, 1])
+        self.tma_bytes_Q = cute.size_in_bytes(self.dtype, sQ_tma_layout)
+        self.tma_bytes_K = cute.size_in_bytes(self.dtype, sK_tile)
+        self.tma_bytes_V = cute.size_in_bytes(self.dtype, sV_tile)
+        tma_atom_Q = None
+        if const_expr(self.use_tma_Q):
+            if const_expr(self.pack_gqa):
+                tma_atom_Q, mQ_load = make_packgqa_tiled_tma_atom(
+                    tma_load, mQ_unpacked, sQ_tma_layout, (self.tile_m, self.tile_hdim),
+                    qhead_per_kvhead=self.qhead_per_kvhead, head_idx=2,
+                )
+            else:
+                tma_atom_Q, mQ_load = cpasync.make_tiled_tma_atom(tma_load, mQ, sQ_tma_layout, (self.tile_m, self.tile_hdim))
+        else:
+            mQ_load = mQ
+        tma_atom_K, mK_load = cpasync.make_tiled_tma_atom(tma_load, mK, sK_tile, (self.tile_n, self.tile_hdim))
+        tma_atom_V, mV_load = cpasync.make_tiled_tma_atom(tma_load, mV, sV_tile, (self.tile_n, self.tile_hdimv))
+
+        TileScheduler = SingleTileVarlenScheduler if const_expr(mCuSeqlensQ is not None or mSeqUsedQ is not None) else SingleTileScheduler
+        num_batch = mCuSeqlensQ.shape[0] - 1 if const_expr(mCuSeqlensQ is not None) else cute.size(mQ.shape[3])
+        tile_sched_args = TileSchedulerArguments(
+            num_block=cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
+            num_head=cute.size(mQ.shape[2]),
+            num_batch=num_batch,
+            num_splits=1,
+            seqlen_k=0,
+            headdim=mQ.shape[1],
+            headdim_v=mV.shape[1],
+            total_q=cute.size(mQ.shape[0]) if const_expr(mCuSeqlensQ is not None) else cute.size(mQ.shape[0]) * cute.size(mQ.shape[3]),
+            tile_shape_mn=(self.tile_m, self.tile_n),
+            qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
+            mCuSeqlensQ=mCuSeqlensQ,
+            mSeqUsedQ=mSeqUsedQ,
+            cu_total_m_blocks_ptr=mCuTotalMBlocks,
+            cu_total_splits_m_blocks_ptr=mCuTotalSplitsMBlocks,
+        )
+        tile_sched_params = TileScheduler.to_underlying_arguments(tile_sched_args)
+        grid_dim = TileScheduler.get_grid_shape(tile_sched_params)
+        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(softmax_scale, self.score_mod)
+        fastdiv_mods = utils.compute_fastdiv_mods(mQ, mK, self.qhead_per_kvhead, self.pack_gqa, aux_data.tensors)
+
+        self.kernel(
+            mQ_load, mK_load, mV_load, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            tma_atom_Q, tma_atom_K, tma_atom_V,
+            softmax_scale_log2, softmax_scale, window_size_left, window_size_right,
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
+            sQ_tma_layout, sK_tma_layout, sV_tma_layout,
+            self.gmem_tiled_copy_Q, self.gmem_tiled_copy_O, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods,
+        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    @cute.jit
+    def load_tma(self, copy_fn: Callable, mbar: cute.Pointer, num_bytes: cutlass.Constexpr, block: Int32, stage: Int32):
+        """Warp 0 arms the stage's barrier with the tile's bytes and issues its TMA copy (one elected lane)."""
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar + stage, num_bytes)
+            copy_fn(src_idx=block, dst_idx=stage, tma_bar_ptr=mbar + stage)
+
+    @cute.jit
+    def wait_tma(self, mbar: cute.Pointer, stage: Int32, phase: Int32):
+        """All threads: the stage's tile has landed; then a CTA barrier, after which every thread is done
+        with the tiles read before this point (their buffers may be refilled)."""
+        cute.arch.mbarrier_wait(mbar + stage, phase)
+        cute.arch.barrier()
+
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        tma_atom_Q: Optional[cute.CopyAtom],
+        tma_atom_K: cute.CopyAtom,
+        tma_atom_V: cute.CopyAtom,
+        softmax_scale_log2: Float32,
+        softmax_scale: Optional[Float32],
+        window_size_left: Optional[Int32],
+        window_size_right: Optional[Int32],
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        sQ_tma_layout: cute.ComposedLayout,
+        sK_tma_layout: cute.ComposedLayout,
+        sV_tma_layout: cute.ComposedLayout,
+        gmem_tiled_copy_Q: cute.TiledCopy,
+        gmem_tiled_copy_O: cute.TiledCopy,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+        tile_sched_params,
+        TileScheduler: cutlass.Constexpr[Callable],
+        aux_data: AuxData = AuxData(),
+        fastdiv_mods=None,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            for tma_atom in (tma_atom_Q, tma_atom_K, tma_atom_V):
+                if const_expr(tma_atom is not None):
+                    cpasync.prefetch_descriptor(tma_atom)
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        # barriers: [Q, K stage 0..S-1, V stage 0..S-1], one arrival each (the expect_tx of the issuing lane)
+        mbar_Q = storage.mbar.data_ptr()
+        mbar_K = mbar_Q + 1
+        mbar_V = mbar_K + self.num_stages
+        if warp_idx == 0:
+            with cute.arch.elect_one():
+                for i in cutlass.range_constexpr(self.num_mbarriers(self.num_stages)):
+                    cute.arch.mbarrier_init(mbar_Q + i, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.barrier()
+
+        tile_scheduler = TileScheduler.create(tile_sched_params)
+        work_tile = tile_scheduler.initial_work_tile_info()
+        if work_tile.is_valid_tile:
+            m_block, num_head, batch_size, _ = work_tile.tile_idx
+            block_info = BlockInfo(
+                self.tile_m, self.tile_n, self.is_causal, self.is_local, False, window_size_left, window_size_right,
+                qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
+            )
+            seqlen = SeqlenInfoQK.create(
+                batch_idx=batch_size,
+                seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],
+                seqlen_k_static=mK.shape[0],
+                mCuSeqlensQ=mCuSeqlensQ, mCuSeqlensK=mCuSeqlensK, mSeqUsedQ=mSeqUsedQ, mSeqUsedK=mSeqUsedK,
+            )
+            n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block)
+            n_block = cutlass.max(n_block_max - 1, 0)
+
+            num_head_kv = num_head if const_expr(self.pack_gqa) else num_head // self.qhead_per_kvhead
+            mQ_cur = seqlen.offset_batch_Q(mQ, batch_size, dim=3)[None, None, num_head]
+            mK_cur = seqlen.offset_batch_K(mK, batch_size, dim=3)[None, None, num_head_kv]
+            mV_cur = seqlen.offset_batch_K(mV, batch_size, dim=3)[None, None, num_head_kv]
+            gK = cute.local_tile(mK_cur, (self.tile_n, self.tile_hdim), (None, 0))
+            gV = cute.local_tile(mV_cur, (self.tile_n, self.tile_hdimv), (None, 0))
+
+            sQ = storage.sQ.get_tensor(sQ_layout)
+            sK = storage.sK.get_tensor(sK_layout)
+            if const_expr(not self.Q_in_regs):
+                sV = storage.sV.get_tensor(sV_layout)
+            else:
+                sV = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=self.dtype), sV_layout)
+            sVt = layout_utils.transpose_view(sV)
+            # the same buffers as TMA sees them (swizzled pointers; see _tma_layout)
+            sQ_tma = storage.sQ.get_tensor(sQ_tma_layout.outer, swizzle=sQ_tma_layout.inner)
+            sK_tma = storage.sK.get_tensor(sK_tma_layout.outer, swizzle=sK_tma_layout.inner)
+            if const_expr(not self.Q_in_regs):
+                sV_tma = storage.sV.get_tensor(sV_tma_layout.outer, swizzle=sV_tma_layout.inner)
+            else:
+                sV_tma = storage.sQ.get_tensor(sV_tma_layout.outer, swizzle=sV_tma_layout.inner, dtype=self.dtype)
+
+            copy_K, _, _ = copy_utils.tma_get_copy_fn(tma_atom_K, 0, cute.make_layout(1), gK, sK_tma)
+            copy_V, _, _ = copy_utils.tma_get_copy_fn(tma_atom_V, 0, cute.make_layout(1), gV, sV_tma)
+            load_K = partial(self.load_tma, copy_K, mbar_K, self.tma_bytes_K)
+            load_V = partial(self.load_tma, copy_V, mbar_V, self.tma_bytes_V)
+
+            thr_mma_qk = tiled_mma_qk.get_slice(tidx)
+            thr_mma_pv = tiled_mma_pv.get_slice(tidx)
+            tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
+            tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK[None, None, 0]))
+            tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt[None, None, 0]))
+            acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
+            acc_O.fill(0.0)
+
+            smem_copy_atom_QK = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+            smem_copy_atom_V = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
+            smem_thr_copy_Q = utils.make_tiled_copy_A(smem_copy_atom_QK, tiled_mma_qk).get_slice(tidx)
+            smem_thr_copy_K = utils.make_tiled_copy_B(smem_copy_atom_QK, tiled_mma_qk).get_slice(tidx)
+            smem_thr_copy_V = utils.make_tiled_copy_B(smem_copy_atom_V, tiled_mma_pv).get_slice(tidx)
+            tSsQ = smem_thr_copy_Q.partition_S(sQ)
+            tSsK = smem_thr_copy_K.partition_S(sK)
+            tOsVt = smem_thr_copy_V.partition_S(sVt)
+
+            softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1], softmax_scale=softmax_scale)
+            softmax.reset()
+            mma_params = SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O)
+            smem_copy_params = SimpleNamespace(
+                smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V,
+                tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
+            )
+            compute_one_n_block = partial(
+                self.compute_one_n_block,
+                mma_params=mma_params, smem_copy_params=smem_copy_params, softmax=softmax,
+                load_K=load_K, load_V=load_V,
+                wait_K=partial(self.wait_tma, mbar_K), wait_V=partial(self.wait_tma, mbar_V),
+                score_mod=self.score_mod, batch_idx=batch_size, head_idx=num_head, m_block=m_block,
+                aux_data=aux_data, fastdiv_mods=fastdiv_mods,
+            )
+
+            # Prologue: Q, then K of the first num_stages blocks and V of the first num_stages-1
+            if const_expr(self.use_tma_Q):
+                gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
+                copy_Q, _, _ = copy_utils.tma_get_copy_fn(tma_atom_Q, 0, cute.make_layout(1), gQ, sQ_tma, single_stage=True)
+                if warp_idx == 0:
+                    with cute.arch.elect_one():
+                        cute.arch.mbarrier_arrive_and_expect_tx(mbar_Q, self.tma_bytes_Q)
+                    copy_Q(tma_bar_ptr=mbar_Q)
+            else:
+                pack_gqa = PackGQA(self.tile_m, self.tile_hdim, self.check_hdim_oob, self.qhead_per_kvhead)
+                pack_gqa.load_Q(mQ_cur, sQ, gmem_tiled_copy_Q, tidx, m_block, seqlen.seqlen_q)
+                cute.arch.cp_async_commit_group()
+
+            def wait_Q():
+                if const_expr(self.use_tma_Q):
+                    cute.arch.mbarrier_wait(mbar_Q, 0)
+                else:
+                    cute.arch.cp_async_wait_group(0)
+                if const_expr(self.Q_in_regs):
+                    cute.arch.barrier()
+                    cute.copy(smem_thr_copy_Q, tSsQ, smem_thr_copy_Q.retile(tSrQ))
+
+            if const_expr(self.Q_in_regs):
+                # V shares Q's buffer: Q goes to registers before the first V load
+                load_K(n_block, 0)
+                wait_Q()
+                cute.arch.barrier()
+            for stage in cutlass.range_constexpr(self.num_stages):
+                if const_expr(not self.Q_in_regs or stage > 0):
+                    if const_expr(stage == 0):
+                        load_K(n_block, 0)
+                    elif n_block - stage >= 0:
+                        load_K(n_block - stage, stage)
+                if const_expr(stage < self.num_stages - 1):
+                    if const_expr(stage == 0):
+                        load_V(n_block, 0)
+                    elif n_block - stage >= 0:
+                        load_V(n_block - stage, stage)
+            if const_expr(not self.Q_in_regs):
+                wait_Q()
+
+            # Mainloop: iteration i reads stage i % S at barrier phase (i // S) % 2
+            mask = AttentionMask(
+                self.tile_m, self.tile_n, seqlen, window_size_left, window_size_right,
+                self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
+            )
+            mask_fn = partial(
+                mask.apply_mask, batch_idx=batch_size, head_idx=num_head, m_block=m_block, thr_mma=thr_mma_qk,
+                mask_causal=self.is_causal, mask_local=self.is_local, aux_data=aux_data,
+                fastdiv_mods=fastdiv_mods if const_expr(self.mask_mod is not None) else None,
+            )
+            iteration = Int32(0)
+            compute_one_n_block(
+                n_block, iteration, is_first_n_block=True, seqlen=seqlen,
+                mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+            )
+            iteration += 1
+            if const_expr(self.is_causal or self.is_local):
+                n_block_min_causal_local_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
+                for n_tile in cutlass.range(n_block_max - 1 - n_block_min_causal_local_mask, unroll=1):
+                    n_block = n_block_max - 2 - n_tile
+                    compute_one_n_block(
+                        n_block, iteration, seqlen=seqlen,
+                        mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+                    )
+                    iteration += 1
+            for n_tile in cutlass.range(n_block, unroll=1):
+                compute_one_n_block(
+                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
+                )
+                iteration += 1
+
+            row_scale = softmax.finalize()
+            softmax.rescale_O(acc_O, row_scale)
+            sO = cute.make_tensor(sQ.iterator, sO_layout)
+            self.epilogue(
+                acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv, tidx,
+                m_block, num_head, batch_size,
+            )
+
+    @cute.jit
+    def compute_one_n_block(
+        self,
+        n_block: Int32,
+        iteration: Int32,
+        mma_params: SimpleNamespace,
+        smem_copy_params: SimpleNamespace,
+        softmax: Softmax,
+        load_K: Callable,
+        load_V: Callable,
+        wait_K: Callable,
+        wait_V: Callable,
+        score_mod: Callable | None,
+        batch_idx: cutlass.Int32,
+        head_idx: cutlass.Int32,
+        m_block: cutlass.Int32,
+        seqlen: SeqlenInfoQK,
+        aux_data: AuxData = AuxData(),
+        fastdiv_mods=None,
+        mask_fn: Optional[Callable] = None,
+        is_first_n_block: cutlass.Constexpr = False,
+        check_inf: cutlass.Constexpr = True,
+    ):
+        """One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits."""
+        num_stages = self.num_stages
+        stage = iteration % num_stages if const_expr(num_stages > 1) else Int32(0)
+        phase = (iteration // num_stages) % 2 if const_expr(num_stages > 1) else iteration % 2
+        acc_S = cute.make_rmem_tensor(mma_params.thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S.fill(0.0)
+        wait_K(stage, phase)  # K of this block; everyone is done with the previous block's V
+        if const_expr(num_stages == 1):
+            load_V(n_block, 0)
+        elif n_block - num_stages + 1 >= 0:
+            load_V(n_block - num_stages + 1, (iteration + num_stages - 1) % num_stages)
+        sm80_utils.gemm(
+            mma_params.thr_mma_qk, acc_S, mma_params.tSrQ, mma_params.tSrK, smem_copy_params.tSsQ,
+            smem_copy_params.tSsK[None, None, None, stage], smem_copy_params.smem_thr_copy_Q,
+            smem_copy_params.smem_thr_copy_K, A_in_regs=self.Q_in_regs,
+        )
+        if const_expr(score_mod is not None):
+            self.apply_score_mod(
+                mma_params.thr_mma_qk, batch_idx, head_idx, m_block, acc_S, n_block,
+                softmax_scale=softmax.softmax_scale, seqlen=seqlen, aux_data=aux_data, fastdiv_mods=fastdiv_mods,
+            )
+        if const_expr(num_stages == 1):
+            wait_V(stage, phase)  # V of this block; everyone is done with this block's K
+            if n_block - 1 >= 0:
+                load_K(n_block - 1, 0)
+        if const_expr(mask_fn is not None):
+            mask_fn(acc_S, n_block=n_block)
+        row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=check_inf)
+        softmax.rescale_O(mma_params.acc_O, row_scale)
+        rP = cute.make_fragment_like(acc_S, self.dtype)
+        rP.store(acc_S.load().to(self.dtype))
+        tOrP = layout_utils.reshape_acc_to_frgA(rP)
+        if const_expr(num_stages > 1):
+            wait_V(stage, phase)
+            if n_block - num_stages >= 0:
+                load_K(n_block - num_stages, stage)
+        sm80_utils.gemm_rs(
+            mma_params.thr_mma_pv, mma_params.acc_O, tOrP, mma_params.tOrVt,
+            smem_copy_params.tOsVt[None, None, None, stage], smem_copy_params.smem_thr_copy_V,
+        )
