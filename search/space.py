@@ -1,4 +1,9 @@
-"""The Optuna view of fa4tune.space: a direction's knobs as categorical distributions, and back.
+"""The Optuna view of fa4tune.space: a direction's knobs as Optuna distributions, and back.
+
+An integer knob whose values are evenly spaced (tile sizes, thread counts, stage counts) is an ordered
+`IntDistribution(low, high, step)`, so that TPE and GP see that 64 < 128 < 192 < 256; the other knobs (booleans,
+the kernel class, values that are not evenly spaced such as the backward's 32/64/128 blocks and 1/2/4/8 atom
+layouts, for which Optuna has no distribution that samples only those values) stay categorical.
 
 A direction ("fwd" or "bwd") fixes the config class, its knob domain, its feasibility rules and
 upstream's default. The space signature names all of that, so a study can refuse to continue
@@ -16,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
@@ -42,9 +47,9 @@ class Space:
     smem_bytes: Callable[[Any, ProblemClass], tuple[int, str]]
     kernel_knobs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kernel class name -> its own knobs
 
-    def distributions(self) -> dict[str, CategoricalDistribution]:
-        """One categorical distribution per knob (single-valued knobs included, so params map 1:1)."""
-        return {name: CategoricalDistribution(list(values)) for name, values in self.domain.items()}
+    def distributions(self) -> dict[str, BaseDistribution]:
+        """One distribution per knob (single-valued knobs included, so params map 1:1): see `distribution`."""
+        return {name: distribution(values) for name, values in self.domain.items()}
 
     def active(self, values: dict[str, Any]) -> dict[str, tuple]:
         """The domain's knobs that apply to a config with these values: all but other kernel classes' own knobs."""
@@ -109,12 +114,22 @@ class Space:
         described = {
             "direction": self.direction,
             "domain": {name: list(values) for name, values in self.domain.items()},
+            "ordered": sorted(name for name, d in self.distributions().items() if isinstance(d, IntDistribution)),
             "target": target.name,
             "smem_per_block": target.smem_per_block,
         }
         if any(self.kernel_knobs.values()):  # which class a knob belongs to decides the configs (absent: as before)
             described["kernel_knobs"] = {name: list(knobs) for name, knobs in self.kernel_knobs.items()}
         return described
+
+
+def distribution(values: tuple) -> BaseDistribution:
+    """IntDistribution(low, high, step) for two or more evenly spaced integers (an ordered knob), else categorical."""
+    ordered = sorted(values) if all(isinstance(v, int) and not isinstance(v, bool) for v in values) else []
+    steps = {b - a for a, b in zip(ordered, ordered[1:])}
+    if len(ordered) > 1 and len(steps) == 1:
+        return IntDistribution(ordered[0], ordered[-1], step=steps.pop())
+    return CategoricalDistribution(list(values))
 
 
 BACKWARD_SPACE = Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes)
