@@ -24,10 +24,11 @@ class ConfigError(ValueError):
 
 def _check_knobs(cls, names) -> None:
     """ConfigError naming the first unknown knob and listing the known ones."""
-    known = [f.name for f in fields(cls)]
-    unknown = [name for name in names if name not in known]
+    known = [f.name for f in fields(cls) if f.name != EXTRA]
+    unknown = [name for name in names if name not in known and name != EXTRA]
     if unknown:
-        raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
+        own = "; a kernel class's own knobs go in extra={...}" if EXTRA in {f.name for f in fields(cls)} else ""
+        raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)}{own})")
 
 
 EXTRA = "extra"  # ForwardConfig's field for the kernel class's own knobs

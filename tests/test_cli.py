@@ -95,7 +95,8 @@ def test_an_unknown_knob_in_a_dispatch_entry_is_one_line_naming_the_knobs_and_th
     line = next(i + 1 for i, text in enumerate((tmp_path / "experiment.py").read_text().splitlines()) if "tile_k=32" in text)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
-        "error: unknown_knob: ForwardConfig has no knob 'tile_k' (knobs: tile_m, tile_n, num_threads, num_stages, Q_in_regs, kernel) "
+        "error: unknown_knob: ForwardConfig has no knob 'tile_k' (knobs: tile_m, tile_n, num_threads, num_stages, Q_in_regs, kernel; "
+        "a kernel class's own knobs go in extra={...}) "
         f"(experiment.py:{line})"]
 
 
