@@ -37,7 +37,8 @@ def test_default_measures_upstreams_default_first(tmp_path):
     default = table.lookup("fwd", CLASS, ForwardConfig()).geomean_tflops()
     threshold = default / table.best("fwd", CLASS)
     assert one_run(table, "default", "fwd", CLASS, seed=0, threshold=threshold).needed == 1
-    assert one_run(table, "tpe", "fwd", CLASS, seed=0, threshold=threshold).needed > 1
+    # the sampler alone does not start there: some seed needs more than one config to reach the default's speed
+    assert any(one_run(table, "tpe", "fwd", CLASS, seed=s, threshold=threshold).needed > 1 for s in range(5))
 
 
 def test_the_space_is_the_tables_and_its_gaps_are_not_evaluations(tmp_path):

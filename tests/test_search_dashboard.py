@@ -38,8 +38,8 @@ def dashboard(tmp_path_factory):
     """A study (baseline, two scripted configs with a rationale, random ones, confirmations) served on a free port."""
     tmp = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{tmp / 'search.db'}"
-    # seed 2: the random sampler's trials include an infeasible config and one that fails the (synthetic) gate
-    run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp), [FWD_MHA, FWD_MHA_RUNNER_UP], sampler_trials=4, seed=2)
+    # seed 3: the random sampler's trials include an infeasible config and one that fails the (synthetic) gate
+    run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp), [FWD_MHA, FWD_MHA_RUNNER_UP], sampler_trials=4, seed=3)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "search", "dashboard", "--storage", url, "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
