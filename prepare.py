@@ -2,9 +2,9 @@
 
 Every evaluation in the project goes through here: for each (config, problem, direction) the static
 feasibility rules of the target (an infeasible config is never run), the correctness gate on several input
-cases (fa4tune.gate; a failing config is `incorrect` and never timed), then timing (fa4tune.timing: warm-up,
+cases (fa4tune.harness.gate; a failing config is `incorrect` and never timed), then timing (fa4tune.harness.timing: warm-up,
 L2 flushed, rotated input sets, interleaved candidates, median with spread; a candidate past its give-up
-threshold is `pruned`) in a child process with a time limit (fa4tune.step_server: one child kept for a
+threshold is `pruned`) in a child process with a time limit (fa4tune.harness.step_server: one child kept for a
 whole run; a segfault, CUDA fault or hang costs only that step). experiment.py's candidates run under the
 guardrails of fa4tune.guards (static rules on its source, a trap for other attention implementations and
 side streams, output-reuse and lazy-output checks; a violation is status `guard`), and a run refuses to
@@ -90,10 +90,11 @@ def _parser() -> CommandParser:
 if __name__ == "__main__":
     _parser().parse_args()  # exits here for --help and bad arguments; main() parses again
 
-from fa4tune import defaults, flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
+from fa4tune import defaults  # noqa: E402
+from fa4tune.harness import flops, gate, gpu, guards, isolation, metrics, results_tsv, step_server, timing  # noqa: E402
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem  # noqa: E402
 from fa4tune.feasibility import check_backward, check_forward_problem  # noqa: E402
-from fa4tune.measurement import Measurement, ProblemResult  # noqa: E402
+from fa4tune.harness.measurement import Measurement, ProblemResult  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 from fa4tune.targets import Target, get_target  # noqa: E402
 
@@ -462,7 +463,7 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
 
 
 # ------------------------------------------------------------------------------------------------
-# Steps in a child process (fa4tune.step_server): one child runs steps in order, keeps what it loaded
+# Steps in a child process (fa4tune.harness.step_server): one child runs steps in order, keeps what it loaded
 # for the next call, and is replaced after a crash, a hang or a device fault; only the step in flight is lost.
 # ------------------------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 import prepare  # noqa: E402
-from fa4tune import guards  # noqa: E402
+from fa4tune.harness import guards  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
 
 SETTINGS = prepare.Settings(gate_seed=1234)

@@ -11,7 +11,7 @@ behind a blocking kernel. The inputs are the same in every run (one gate seed), 
 across runs is the timer's. The table gives per problem and direction each run's median ms and TFLOPS and
 the spread ((max - min) / min of the medians); a summary line per mode gives the worst spread and how many
 rows stay within 3 %. On a GPU that is not SM 12.0 the SM120 kernels run emulated (FLASH_ATTENTION_ARCH /
-FLASH_ATTENTION_NUM_SMS are set from fa4tune.gpu.kernel_env before the kernels are imported).
+FLASH_ATTENTION_NUM_SMS are set from fa4tune.harness.gpu.kernel_env before the kernels are imported).
 """
 
 from __future__ import annotations
@@ -114,8 +114,8 @@ def record(run: int, mode: str, result, timer_stats: dict) -> dict:
 def measure(problems, directions: Sequence[str], runs: int, settings, experiment, flusher, on_record=None) -> list[dict]:
     """Every (run, mode, problem, direction) through prepare.measure_step, modes interleaved within each run."""
     import prepare
-    from fa4tune import timing
-    from fa4tune.measurement import ProblemResult
+    from fa4tune.harness import timing
+    from fa4tune.harness.measurement import ProblemResult
     from fa4tune.targets import get_target
 
     target = get_target()
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the raw records and the summary as JSON here")
     args = parser.parse_args(argv)
 
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target
 
@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from fa4tune import timing
+    from fa4tune.harness import timing
 
     # the harness's flush: at least twice the L2, written before every timed call
     flusher = timing.L2Flusher(timing.l2_flush_bytes(torch.cuda.get_device_properties(info.index).L2_cache_size))

@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import prepare
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
     from fa4tune.space import feasible_forward
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target

@@ -180,7 +180,7 @@ def main() -> None:
     if args.shard is not None:
         run_shard(args.shard, args.shards, classes, args.out, args.deadline)
         return
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
 
     info = gpu.read_device()
     target = get_target()

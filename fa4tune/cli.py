@@ -62,7 +62,7 @@ def _parser() -> CommandParser:
 def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
     """Entry point of `python experiment.py` (the file at `path`); returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
-    from fa4tune import guards
+    from fa4tune.harness import guards
 
     path = Path(path)
     refusals = [str(v) for v in guards.check_source(path)]  # before the file runs (program.md's guardrails)

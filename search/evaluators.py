@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fa4tune.config import ConfigError, Problem, ProblemClass
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
 from search.pruning import not_measured
 from search.table import ReplayTable, load_table
@@ -147,7 +147,7 @@ class GpuEvaluator:
         self.settings = settings or prepare.Settings(gate_seed=prepare.new_gate_seed())
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
         self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
-        self._server = None  # fa4tune.step_server.StepServer, started on the first GPU step
+        self._server = None  # fa4tune.harness.step_server.StepServer, started on the first GPU step
 
     @property
     def server(self):

@@ -5,7 +5,7 @@ timing, in the run's step server: one child on the GPU for the whole run), but e
 (search.compile_stage: its sm_120a static facts, then its compile for the GPU's arch into the kernel cache; one
 compile on an sm_120a GPU) while earlier ones are measured, a candidate that fails to compile or whose compiled
 shared storage exceeds the target's never reaches the GPU, and the GPU child only loads each kernel. A crash
-still costs only its own step (fa4tune.step_server). The gate seed is drawn once per evaluator, so that the
+still costs only its own step (fa4tune.harness.step_server). The gate seed is drawn once per evaluator, so that the
 compile stage knows the gate's shapes and the child computes each problem's references once.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
 from fa4tune.kernel_cache import ENV as KERNEL_CACHE_ENV
 from fa4tune.kernel_cache import device_arch
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
 from search.compile_stage import GPU_COMPILE_FUNCTION, CompileStage
 from search.evaluators import not_run
@@ -66,7 +66,7 @@ class PipelinedGpuEvaluator:
     def __init__(self, target: Target, compile_jobs: int, experiment_path: str | None = None, cache_dir: Path | None = None,
                  settings=None, max_batch: int = 8, ready_capacity: int = 4):
         import prepare
-        from fa4tune import gpu
+        from fa4tune.harness import gpu
         from fa4tune.config import ConfigError
 
         self._prepare = prepare
@@ -90,7 +90,7 @@ class PipelinedGpuEvaluator:
         self.max_batch, self.ready_capacity = max_batch, ready_capacity
         self.stats = {"compile_s": 0.0, "static_compile_s": 0.0, "compiled": 0}  # CPU seconds of the compile stage
         self._pipeline: Pipeline | None = None
-        self.server = None  # fa4tune.step_server.StepServer: one child on the GPU for the whole run
+        self.server = None  # fa4tune.harness.step_server.StepServer: one child on the GPU for the whole run
         self._lock = threading.Lock()
 
     @property

@@ -17,7 +17,7 @@ import time
 def gate_shapes(problems, gate_seed: int, random_problems: int) -> list:
     """The problems and their gate cases' shapes, without repeats, as the harness builds them."""
     import prepare
-    from fa4tune import gate
+    from fa4tune.harness import gate
 
     shapes, seen = [], set()
     for p in problems:

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import prepare
-from fa4tune import cli, gate, gpu, guards
+from fa4tune import cli
+from fa4tune.harness import gate, gpu, guards
 from fa4tune.config import Problem
-from fa4tune.results_tsv import read_rows
+from fa4tune.harness.results_tsv import read_rows
 from fa4tune.targets import get_target
 from prepare_child_targets import torch_attention
 
@@ -101,7 +102,7 @@ def test_sdpa_is_only_trapped_for_guarded_candidates():
     ("from fa4tune import gate\ngate.RTOL = 1e9", "harness_access"),
     ("import fa4tune.config\nfa4tune.timing.benchmark = None", "harness_access"),
     ("import os\nos.environ['FLASH_ATTENTION_ARCH'] = 'sm_90'", "harness_access"),
-    ("import sys\nsys.modules['fa4tune.gate'].RTOL = 1e9", "harness_access"),
+    ("import sys\nsys.modules['fa4tune.harness.gate'].RTOL = 1e9", "harness_access"),
     ("import sys\nme = sys.modules[__name__]", "harness_access"),  # (the old command line's one exception is gone)
     ("exec(open('other.py').read())", "harness_access"),
     ("from torch.nn.functional import *", "harness_access"),
@@ -209,7 +210,7 @@ def test_the_trap_catches_other_attention_reached_at_run_time(forward, needle):
 
 def test_the_trap_catches_a_kernel_that_patches_the_harness(monkeypatch):
     monkeypatch.setattr(gate, "RTOL", gate.RTOL)  # put back after the test
-    with pytest.raises(guards.GuardViolation, match="guard harness_access: .*fa4tune.gate.RTOL"):
+    with pytest.raises(guards.GuardViolation, match="guard harness_access: .*fa4tune.harness.gate.RTOL"):
         gate_guarded(_patches_the_gate)
 
 
@@ -472,8 +473,8 @@ def test_an_edited_harness_file_is_named(tmp_path):
     assert guards.harness_changes(tmp_path, pin) == []
     with open(tmp_path / "prepare.py", "a") as f:
         f.write("GATE_SCALE = 1.0\n")
-    (tmp_path / "fa4tune/timing.py").unlink()
-    assert guards.harness_changes(tmp_path, pin) == ["prepare.py", "fa4tune/timing.py"]
+    (tmp_path / "fa4tune/harness/timing.py").unlink()
+    assert guards.harness_changes(tmp_path, pin) == ["prepare.py", "fa4tune/harness/timing.py"]
     assert guards.harness_changes(tmp_path, tmp_path / "missing.sha256") == list(guards.HARNESS_FILES)
 
 
@@ -544,7 +545,7 @@ def test_guards_command_checks_an_experiment_file(tmp_path):
 
 
 def test_the_guard_status_is_a_measurement_status():
-    from fa4tune.measurement import STATUSES
+    from fa4tune.harness.measurement import STATUSES
 
     assert "guard" in STATUSES
     assert prepare._status_of_error(guards.GuardViolation("output_reuse", "x")) == "guard"

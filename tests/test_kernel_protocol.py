@@ -9,7 +9,7 @@ import pytest
 
 import experiment
 import prepare
-from fa4tune import guards
+from fa4tune.harness import guards
 from fa4tune.config import ConfigError, ForwardConfig, Problem, ProblemClass
 from fa4tune.feasibility import check_forward, check_forward_problem
 from fa4tune.kernel_class import Limits, forward_kernels, upstream_class

@@ -2,7 +2,7 @@
 
 import pytest
 
-from fa4tune import flops
+from fa4tune.harness import flops
 from fa4tune.config import Problem
 
 

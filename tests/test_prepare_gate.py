@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from fa4tune import gate
+from fa4tune.harness import gate
 from fa4tune.config import Problem
 from prepare_child_targets import torch_attention
 

@@ -1,9 +1,9 @@
-"""fa4tune.isolation and prepare's step runner: a crash or hang in a child becomes a result; the parent goes on."""
+"""fa4tune.harness.isolation and prepare's step runner: a crash or hang in a child becomes a result; the parent goes on."""
 
 import os
 import time
 
-from fa4tune import isolation
+from fa4tune.harness import isolation
 from fa4tune.config import Problem
 
 import prepare
@@ -108,7 +108,7 @@ def test_step_runner_marks_only_the_failing_candidate_and_goes_on():
 
 
 def test_after_a_device_fault_the_child_reports_what_is_left_and_stops(monkeypatch):
-    from fa4tune.measurement import ProblemResult
+    from fa4tune.harness.measurement import ProblemResult
 
     small = Problem(1, 48, 48, 2, 2, 32, 32, False, backward=False)
 

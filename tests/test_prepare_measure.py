@@ -6,7 +6,7 @@ import re
 import torch
 
 from fa4tune.config import Problem
-from fa4tune.measurement import STATUSES
+from fa4tune.harness.measurement import STATUSES
 
 import prepare
 from tests import prepare_child_targets as targets

@@ -2,9 +2,9 @@
 
 import sys
 
-from fa4tune import gpu, metrics
+from fa4tune.harness import gpu, metrics
 from fa4tune.config import Problem
-from fa4tune.results_tsv import read_rows
+from fa4tune.harness.results_tsv import read_rows
 from fa4tune.targets import get_target
 
 import prepare

@@ -9,7 +9,7 @@ import pytest
 
 from fa4tune.config import ForwardConfig, ProblemClass
 from fa4tune.defaults import upstream_forward
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search.evaluators import GpuEvaluator

@@ -1,10 +1,10 @@
-"""fa4tune.step_server: one child kept across calls (its references and experiment modules with it), and
+"""fa4tune.harness.step_server: one child kept across calls (its references and experiment modules with it), and
 crashes, hangs, device faults and wrong results that cost only their own step (CPU fakes, no GPU)."""
 
 import os
 from dataclasses import replace
 
-from fa4tune import gpu, step_server
+from fa4tune.harness import gpu, step_server
 from fa4tune.config import Problem
 from fa4tune.targets import get_target
 

@@ -51,9 +51,9 @@ PIN_PATH = Path(__file__).resolve().with_name("harness.sha256")
 ALLOW_HARNESS_EDIT = "FA4TUNE_ALLOW_HARNESS_EDIT"
 # The files that decide what a measurement says: pinned by hash.
 HARNESS_FILES = (
-    "prepare.py", "fa4tune/gate.py", "fa4tune/timing.py", "fa4tune/isolation.py", "fa4tune/metrics.py",
-    "fa4tune/results_tsv.py", "fa4tune/flops.py", "fa4tune/measurement.py", "fa4tune/gpu.py", "fa4tune/guards.py",
-    "fa4tune/step_server.py",
+    "prepare.py", "fa4tune/harness/gate.py", "fa4tune/harness/timing.py", "fa4tune/harness/isolation.py", "fa4tune/harness/metrics.py",
+    "fa4tune/harness/results_tsv.py", "fa4tune/harness/flops.py", "fa4tune/harness/measurement.py", "fa4tune/harness/gpu.py", "fa4tune/harness/guards.py",
+    "fa4tune/harness/step_server.py",
 )
 
 
@@ -72,7 +72,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from fa4tune import flops, gate, measurement, timing  # noqa: E402
+from fa4tune.harness import flops, gate, measurement, timing  # noqa: E402
 
 SAMPLED_ROWS = 16  # query rows compared against the reference in each guarded call
 
@@ -125,8 +125,8 @@ _FORBIDDEN_DOTTED: dict[str, tuple[str, ...]] = {
         "torch.futures", "torch.jit.fork", "torch.jit._fork",
     ),
     HARNESS_ACCESS: (
-        "prepare", "fa4tune.gate", "fa4tune.timing", "fa4tune.isolation", "fa4tune.results_tsv", "fa4tune.metrics",
-        "fa4tune.guards", "fa4tune.flops", "fa4tune.measurement", "fa4tune.gpu", "fa4tune.static_check", "importlib",
+        "prepare", "fa4tune.harness.gate", "fa4tune.harness.timing", "fa4tune.harness.isolation", "fa4tune.harness.results_tsv", "fa4tune.harness.metrics",
+        "fa4tune.guards", "fa4tune.harness.flops", "fa4tune.harness.measurement", "fa4tune.harness.gpu", "fa4tune.static_check", "importlib",
         "builtins", "gc", "inspect", "ctypes", "subprocess", "pty", "os.environ", "os.environb", "os.putenv", "os.unsetenv",
         "os.getenv", "os.system", "os.popen", "os.fork", "sys.modules", "sys.meta_path", "sys.path", "sys.path_hooks",
         "sys._getframe", "sys.settrace", "sys.setprofile", "sys.addaudithook",
@@ -420,7 +420,7 @@ _SEALED = _harness_snapshot()
 
 
 def harness_tampering() -> list[str]:
-    """Names of harness functions and constants that differ from what was imported ('fa4tune.gate.compare')."""
+    """Names of harness functions and constants that differ from what was imported ('fa4tune.harness.gate.compare')."""
     changed = []
     for (module, name), value in _SEALED.items():
         now = vars(sys.modules[module]).get(name, None)
