@@ -68,9 +68,9 @@ def torch_attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, 
 
 
 def _candidate(name, forward):
-    import prepare
+    from fa4tune.harness import candidates
 
-    return prepare.Candidate(name, forward, {"test": name})
+    return candidates.Candidate(name, forward, {"test": name})
 
 
 def correct_candidate():

@@ -12,18 +12,19 @@ import torch
 
 import prepare
 from fa4tune import cli
-from fa4tune.harness import gate, gpu, guards
 from fa4tune.config import Problem
+from fa4tune.harness import candidates, gate, gpu, guards, runs, steps
 from fa4tune.harness.results_tsv import read_rows
+from fa4tune.harness.settings import EXPERIMENT_PATH, Settings
 from fa4tune.targets import get_target
 from prepare_child_targets import torch_attention
 
 torch.set_num_threads(1)  # tiny CPU matmuls crawl on two contended threads
 
-SETTINGS = prepare.Settings(gate_seed=5, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+SETTINGS = Settings(gate_seed=5, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
 CAUSAL_GQA = Problem(1, 48, 48, 4, 2, 32, 32, True, name="tiny gqa causal")
 PLAIN = Problem(1, 40, 40, 2, 2, 32, 32, False, name="tiny")
-CPU = prepare.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
+CPU = runs.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
 _CAPTURED_SDPA = torch.nn.functional.scaled_dot_product_attention  # taken before any trap is set
 
 
@@ -32,12 +33,12 @@ def honest(q, k, v, causal):
 
 
 def guarded(forward, name="planted"):
-    return prepare.Candidate(name, forward, {}, guarded=True)
+    return candidates.Candidate(name, forward, {}, guarded=True)
 
 
 def gate_guarded(forward, direction="fwd", problem=CAUSAL_GQA):
     """prepare's gate on a guarded candidate: (passed, reason), or GuardViolation."""
-    passed, _, reason = prepare.gate_candidate(guarded(forward), problem, direction, "cpu", SETTINGS)
+    passed, _, reason = steps.gate_candidate(guarded(forward), problem, direction, "cpu", SETTINGS)
     return passed, reason
 
 
@@ -59,12 +60,12 @@ def test_an_honest_kernel_passes_the_gate_and_every_guard(direction):
 
 
 def test_the_real_experiment_py_passes_the_static_rules():
-    assert guards.check_source(prepare.EXPERIMENT_PATH) == []
+    assert guards.check_source(EXPERIMENT_PATH) == []
 
 
 def test_sdpa_is_only_trapped_for_guarded_candidates():
     # the baselines run torch SDPA in the same step as experiment.py's candidate
-    results = prepare.measure_step(PLAIN, "fwd", [guarded(lambda q, k, v, c: sdpa(q, k, v, c), "cheat"), prepare.sdpa_candidate()],
+    results = steps.measure_step(PLAIN, "fwd", [guarded(lambda q, k, v, c: sdpa(q, k, v, c), "cheat"), candidates.sdpa_candidate()],
                                    device="cpu", settings=SETTINGS)
     assert results["cheat"].status == "guard" and "scaled_dot_product_attention" in results["cheat"].reason
     assert results["torch sdpa"].status == "ok"
@@ -132,7 +133,7 @@ def test_run_experiment_refuses_a_cheating_experiment_file_before_running_anythi
     cheat.write_text("import torch.nn.functional as F\nimport time\n\ndef attention(q, k, v, **kw):\n"
                      "    t = time.perf_counter()\n    return F.scaled_dot_product_attention(q, k, v)\n")
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(prepare.load_experiment(cheat), results_path=results, context=CPU, device="cpu", settings=SETTINGS)
+    code = prepare.run_experiment(candidates.load_experiment(cheat), results_path=results, context=CPU, device="cpu", settings=SETTINGS)
     assert code == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
@@ -268,7 +269,7 @@ def _writes_into_q(q, k, v, causal):
 
 
 def test_a_memoizing_kernel_passes_the_gate_but_not_the_reuse_guard():
-    assert prepare._gate_cases(guarded(_memoizing), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
+    assert steps._gate_cases(guarded(_memoizing), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: call 3 \(set A's tensors rewritten in place\): (out shares memory with out of call 1|returned the same out as call 1)"):
         gate_guarded(_memoizing)
 
@@ -307,7 +308,7 @@ def test_memoized_gradients_are_reuse():
     def forward(q, k, v, causal):
         return MemoBackward.apply(q, k, v), None
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: backward 2 \(dout rewritten in place\): (dq shares memory with dq of backward 1|returned the same dk)"):
         gate_guarded(forward, "bwd")
 
@@ -396,7 +397,7 @@ def test_a_tensor_subclass_output_passes_the_gate_but_not_the_type_guard():
         out, lse = honest(q, k, v, causal)
         return out.as_subclass(LazyTensor), lse
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]
     with pytest.raises(guards.GuardViolation, match="guard output_type: call 1 .*: out is a test_guards.LazyTensor, not a torch.Tensor"):
         gate_guarded(forward)
 
@@ -440,7 +441,7 @@ def test_a_forward_done_lazily_in_the_backward_is_caught():
     def forward(q, k, v, causal):
         return LazyForward.apply(q, k, v), None
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # checked after the backward, out looks right
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # checked after the backward, out looks right
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: forward \(set A, recording autograd\): does not match the reference"):
         gate_guarded(forward, "bwd")
 
@@ -483,7 +484,7 @@ def test_pin_command_writes_every_harness_file(tmp_path, monkeypatch, capsys):
     assert guards.main(["--pin"]) == 0
     pins = guards.read_pin(tmp_path / "harness.sha256")
     assert list(pins) == list(guards.HARNESS_FILES)
-    assert pins["prepare.py"] == prepare.prepare_sha256()
+    assert pins["prepare.py"] == runs.prepare_sha256()
 
 
 FAKE_EXPERIMENT = '''
@@ -505,7 +506,7 @@ def _run_with_pin(tmp_path, monkeypatch, pin_text):
     (tmp_path / "experiment.py").write_text(FAKE_EXPERIMENT)
     (tmp_path / "suite.json").write_text(ONE_PROBLEM)
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(prepare.load_experiment(tmp_path / "experiment.py"), str(tmp_path / "suite.json"),
+    code = prepare.run_experiment(candidates.load_experiment(tmp_path / "experiment.py"), str(tmp_path / "suite.json"),
                                   description="pin test", results_path=results, context=CPU, device="cpu", settings=SETTINGS)
     return code, results
 
@@ -548,4 +549,4 @@ def test_the_guard_status_is_a_measurement_status():
     from fa4tune.harness.measurement import STATUSES
 
     assert "guard" in STATUSES
-    assert prepare._status_of_error(guards.GuardViolation("output_reuse", "x")) == "guard"
+    assert steps._status_of_error(guards.GuardViolation("output_reuse", "x")) == "guard"
