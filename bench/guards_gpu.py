@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from fa4tune.config import Problem  # noqa: E402
-from fa4tune.harness import candidates, guards, steps  # noqa: E402
+from fa4tune.harness import candidates, guards, runtime_guards, steps  # noqa: E402
 from fa4tune.harness.settings import EXPERIMENT_PATH, Settings  # noqa: E402
 
 SETTINGS = Settings(gate_seed=1234)
@@ -60,8 +60,8 @@ def verdict(forward, problem, direction) -> tuple[str, float]:
     """('pass' or the violation, seconds) of the run-time guards alone, under the trap."""
     start = time.perf_counter()
     try:
-        with guards.attention_trap():
-            guards.check_candidate(forward, problem, direction, "cuda", seed=99)
+        with runtime_guards.attention_trap():
+            runtime_guards.check_candidate(forward, problem, direction, "cuda", seed=99)
         result = "pass"
     except guards.GuardViolation as err:
         result = str(err).split(" (")[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from fa4tune.harness import gate, isolation
+from fa4tune.harness import gate, isolation, runtime_guards
 
 # Candidate kinds a step can run (baseline names as printed).
 EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
@@ -29,7 +29,7 @@ class Candidate:
     name: str
     forward: Callable
     config: dict
-    guarded: bool = False  # experiment.py's code: gated under the guards' trap and run-time checks
+    guarded: bool = False  # experiment.py's code: gated under runtime_guards' trap and checks
 
 
 def experiment_candidate(experiment_module, fwd_config: ForwardConfig, bwd_config: BackwardConfig, name: str = EXPERIMENT) -> Candidate:
@@ -91,6 +91,7 @@ def load_experiment(path: str | Path):
     if known is None and cached is not None and Path(getattr(cached, "__file__", "")).resolve() == path:
         _EXPERIMENTS[path] = (digest, cached)  # imported by name (`import experiment`) before
         return cached
+    runtime_guards.seal_harness()  # before experiment.py's code runs in this process
     spec = importlib.util.spec_from_file_location("experiment", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["experiment"] = module

@@ -1,29 +1,19 @@
-"""Guardrails the harness enforces on experiment.py, so that a faster number is a faster kernel.
+"""Guardrails the harness enforces on experiment.py, so that a faster number is a faster kernel: the rules, the
+static check of experiment.py's source and the harness pin. Nothing here imports torch: `python -m fa4tune.guards`
+answers in a second, without a GPU.
 
 Static, before anything runs (`check_module`, `check_source`): experiment.py's source, parsed with ast and
 with import aliases resolved, may not reach another attention implementation (torch SDPA and its aten ops,
 flex_attention, FA2/FA3, xformers, cuDNN attention, FA4's own dispatch and its SM90/SM100 kernels, which
 SM120 cannot run), time itself, use side streams, defer work to threads or hooks, or reach the harness,
-the import machinery, the environment or other processes.
+the import machinery, the environment or other processes. At run time, while the harness gates experiment.attention,
+fa4tune.harness.runtime_guards watches the rest (the trap, output reuse, readiness, types, threads, streams).
 
-At run time, while the harness gates a guarded candidate (experiment.attention):
-  - `attention_trap`: torch's SDPA entry points and those of FA2/FA3/xformers/FA4's own interface raise,
-    a TorchDispatchMode rejects every aten attention op however it is reached, imports of foreign
-    attention libraries fail, and creating or switching to another CUDA stream fails. A violation the
-    kernel catches and swallows is still recorded and fails it; so does patching the harness's functions.
-  - `check_candidate` (after the gate passed): the candidate is called on input set A, on set B (new
-    tensors, new values), then on A's tensors rewritten in place (same data_ptr and version counter, new
-    values); every output must match the reference of its own inputs on sampled rows, and share no memory
-    with any input or earlier output (output_reuse). Every output must be a plain torch.Tensor with an
-    autograd graph only where one is recorded, leading to q, k and v (output_type); ready on the caller's
-    current stream when the call returns: a snapshot after waiting on an event of that stream equals the
-    value after a full synchronize (not_ready); with no thread left running (deferred_work), on the stream
-    it started on (side_stream). For the backward, the forward's out is checked before any backward runs,
-    then gradients are taken twice through the same graph, as they are timed, with dout rewritten in place.
-
-Harness edits (`harness_changes`): prepare.py and the fa4tune modules that gate, time and log are pinned by
-sha256 in fa4tune/harness.sha256; run_experiment refuses to run when one differs, unless
-FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it writes says which files differ.
+The harness is one rule: prepare.py and every file under fa4tune/harness/. experiment.py may not import either
+(`prepare`, `fa4tune.harness`); runtime_guards seals every loaded module of the package; and the pin
+(`harness_changes`) holds the sha256 of each of its files in fa4tune/harness.sha256: run_experiment refuses to run
+when one differs, is missing or is new, unless FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it
+writes says which files differ.
 
     uv run python -m fa4tune.guards            # check experiment.py and the harness pin (no GPU needed)
     uv run python -m fa4tune.guards --pin      # maintainers, after changing the harness: record its hashes
@@ -32,49 +22,22 @@ FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it writes says whic
 from __future__ import annotations
 
 import ast
-import contextlib
 import hashlib
-import math
 import os
-import random
 import re
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 from fa4tune.cli import CommandParser
 
-ROOT = Path(__file__).resolve().parent.parent
-PIN_PATH = Path(__file__).resolve().with_name("harness.sha256")
+ROOT = Path(__file__).resolve().parents[2]
+PIN_PATH = ROOT / "fa4tune" / "harness.sha256"  # beside the package, not in it: the pin is no file of the harness
 ALLOW_HARNESS_EDIT = "FA4TUNE_ALLOW_HARNESS_EDIT"
-# The files that decide what a measurement says: pinned by hash.
-HARNESS_FILES = (
-    "prepare.py", "fa4tune/harness/gate.py", "fa4tune/harness/timing.py", "fa4tune/harness/isolation.py", "fa4tune/harness/metrics.py",
-    "fa4tune/harness/results_tsv.py", "fa4tune/harness/flops.py", "fa4tune/harness/measurement.py", "fa4tune/harness/gpu.py", "fa4tune/harness/guards.py",
-    "fa4tune/harness/step_server.py",
-)
-
-
-def _parser() -> CommandParser:
-    """The command line's options (main() is at the end)."""
-    parser = CommandParser(prog="python -m fa4tune.guards", description=(
-        "Check experiment.py against the guardrails' static rules and the harness files against their pinned "
-        "hashes (no GPU needed); the run-time guards run inside prepare.py."))
-    parser.add_argument("experiment", nargs="?", default=str(ROOT / "experiment.py"), help="experiment file to check (default: experiment.py)")
-    parser.add_argument("--pin", action="store_true", help="maintainers: record the current harness files' sha256 in fa4tune/harness.sha256")
-    return parser
-
-
-if __name__ == "__main__":
-    _parser().parse_args()  # --help and bad arguments answer before torch is imported (seconds); main() parses again
-
-import torch  # noqa: E402
-
-from fa4tune.harness import flops, gate, measurement, timing  # noqa: E402
-
-SAMPLED_ROWS = 16  # query rows compared against the reference in each guarded call
+# The harness, whose files decide what a measurement says: the script and the package, as files and as modules.
+HARNESS_SCRIPT, HARNESS_DIR = "prepare.py", "fa4tune/harness"
+HARNESS_MODULE, HARNESS_PACKAGE = "prepare", "fa4tune.harness"
 
 OTHER_ATTENTION, SELF_TIMING, SIDE_STREAM, DEFERRED_WORK = "other_attention", "self_timing", "side_stream", "deferred_work"
 HARNESS_ACCESS, OUTPUT_REUSE, OUTPUT_TYPE, NOT_READY = "harness_access", "output_reuse", "output_type", "not_ready"
@@ -85,11 +48,22 @@ WHY = {
     SIDE_STREAM: "all work runs on the caller's current stream",
     DEFERRED_WORK: "no work (threads, timers, exit hooks) outlives the call",
     NOT_READY: "outputs are complete on the caller's current stream when the call returns",
-    HARNESS_ACCESS: "experiment.py may not reach the harness, the import machinery, the environment or other processes",
+    HARNESS_ACCESS: "experiment.py may not reach the harness (prepare.py, fa4tune.harness), the import machinery, the environment "
+                    "or other processes",
     OUTPUT_REUSE: "every call computes its outputs from its own inputs, into fresh memory",
     OUTPUT_TYPE: "outputs are plain tensors, with an autograd graph only when one is recorded",
-    HARNESS_EDIT: "prepare.py and the measuring modules of fa4tune/ are fixed",
+    HARNESS_EDIT: "prepare.py and the files of fa4tune/harness/ are fixed",
 }
+
+
+def _parser() -> CommandParser:
+    """The command line's options (main() is at the end)."""
+    parser = CommandParser(prog="python -m fa4tune.guards", description=(
+        "Check experiment.py against the guardrails' static rules and the harness files against their pinned "
+        "hashes (no GPU needed); the run-time guards run inside prepare.py."))
+    parser.add_argument("experiment", nargs="?", default=str(ROOT / "experiment.py"), help="experiment file to check (default: experiment.py)")
+    parser.add_argument("--pin", action="store_true", help="maintainers: record the current harness files' sha256 in fa4tune/harness.sha256")
+    return parser
 
 
 class GuardViolation(Exception):
@@ -125,8 +99,8 @@ _FORBIDDEN_DOTTED: dict[str, tuple[str, ...]] = {
         "torch.futures", "torch.jit.fork", "torch.jit._fork",
     ),
     HARNESS_ACCESS: (
-        "prepare", "fa4tune.harness.gate", "fa4tune.harness.timing", "fa4tune.harness.isolation", "fa4tune.harness.results_tsv", "fa4tune.harness.metrics",
-        "fa4tune.guards", "fa4tune.harness.flops", "fa4tune.harness.measurement", "fa4tune.harness.gpu", "fa4tune.static_check", "importlib",
+        HARNESS_MODULE, HARNESS_PACKAGE, "fa4tune.guards", "fa4tune.static_check",  # the harness, its command line, the static check
+        "importlib",
         "builtins", "gc", "inspect", "ctypes", "subprocess", "pty", "os.environ", "os.environb", "os.putenv", "os.unsetenv",
         "os.getenv", "os.system", "os.popen", "os.fork", "sys.modules", "sys.meta_path", "sys.path", "sys.path_hooks",
         "sys._getframe", "sys.settrace", "sys.setprofile", "sys.addaudithook",
@@ -167,17 +141,18 @@ class Violation:
         return f"guard {self.rule}: {self.path}:{self.line} uses {self.what} ({WHY[self.rule]})"
 
 
-def _under(name: str, prefix: str) -> bool:
+def under(name: str, prefix: str) -> bool:
+    """True when a dotted name is `prefix` or lies under it ('fa4tune.harness.gate' under 'fa4tune.harness')."""
     return name == prefix or name.startswith(prefix + ".")
 
 
 def forbidden_rule(qualified: str) -> str | None:
     """The rule a dotted name breaks ('torch.nn.functional.scaled_dot_product_attention' -> other_attention), or None."""
-    if _under(qualified, "flash_attn"):
-        if not _under(qualified, _FA4_PACKAGE) or qualified.startswith(_FA4_FORBIDDEN_MODULE_PREFIXES):
+    if under(qualified, "flash_attn"):
+        if not under(qualified, _FA4_PACKAGE) or qualified.startswith(_FA4_FORBIDDEN_MODULE_PREFIXES):
             return OTHER_ATTENTION
     for rule, prefixes in _FORBIDDEN_DOTTED.items():
-        if any(_under(qualified, p) for p in prefixes):
+        if any(under(qualified, p) for p in prefixes):
             return rule
     for part in qualified.split("."):
         rule = _name_rule(part)
@@ -309,410 +284,17 @@ def check_module(module) -> list[Violation]:
 
 
 # ------------------------------------------------------------------------------------------------
-# The run-time trap: what a guarded candidate may not call while the harness runs it.
-# ------------------------------------------------------------------------------------------------
-
-# (module, attribute): entry points of other attention implementations, replaced while the trap is set
-# (only in modules already imported; the import blocker stops the rest from being imported).
-_TRAPPED_CALLS = (
-    ("torch.nn.functional", "scaled_dot_product_attention"), ("torch._C._nn", "scaled_dot_product_attention"),
-    ("torch.nn.functional", "multi_head_attention_forward"), ("torch.nn.attention.flex_attention", "flex_attention"),
-    ("flash_attn", "flash_attn_func"), ("flash_attn", "flash_attn_varlen_func"),
-    ("flash_attn.flash_attn_interface", "flash_attn_func"), ("flash_attn.flash_attn_interface", "flash_attn_varlen_func"),
-    ("flash_attn_interface", "flash_attn_func"), ("flash_attn_interface", "flash_attn_varlen_func"),
-    ("xformers.ops", "memory_efficient_attention"), ("xformers.ops.fmha", "memory_efficient_attention"),
-    ("flash_attn.cute.interface", "flash_attn_func"), ("flash_attn.cute.interface", "flash_attn_varlen_func"),
-)
-# Top-level packages of other attention implementations: importing them while the trap is set fails.
-_BLOCKED_IMPORTS = ("flash_attn_interface", "flash_attn_2_cuda", "flash_attn_3", "flash_attn_3_cuda", "xformers", "flashinfer",
-                    "sageattention", "transformer_engine", "cudnn", "flash_attn.flash_attn_interface", "flash_attn.bert_padding")
-_ATEN_ATTENTION = re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|cudnn_attention|flex_attention"
-                             r"|multi_head_attention|_transformer_encoder_layer|_fused_sdp|_triton_scaled_dot|_triton_multi_head")
-# Harness modules whose functions and constants a candidate must leave alone (snapshot at import, below).
-_SEALED_MODULES = (gate, timing, flops, measurement)
-
-
-class Trap:
-    """What the trap caught while it was set; `violations` survive a kernel that swallows the exception."""
-
-    def __init__(self):
-        self.violations: list[GuardViolation] = []
-
-    def record(self, rule: str, detail: str) -> GuardViolation:
-        """Remember a violation and return the exception to raise."""
-        violation = GuardViolation(rule, detail)
-        self.violations.append(violation)
-        return violation
-
-    def raise_first(self) -> None:
-        """Raise the first recorded violation, if any."""
-        if self.violations:
-            raise self.violations[0]
-
-
-def _raiser(trap: Trap, rule: str, what: str) -> Callable:
-    def trapped(*args, **kwargs):
-        raise trap.record(rule, f"called {what} while the harness ran experiment.attention")
-
-    return trapped
-
-
-class _ImportBlocker:
-    """A sys.meta_path finder that refuses foreign attention libraries."""
-
-    def __init__(self, trap: Trap):
-        self.trap = trap
-
-    def find_spec(self, fullname, path=None, target=None):
-        if any(_under(fullname, blocked) for blocked in _BLOCKED_IMPORTS):
-            raise self.trap.record(OTHER_ATTENTION, f"imported {fullname} while the harness ran experiment.attention")
-        return None
-
-
-def _attention_dispatch_mode(trap: Trap):
-    """A TorchDispatchMode that rejects aten attention ops (SDPA's flash/efficient/cuDNN/math kernels, MHA)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class AttentionOpTrap(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = getattr(getattr(func, "_schema", None), "name", str(func))
-            if _ATEN_ATTENTION.search(name):
-                raise trap.record(OTHER_ATTENTION, f"ran the aten op {name} while the harness ran experiment.attention")
-            return func(*args, **(kwargs or {}))
-
-    return AttentionOpTrap()
-
-
-def _stream_traps(trap: Trap) -> list[tuple[object, str, object]]:
-    """(owner, attribute, replacement): stream constructors that create a new stream, and set_stream."""
-    import torch.cuda
-    import torch.cuda.streams
-
-    original_stream, original_external = torch.cuda.streams.Stream, torch.cuda.streams.ExternalStream
-
-    class TrappedStream(original_stream):
-        def __new__(cls, *args, **kwargs):
-            if "stream_id" in kwargs:  # torch.cuda.current_stream() wraps the existing stream this way
-                return original_stream(*args, **kwargs)
-            raise trap.record(SIDE_STREAM, "created a CUDA stream (torch.cuda.Stream) during the call")
-
-    class TrappedExternalStream(original_external):
-        def __new__(cls, *args, **kwargs):
-            raise trap.record(SIDE_STREAM, "wrapped an external CUDA stream (torch.cuda.ExternalStream) during the call")
-
-    def set_stream(stream):
-        if stream is not None:
-            raise trap.record(SIDE_STREAM, "switched the current CUDA stream (torch.cuda.set_stream / torch.cuda.stream) during the call")
-
-    replacements = []
-    for owner in (torch.cuda, torch.cuda.streams):
-        replacements += [(owner, "Stream", TrappedStream), (owner, "ExternalStream", TrappedExternalStream)]
-    replacements.append((torch.cuda, "set_stream", set_stream))
-    return replacements
-
-
-def _harness_snapshot() -> dict[tuple[str, str], object]:
-    return {(m.__name__, name): value for m in _SEALED_MODULES for name, value in vars(m).items()
-            if not name.startswith("__") and (callable(value) or isinstance(value, (int, float, str, tuple)))}
-
-
-_SEALED = _harness_snapshot()
-
-
-def harness_tampering() -> list[str]:
-    """Names of harness functions and constants that differ from what was imported ('fa4tune.harness.gate.compare')."""
-    changed = []
-    for (module, name), value in _SEALED.items():
-        now = vars(sys.modules[module]).get(name, None)
-        same = now is value if callable(value) else now == value
-        if not same:
-            changed.append(f"{module}.{name}")
-    return changed
-
-
-@contextlib.contextmanager
-def attention_trap(enabled: bool = True):
-    """While set: other attention implementations, new streams and stream switches raise and are recorded;
-    on exit the first recorded violation (or a patched harness function) is raised as GuardViolation."""
-    if not enabled:
-        yield None
-        return
-    trap = Trap()
-    patched: list[tuple[object, str, object]] = []
-    for module_name, attribute in _TRAPPED_CALLS:
-        module = sys.modules.get(module_name)
-        if module is not None and hasattr(module, attribute):
-            patched.append((module, attribute, _raiser(trap, OTHER_ATTENTION, f"{module_name}.{attribute}")))
-    patched += _stream_traps(trap)
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patched]
-    blocker = _ImportBlocker(trap)
-    for owner, name, replacement in patched:
-        setattr(owner, name, replacement)
-    sys.meta_path.insert(0, blocker)
-    try:
-        with _attention_dispatch_mode(trap):
-            yield trap
-    finally:
-        sys.meta_path.remove(blocker)
-        for owner, name, original in originals:
-            setattr(owner, name, original)
-        tampered = harness_tampering()
-        if tampered:
-            trap.record(HARNESS_ACCESS, f"changed {', '.join(tampered)} while the harness ran experiment.attention")
-        trap.raise_first()
-
-
-# ------------------------------------------------------------------------------------------------
-# Observing one call: streams, readiness, types, threads.
+# Harness edits: hashes of the harness files (prepare.py and every file under fa4tune/harness/) against the pin.
 # ------------------------------------------------------------------------------------------------
 
 
-class CudaSync:
-    """The real device: the current stream, waiting on an event recorded on it, a full synchronize."""
-
-    def current_stream(self):
-        return torch.cuda.current_stream()
-
-    def wait_current_stream(self) -> None:
-        event = torch.cuda.Event()
-        event.record()
-        event.synchronize()
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()
-
-
-class HostSync:
-    """CPU tensors: work is done when the call returns."""
-
-    def current_stream(self):
-        return None
-
-    def wait_current_stream(self) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-def sync_for(device) -> CudaSync | HostSync:
-    """The sync object of a device."""
-    return CudaSync() if torch.device(device).type == "cuda" else HostSync()
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().view(torch.uint8)
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals NaN here: an unwritten output is unwritten both times)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
-
-
-def observe_call(call: Callable[[], object], names: Sequence[str], sync, label: str) -> list[torch.Tensor | None]:
-    """Run `call` and return its tensor outputs, named `names`, after checking they are plain tensors that
-    are final when the call returns on the current stream; GuardViolation otherwise."""
-    stream = sync.current_stream()
-    threads = set(threading.enumerate())
-    result = call()
-    if sync.current_stream() != stream:
-        raise GuardViolation(SIDE_STREAM, f"{label}: the call returned with another current stream than it started on")
-    outputs = list(result) if isinstance(result, (tuple, list)) else [result]
-    outputs = (outputs + [None] * len(names))[: len(names)]
-    for name, value in zip(names, outputs):
-        if value is not None and type(value) is not torch.Tensor:
-            raise GuardViolation(OUTPUT_TYPE, f"{label}: {name} is a {type(value).__module__}.{type(value).__qualname__}, not a torch.Tensor")
-    if outputs[0] is None:
-        raise GuardViolation(OUTPUT_TYPE, f"{label}: returned no {names[0]}")
-    sync.wait_current_stream()  # what the caller's stream has finished: all a later reader on it may rely on
-    snapshots = [None if value is None else value.detach().clone() for value in outputs]
-    sync.synchronize()
-    started = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-    if started:
-        raise GuardViolation(DEFERRED_WORK, f"{label}: left {len(started)} thread(s) running after it returned ({started[0].name})")
-    for name, value, snapshot in zip(names, outputs, snapshots):
-        if value is not None and not _same_bits(value, snapshot):
-            raise GuardViolation(
-                NOT_READY, f"{label}: {name} changed after the call returned and its stream was idle "
-                "(written on a side stream, or lazily after the timed region)")
-    return outputs
-
-
-def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int]:
-    storage = t.untyped_storage()
-    return t.device, storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
-def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    (da, sa, ea), (db, sb, eb) = _storage_span(a), _storage_span(b)
-    return da == db and sa < eb and sb < ea and ea > sa and eb > sb
-
-
-def _check_no_alias(label: str, outputs: dict[str, torch.Tensor], others: dict[str, torch.Tensor]) -> None:
-    for name, value in outputs.items():
-        for other_name, other in others.items():
-            if value is not None and other is not None and _shares_memory(value, other):
-                raise GuardViolation(OUTPUT_REUSE, f"{label}: {name} shares memory with {other_name}")
-
-
-def _reaches_inputs(out: torch.Tensor, inputs: Sequence[torch.Tensor], limit: int = 100_000) -> bool:
-    """True when out's autograd graph leads to every input (leaves requiring grad)."""
-    wanted = {id(t) for t in inputs}
-    seen: dict[int, object] = {}  # holding the nodes keeps their ids from being reused during the walk
-    stack, found = [out.grad_fn], set()
-    while stack and len(seen) < limit:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen[id(node)] = node
-        variable = getattr(node, "variable", None)
-        if variable is not None and id(variable) in wanted:
-            found.add(id(variable))
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found == wanted
-
-
-# ------------------------------------------------------------------------------------------------
-# Output reuse: three calls whose inputs differ; each output must follow its own inputs.
-# ------------------------------------------------------------------------------------------------
-
-
-def sample_rows(seqlen_q: int, count: int, seed: int) -> torch.Tensor:
-    """Sorted query rows to compare: the first, the last, and random ones between."""
-    rng = random.Random(seed)
-    rows = {0, seqlen_q - 1} | {rng.randrange(seqlen_q) for _ in range(max(0, count - 2))}
-    return torch.tensor(sorted(rows))
-
-
-def row_reference(q, k, v, causal: bool, rows: torch.Tensor, dtype, dout=None):
-    """Attention of some query rows only, computed in `dtype`: out (b, r, hq, dv), lse (b, hq, r), and with
-    `dout` the rows' dQ (b, r, hq, d). Rows are independent, so this is exact for them at any sequence length."""
-    batch, seqlen_q, _, head_dim = q.shape
-    seqlen_k, group = k.shape[1], q.shape[2] // k.shape[2]
-    scale = 1.0 / math.sqrt(head_dim)
-    rows = rows.to(q.device)
-    mask = gate.causal_mask(rows, seqlen_q, seqlen_k, seqlen_k) if causal else None
-    outs, lses, dqs = [], [], []
-    with gate._fp32_matmul_exact(), torch.enable_grad():
-        for b in range(batch):
-            qc = q[b, rows].detach().to(dtype).requires_grad_(dout is not None)
-            oc, lc = gate._attention_rows(qc, k[b].detach().to(dtype), v[b].detach().to(dtype), scale, mask, group)
-            outs.append(oc.detach())
-            lses.append(lc.detach())
-            if dout is not None:
-                dqs.append(torch.autograd.grad(oc, qc, dout[b, rows].to(dtype))[0])
-    valid = (rows + (seqlen_k - seqlen_q) >= 0) if causal else torch.ones_like(rows, dtype=torch.bool)
-    valid = valid[None, None, :].expand(batch, q.shape[2], len(rows))
-    return torch.stack(outs), torch.stack(lses), (torch.stack(dqs) if dout is not None else None), valid
-
-
-def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None) -> None:
-    """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule."""
-    ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout)
-    plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout)
-    rows = rows.to(q.device)
-    if dq is not None:
-        checks = [gate.compare("dq", dq[:, rows], ref_dq, plain_dq, q.dtype)]
-    else:
-        checks = [gate.compare("out", out.detach()[:, rows], ref_out, plain_out, q.dtype)]
-        if lse is not None:
-            checks.append(gate.compare("lse", lse.detach()[:, :, rows], ref_lse, plain_lse, q.dtype, valid=valid))
-    failing = [c for c in checks if not c.passed]
-    if failing:
-        raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {failing[0].describe()}")
-
-
-def _forward_call(forward, q, k, v, causal, grad: bool):
-    def call():
-        with torch.set_grad_enabled(grad):
-            return forward(q, k, v, causal)
-
-    return call
-
-
-def _check_graph(label: str, out: torch.Tensor, inputs: Sequence[torch.Tensor], recording: bool) -> None:
-    if not recording:
-        if out.requires_grad or out.grad_fn is not None:
-            raise GuardViolation(OUTPUT_TYPE, f"{label}: out carries an autograd graph under torch.no_grad()")
-    elif out.grad_fn is None or not _reaches_inputs(out, inputs):
-        raise GuardViolation(OUTPUT_TYPE, f"{label}: out's autograd graph does not lead back to q, k and v")
-
-
-def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = SAMPLED_ROWS) -> None:
-    """Call the forward (under no_grad, as it is timed) on set A, on set B, then on A's tensors rewritten in
-    place; every output must match its inputs' reference and share memory with nothing before it."""
-    a = gate.random_inputs(problem, seed, device, count=3)
-    b = gate.random_inputs(problem, seed + 1, device, count=3)
-    c = gate.random_inputs(problem, seed + 2, device, count=3)
-    sample = sample_rows(problem.seqlen_q, rows, seed)
-    live: dict[str, torch.Tensor] = {"q of set A": a[0], "k of set A": a[1], "v of set A": a[2],
-                                     "q of set B": b[0], "k of set B": b[1], "v of set B": b[2]}
-    calls = [("call 1 (set A)", a, None), ("call 2 (set B: new tensors, new values)", b, None),
-             ("call 3 (set A's tensors rewritten in place)", a, c)]
-    previous = []
-    for number, (label, inputs, new_values) in enumerate(calls, start=1):
-        if new_values is not None:
-            for t, values in zip(inputs, new_values):
-                t.data.copy_(values)  # through .data: same data_ptr, and no version-counter bump either
-        q, k, v = inputs
-        out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, grad=False), ("out", "lse"), sync, label)
-        _check_graph(label, out, inputs, recording=False)
-        _check_no_alias(label, {"out": out, "lse": lse}, live)
-        for earlier_label, earlier_out in previous:
-            if _same_bits(out, earlier_out):
-                raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same out as {earlier_label}, for other inputs")
-        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse)
-        previous.append((label, out))
-        live.update({f"out of call {number}": out, f"lse of call {number}": lse})
-
-
-def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = SAMPLED_ROWS) -> None:
-    """Forward on set A (its out checked before any backward), then the gradients twice through the same
-    graph (as they are timed) with dout rewritten in place between; dQ rows must follow dout, nothing may
-    alias, and dK, dV must change with dout."""
-    q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
-    sample = sample_rows(problem.seqlen_q, rows, seed)
-    label = "forward (set A, recording autograd)"
-    out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, grad=True), ("out", "lse"), sync, label)
-    _check_graph(label, out, (q, k, v), recording=True)
-    _check_no_alias(label, {"out": out, "lse": lse}, {"q": q, "k": k, "v": v})
-    _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse)
-    live = {"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse}
-    previous = None
-    for number in (1, 2):
-        label = f"backward {number}" + (" (dout rewritten in place)" if number == 2 else "")
-        if number == 2:
-            generator = torch.Generator(device=device).manual_seed(seed + 3)
-            dout.data.copy_(torch.randn(dout.shape, generator=generator, device=device, dtype=dout.dtype))
-
-        def call():
-            return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-
-        dq, dk, dv = observe_call(call, ("dq", "dk", "dv"), sync, label)
-        grads = {"dq": dq, "dk": dk, "dv": dv}
-        _check_no_alias(label, grads, live)
-        if previous is not None:
-            for name in ("dk", "dv"):
-                if _same_bits(grads[name], previous[name]):
-                    raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same {name} as backward 1, for another dout")
-        _check_rows(label, q, k, v, problem.causal, sample, dout=dout, dq=dq)
-        live.update({f"{name} of backward {number}": value for name, value in grads.items()})
-        previous = grads
-
-
-def check_candidate(forward, problem, direction: str, device, seed: int, *, sync=None, rows: int = SAMPLED_ROWS) -> None:
-    """The run-time guards for one (problem, direction) of a candidate that passed the gate; GuardViolation if one fails."""
-    sync = sync or sync_for(device)
-    if direction == "fwd":
-        check_forward_reuse(forward, problem, device, seed, sync, rows)
-    else:
-        check_backward_reuse(forward, problem, device, seed, sync, rows)
-
-
-# ------------------------------------------------------------------------------------------------
-# Harness edits: hashes of the harness files against the pinned ones.
-# ------------------------------------------------------------------------------------------------
+def harness_files(root: Path | None = None) -> list[str]:
+    """The harness's files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
+    (bytecode caches aside)."""
+    root = root or ROOT
+    package = sorted(path.relative_to(root).as_posix() for path in (root / HARNESS_DIR).rglob("*")
+                     if path.is_file() and "__pycache__" not in path.relative_to(root).parts)
+    return [HARNESS_SCRIPT, *package]
 
 
 def file_sha256(path: Path) -> str:
@@ -733,18 +315,22 @@ def read_pin(pin_path: Path | None = None) -> dict[str, str]:
     return pins
 
 
-def write_pin(root: Path | None = None, pin_path: Path | None = None, files: Sequence[str] = HARNESS_FILES) -> None:
-    """Record the harness files' hashes (what `python -m fa4tune.guards --pin` does)."""
+def write_pin(root: Path | None = None, pin_path: Path | None = None) -> list[str]:
+    """Record the hash of every harness file (what `python -m fa4tune.guards --pin` does); the files pinned."""
     root, pin_path = root or ROOT, pin_path or PIN_PATH
-    lines = [f"{file_sha256(root / name)}  {name}" for name in files]
-    pin_path.write_text("\n".join(lines) + "\n")
+    files = harness_files(root)
+    pin_path.write_text("".join(f"{file_sha256(root / name)}  {name}\n" for name in files))
+    return files
 
 
-def harness_changes(root: Path | None = None, pin_path: Path | None = None, files: Sequence[str] = HARNESS_FILES) -> list[str]:
-    """The harness files whose hash differs from the pin (all of them when there is no pin)."""
+def harness_changes(root: Path | None = None, pin_path: Path | None = None) -> list[str]:
+    """The harness files that differ from the pin: edited, new (not pinned) or gone (pinned, missing); all of them
+    when there is no pin."""
     root = root or ROOT
     pins = read_pin(pin_path or PIN_PATH)
-    return [name for name in files if not (root / name).exists() or pins.get(name) != file_sha256(root / name)]
+    files = harness_files(root)
+    changed = [name for name in files if pins.get(name) != file_sha256(root / name)]
+    return changed + [name for name in pins if name not in files]
 
 
 def harness_edit_allowed() -> bool:
@@ -774,8 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     each, exit code 2, as every refusal of the project's commands), a clean check exits 0."""
     args = _parser().parse_args(argv)
     if args.pin:
-        write_pin()
-        print(f"pinned {len(HARNESS_FILES)} harness files in {PIN_PATH}")
+        files = write_pin()
+        print(f"pinned {len(files)} harness files in {PIN_PATH}")
         return 0
     path = Path(args.experiment)
     if not path.is_file():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from fa4tune.config import Problem
-from fa4tune.harness import flops, gate, guards, isolation, timing
+from fa4tune.harness import flops, gate, guards, isolation, runtime_guards, timing
 from fa4tune.harness.candidates import Candidate, candidate_from_spec
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.harness.settings import (
@@ -82,10 +82,10 @@ def gate_candidate(candidate: Candidate, problem: Problem, direction: str, devic
     """Run every gate case; (passed, max_errors record, reason of the first failure). A guarded candidate
     runs under the guards' trap, and after passing, its run-time guards; GuardViolation if one fails.
     `references` keeps the cases' references for the next candidate."""
-    with guards.attention_trap() if candidate.guarded else contextlib.nullcontext():
+    with runtime_guards.attention_trap() if candidate.guarded else contextlib.nullcontext():
         passed, errors, reason = _gate_cases(candidate, problem, direction, device, settings, references)
         if passed and candidate.guarded:
-            guards.check_candidate(candidate.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET)
+            runtime_guards.check_candidate(candidate.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET)
     return passed, errors, reason
 
 
