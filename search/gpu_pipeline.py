@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.kernel_cache import ENV as KERNEL_CACHE_ENV
 from fa4tune.kernel_cache import device_arch
-from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
 from search.compile_stage import GPU_COMPILE_FUNCTION, CompileStage
 from search.evaluators import not_run

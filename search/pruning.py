@@ -21,8 +21,8 @@ import math
 import optuna
 from optuna.trial import TrialState
 
-from fa4tune.harness import flops
 from fa4tune.config import Problem
+from fa4tune.harness import flops
 from fa4tune.harness.measurement import ProblemResult
 
 DEFAULT_FACTOR = 1.3  # "clearly slower": 30 % behind the best, far beyond run-to-run noise (< 3 %)

@@ -77,10 +77,10 @@ def test_table_shows_each_runs_median_and_tflops_and_the_spread():
 
 
 def test_measure_interleaves_the_modes_within_each_run_through_the_harness_measure_step(monkeypatch):
-    from fa4tune.harness import steps
-    from fa4tune.harness.settings import Settings
     from fa4tune import defaults
+    from fa4tune.harness import steps
     from fa4tune.harness.measurement import ProblemResult
+    from fa4tune.harness.settings import Settings
     from fa4tune.suites import load_suite
 
     calls = []
