@@ -11,8 +11,9 @@ attention implementations and side streams, output-reuse and lazy-output checks;
 
 This file is the contract: the settings every run is measured with, the run (`run_experiment`: the table, the
 metric lines, one results.tsv row) and the command line. The engine behind it is the package fa4tune/harness/,
-one module per job: candidates, steps (gate then timing), step_server and isolation (the child processes),
-gate, timing, guards and runtime_guards, metrics, results_tsv, baselines, self_check.
+one module per job (its __init__ has the map): settings, candidates, steps (gate then timing), step_server and
+isolation (the child processes), evaluation (one config: the search's entry), runs, gate, timing, guards and
+runtime_guards, metrics, results_tsv, baselines, self_check.
 
     uv run python experiment.py > run.log          # experiment.py's dispatch table (calls run_experiment)
     uv run python prepare.py --baseline            # upstream SM120 defaults vs FA4's own path vs torch SDPA
