@@ -3,11 +3,11 @@
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_tma.py [--only SUBSTRING] [--isolated]
 
 For every forward problem of the suite: the dispatch table's cp.async config (experiment.forward_config), then
-the same tile and thread count with kernel="sm120_tma" at each TMA stage count, each through prepare.evaluate
+the same tile and thread count with kernel="sm120_tma" at each TMA stage count, each through fa4tune.harness.evaluation.evaluate
 (gate first, then interleaved timing). A row per (problem, config) is printed as soon as it is measured, then
 a summary: geomean TFLOPS per variant over the problems where every variant passed. On a GPU that is not
 SM 12.0 these are the SM120 kernels emulated on it (the 99 KB rule is SM120's, the speed is the device's).
-`--isolated` runs each problem in a child process (prepare.evaluate_isolated): a kernel that hangs or faults
+`--isolated` runs each problem in a child process (fa4tune.harness.evaluation.evaluate_isolated): a kernel that hangs or faults
 becomes a `timeout` / `crash` row instead of ending the script.
 """
 
@@ -79,16 +79,17 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--stages", default=",".join(map(str, TMA_STAGES)), help="TMA stage counts, e.g. 1,2")
     parser.add_argument("--isolated", action="store_true", help="each problem in a child process (hangs become timeouts)")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: prepare.TIMED_ROUNDS)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: fa4tune.harness.settings.TIMED_ROUNDS)")
     args = parser.parse_args(argv)
 
-    import prepare  # written alongside; imported late so that --help works anywhere
+    from fa4tune.harness import evaluation  # imported late so that --help works anywhere
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
 
     import experiment
 
     stages = tuple(int(s) for s in args.stages.split(","))
     problems = [p for p in load_suite(args.suite) if args.only in p.label]
-    settings = prepare.Settings(gate_seed=prepare.new_gate_seed())
+    settings = Settings(gate_seed=new_gate_seed())
     if args.rounds:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     print(f"suite {args.suite}, {len(problems)} forward problems, gate seed {settings.gate_seed}, TMA stages {stages}", flush=True)
@@ -99,9 +100,9 @@ def main(argv=None) -> int:
         baseline = None
         for cfg in configs:
             if args.isolated:
-                m = prepare.evaluate_isolated("fwd", cfg, [problem], prepare.EXPERIMENT_PATH, settings=settings)
+                m = evaluation.evaluate_isolated("fwd", cfg, [problem], EXPERIMENT_PATH, settings=settings)
             else:
-                m = prepare.evaluate("fwd", cfg, [problem], experiment, settings=settings)
+                m = evaluation.evaluate("fwd", cfg, [problem], experiment, settings=settings)
             device, mode = m.device, m.mode
             result = m.results[0]
             if cfg.kernel == "sm120":

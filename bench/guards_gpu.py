@@ -15,11 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-import prepare  # noqa: E402
-from fa4tune import guards  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
+from fa4tune.harness import candidates, guards, runtime_guards, steps  # noqa: E402
+from fa4tune.harness.settings import EXPERIMENT_PATH, Settings  # noqa: E402
 
-SETTINGS = prepare.Settings(gate_seed=1234)
+SETTINGS = Settings(gate_seed=1234)
 PROBLEMS = [
     Problem(1, 2048, 2048, 32, 8, 128, 128, True, name="gqa causal 2k"),
     Problem(2, 1024, 1024, 16, 16, 64, 64, False, name="d64 1k"),
@@ -60,8 +60,8 @@ def verdict(forward, problem, direction) -> tuple[str, float]:
     """('pass' or the violation, seconds) of the run-time guards alone, under the trap."""
     start = time.perf_counter()
     try:
-        with guards.attention_trap():
-            guards.check_candidate(forward, problem, direction, "cuda", seed=99)
+        with runtime_guards.attention_trap():
+            runtime_guards.check_candidate(forward, problem, direction, "cuda", seed=99)
         result = "pass"
     except guards.GuardViolation as err:
         result = str(err).split(" (")[0]
@@ -72,16 +72,16 @@ def verdict(forward, problem, direction) -> tuple[str, float]:
 def main() -> int:
     global SIDE
     SIDE = torch.cuda.Stream()
-    experiment = prepare.load_experiment(prepare.EXPERIMENT_PATH)
+    experiment = candidates.load_experiment(EXPERIMENT_PATH)
     print(f"device: {torch.cuda.get_device_name()}; SM120 kernels emulated unless this is an SM120 GPU")
     print(f"{'problem':<16} {'dir':<4} {'candidate':<20} {'gate s':>7} {'guards s':>9}  verdict")
     surprises = 0
     for problem in PROBLEMS:
         pc = problem.problem_class
-        real = prepare.experiment_candidate(experiment, experiment.forward_config(pc), experiment.backward_config(pc))
+        real = candidates.experiment_candidate(experiment, experiment.forward_config(pc), experiment.backward_config(pc))
         for direction in ("fwd", "bwd") if problem.backward else ("fwd",):
             start = time.perf_counter()
-            passed, _, reason = prepare._gate_cases(real, problem, direction, "cuda", SETTINGS)  # compiles, then the gate alone
+            passed, _, reason = steps._gate_cases(real, problem, direction, "cuda", SETTINGS)  # compiles, then the gate alone
             gate_s = time.perf_counter() - start
             result, guard_s = verdict(real.forward, problem, direction) if passed else (f"gate failed: {reason}", 0.0)
             surprises += result != "pass"

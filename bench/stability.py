@@ -2,7 +2,7 @@
 
     . /opt/devsite/env.sh && python3 bench/stability.py --runs 3 --out $OUT/stability.json
 
-Every (problem, direction) of the suite goes through prepare.measure_step with prepare.Settings (gate, then
+Every (problem, direction) of the suite goes through fa4tune.harness.steps.measure_step with its Settings (gate, then
 the timed rounds, L2 flushed before each call) and experiment.py's dispatch table configs: what the harness
 measures. Each run measures the whole suite once per timing mode, interleaved (before run 1, after run 1,
 before run 2, ...): "before" is CudaEventTimer(block=False), the old schedule whose first calls of a round
@@ -11,7 +11,7 @@ behind a blocking kernel. The inputs are the same in every run (one gate seed), 
 across runs is the timer's. The table gives per problem and direction each run's median ms and TFLOPS and
 the spread ((max - min) / min of the medians); a summary line per mode gives the worst spread and how many
 rows stay within 3 %. On a GPU that is not SM 12.0 the SM120 kernels run emulated (FLASH_ATTENTION_ARCH /
-FLASH_ATTENTION_NUM_SMS are set from fa4tune.gpu.kernel_env before the kernels are imported).
+FLASH_ATTENTION_NUM_SMS are set from fa4tune.harness.gpu.kernel_env before the kernels are imported).
 """
 
 from __future__ import annotations
@@ -107,15 +107,14 @@ def summary_lines(by_mode: dict[str, dict], within: float = WITHIN_PERCENT) -> l
 
 
 def record(run: int, mode: str, result, timer_stats: dict) -> dict:
-    """The JSON record of one measured step (a prepare ProblemResult and the timer's stats)."""
+    """The JSON record of one measured step (a harness ProblemResult and the timer's stats)."""
     return {"run": run, "mode": mode, **result.to_dict(), "timer": timer_stats}
 
 
 def measure(problems, directions: Sequence[str], runs: int, settings, experiment, flusher, on_record=None) -> list[dict]:
-    """Every (run, mode, problem, direction) through prepare.measure_step, modes interleaved within each run."""
-    import prepare
-    from fa4tune import timing
-    from fa4tune.measurement import ProblemResult
+    """Every (run, mode, problem, direction) through fa4tune.harness.steps.measure_step, modes interleaved within each run."""
+    from fa4tune.harness import candidates, evaluation, steps, timing
+    from fa4tune.harness.measurement import ProblemResult
     from fa4tune.targets import get_target
 
     target = get_target()
@@ -129,16 +128,16 @@ def measure(problems, directions: Sequence[str], runs: int, settings, experiment
                     pc = problem.problem_class
                     fwd_config, bwd_config = experiment.forward_config(pc), experiment.backward_config(pc)
                     timer = timing.CudaEventTimer(block=block)
-                    failure = prepare.feasibility_failure(direction, fwd_config, bwd_config, problem, target)
+                    failure = evaluation.feasibility_failure(direction, fwd_config, bwd_config, problem, target)
                     lost = False
                     if failure:
                         result = ProblemResult(problem.label, direction, "infeasible", reason=failure)
                     else:
-                        candidate = prepare.experiment_candidate(experiment, fwd_config, bwd_config)
+                        candidate = candidates.experiment_candidate(experiment, fwd_config, bwd_config)
                         try:
-                            step = prepare.measure_step(problem, direction, [candidate], device="cuda", settings=settings,
+                            step = steps.measure_step(problem, direction, [candidate], device="cuda", settings=settings,
                                                         timer=timer, flusher=flusher)
-                        except prepare.StepContextLost as fault:
+                        except steps.StepContextLost as fault:
                             step, lost = fault.results, True
                         result = step[candidate.name]
                     records.append(record(run, mode, result, timer.stats.to_dict()))
@@ -163,11 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--directions", default="fwd,bwd", help="fwd, bwd or fwd,bwd")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per step (default: prepare.TIMED_ROUNDS)")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per step (default: fa4tune.harness.settings.TIMED_ROUNDS)")
     parser.add_argument("--out", type=Path, default=None, help="write the raw records and the summary as JSON here")
     args = parser.parse_args(argv)
 
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target
 
@@ -180,9 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.update(gpu.kernel_env(info, target, mode))
 
     import experiment
-    import prepare
+    from fa4tune.harness.settings import Settings, new_gate_seed
 
-    settings = prepare.Settings(gate_seed=prepare.new_gate_seed())
+    settings = Settings(gate_seed=new_gate_seed())
     if args.rounds:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     label = gpu.run_label(target, info.name, mode)
@@ -209,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from fa4tune import timing
+    from fa4tune.harness import timing
 
     # the harness's flush: at least twice the L2, written before every timed call
     flusher = timing.L2Flusher(timing.l2_flush_bytes(torch.cuda.get_device_properties(info.index).L2_cache_size))

@@ -5,7 +5,7 @@ device fault (an illegal address) in the server's child between two configs.
 
 For the first --configs feasible forward configs of a problem class (fixed shuffled order), each evaluated on
 the suite's problems of that class with the harness's settings (gate, then timing): once through
-prepare.evaluate_isolated with no server (one child per config: torch, the CuTe DSL and a CUDA context each
+fa4tune.harness.evaluation.evaluate_isolated with no server (one child per config: torch, the CuTe DSL and a CUDA context each
 time), once through one StepServer. Then, on that server: the first config with a give-up threshold of half
 its median (it must be `pruned`), and three steps: a config, a kernel that writes to an unmapped address,
 the config again (the fault must be that step's crash, the child replaced, the last config's rate as the
@@ -31,7 +31,7 @@ def illegal_address_candidate():
     import triton
     import triton.language as tl
 
-    import prepare
+    from fa4tune.harness import candidates
 
     @triton.jit
     def store_far(ptr):
@@ -43,7 +43,7 @@ def illegal_address_candidate():
         torch.cuda.synchronize()
         return out, None
 
-    return prepare.Candidate("illegal address", forward, {})
+    return candidates.Candidate("illegal address", forward, {})
 
 
 def main() -> None:
@@ -55,8 +55,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON lines: one record per evaluation")
     args = parser.parse_args()
 
-    import prepare
-    from fa4tune import gpu
+    from fa4tune.harness import candidates, evaluation, gpu
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
+    from fa4tune.harness.steps import Step
     from fa4tune.space import feasible_forward
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target
@@ -70,14 +71,14 @@ def main() -> None:
     configs = feasible_forward(problems[0].problem_class, target)
     random.Random(f"{args.seed}:{args.problem_class}").shuffle(configs)
     configs = configs[: args.configs]
-    settings = prepare.Settings(gate_seed=prepare.new_gate_seed())
+    settings = Settings(gate_seed=new_gate_seed())
     print(f"device: {info.name} ({mode} for {target.name}); class {args.problem_class}: {len(problems)} problems "
           f"({', '.join(p.label for p in problems)}); {len(configs)} configs; settings {settings.to_dict()}", flush=True)
     records = []
 
     def evaluate(way: str, cfg, server=None, give_up_ms=None):
         start = time.monotonic()
-        m = prepare.evaluate_isolated("fwd", cfg, problems, target=target, settings=settings, server=server, give_up_ms=give_up_ms)
+        m = evaluation.evaluate_isolated("fwd", cfg, problems, target=target, settings=settings, server=server, give_up_ms=give_up_ms)
         seconds = time.monotonic() - start
         records.append({"way": way, "seconds": seconds, **m.to_dict()})
         rates = " ".join(f"{r.status}:{r.tflops or 0:.1f}" for r in m.results)
@@ -87,18 +88,18 @@ def main() -> None:
     print("fresh child per config:", flush=True)
     fresh = [evaluate("fresh child", cfg) for cfg in configs]
     print("one step server:", flush=True)
-    with prepare.new_step_server(env=gpu.kernel_env(info, target, mode)) as server:
+    with evaluation.new_step_server(env=gpu.kernel_env(info, target, mode)) as server:
         kept = [evaluate("step server", cfg, server) for cfg in configs]
         first, _ = fresh[0]
         give_up = {r.problem: r.ms_median / 2 for r in first.results if r.ms_median}
         pruned, _ = evaluate("server, give-up 1/2", configs[0], server, give_up)
         pids_before = list(server.pids)
-        fwd, bwd = configs[0], prepare.load_experiment(prepare.EXPERIMENT_PATH).backward_config(problems[0].problem_class)
-        spec = prepare.experiment_spec("config", prepare.EXPERIMENT_PATH, fwd, bwd)
+        fwd, bwd = configs[0], candidates.load_experiment(EXPERIMENT_PATH).backward_config(problems[0].problem_class)
+        spec = candidates.experiment_spec("config", EXPERIMENT_PATH, fwd, bwd)
         fault = {"name": "illegal address", "kind": "callable", "factory": "bench.step_server:illegal_address_candidate"}
         start = time.monotonic()
-        steps = [prepare.Step(problems[0], "fwd", [spec]), prepare.Step(problems[0], "fwd", [fault]), prepare.Step(problems[0], "fwd", [spec])]
-        faulted = server.run_steps(steps, settings)
+        three = [Step(problems[0], "fwd", [spec]), Step(problems[0], "fwd", [fault]), Step(problems[0], "fwd", [spec])]
+        faulted = server.run_steps(three, settings)
         fault_seconds = time.monotonic() - start
         children = len(server.pids) - len(pids_before) + 1
     print("\n| way | config | seconds | results (status:TFLOPS per problem) |\n|---|---|---|---|")

@@ -87,11 +87,12 @@ def run_shard(shard: int, shards: int, classes: list[str], out: Path, deadline: 
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import experiment
-    import prepare
+    from fa4tune.harness import evaluation
+    from fa4tune.harness.settings import Settings
 
     reps = representative_problems()
     jobs = all_jobs(classes, out)[shard::shards]
-    settings = prepare.Settings(gate_seed=1234 + shard, rounds=6, input_sets=2, gate_random_problems=1)
+    settings = Settings(gate_seed=1234 + shard, rounds=6, input_sets=2, gate_random_problems=1)
     sink = open(out / f"sweep-{shard}.jsonl", "a")
     started = open(out / f"started-{shard}.jsonl", "a")
     for name, config in jobs:
@@ -110,7 +111,7 @@ def run_shard(shard: int, shards: int, classes: list[str], out: Path, deadline: 
         started.write(json.dumps([name, config]) + "\n")
         started.flush()
         with gpu_lock(out / "gpu.lock"):
-            m = prepare.evaluate("fwd", cfg, [problem], experiment, settings=settings)
+            m = evaluation.evaluate("fwd", cfg, [problem], experiment, settings=settings)
         sink.write(json.dumps(m.to_dict()) + "\n")
         sink.flush()
         r = m.results[0]
@@ -180,7 +181,7 @@ def main() -> None:
     if args.shard is not None:
         run_shard(args.shard, args.shards, classes, args.out, args.deadline)
         return
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
 
     info = gpu.read_device()
     target = get_target()

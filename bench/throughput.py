@@ -206,7 +206,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="JSON lines: one record per evaluated candidate and mode")
     args = parser.parse_args()
 
-    from fa4tune import gpu
+    from fa4tune.harness import gpu
     from search.pruning import DEFAULT_FACTOR
 
     target = get_target("sm120")

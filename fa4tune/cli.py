@@ -1,5 +1,5 @@
 """Command lines: the parser every command uses, and experiment.py's (static sm_120a check without a GPU,
-harness run with one).
+prepare.py's run with one: `prepare.py --experiment`, run as a script in this process).
 
 Every refusal is one `error:` line on stderr and exit code 2: bad arguments (CommandParser), a guard violation,
 and a dispatch-table entry that names an unknown knob, is keyed by no problem class or breaks a static rule.
@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import sys
 import traceback
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 
+PREPARE_PATH = Path(__file__).resolve().parent.parent / "prepare.py"
 DISPATCH_TABLES = (("FORWARD_DISPATCH", "fwd", ForwardConfig), ("BACKWARD_DISPATCH", "bwd", BackwardConfig))
 
 
@@ -62,7 +64,7 @@ def _parser() -> CommandParser:
 def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
     """Entry point of `python experiment.py` (the file at `path`); returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
-    from fa4tune import guards
+    from fa4tune.harness import guards
 
     path = Path(path)
     refusals = [str(v) for v in guards.check_source(path)]  # before the file runs (program.md's guardrails)
@@ -84,9 +86,7 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
     try:
         if args.static or not _gpu_available():
             return static_main(module, args)
-        import prepare
-
-        return prepare.run_experiment(module, suite=args.suite, description=args.description)
+        return run_prepare(["--experiment", str(path), "--suite", args.suite, "--description", args.description])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -95,15 +95,29 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
 def _import_experiment(path: Path):
     """The experiment file imported as module `experiment`; a ConfigError raised by its top level (a dispatch
     entry with an unknown knob) names the line."""
-    import prepare
+    from fa4tune.harness.candidates import load_experiment
 
     try:
-        return prepare.load_experiment(path)
+        return load_experiment(path)
     except ConfigError as err:
         lines = [frame.lineno for frame in traceback.extract_tb(err.__traceback__) if Path(frame.filename).resolve() == path.resolve()]
         if not lines:
             raise
         raise ConfigError(err.rule, f"{str(err).split(': ', 1)[1]} ({path.name}:{lines[-1]})") from err
+
+
+def run_prepare(argv: list[str]) -> int:
+    """`python prepare.py ARGV` run in this process, as a script (its imports and the experiment module loaded
+    here are reused); its exit code."""
+    saved = sys.argv
+    sys.argv = [str(PREPARE_PATH), *argv]
+    try:
+        runpy.run_path(str(PREPARE_PATH), run_name="__main__")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else 0 if done.code is None else 1
+    finally:
+        sys.argv = saved
+    return 0
 
 
 def dispatch_refusals(module, target) -> list[str]:

@@ -158,7 +158,7 @@ def _run_shape(experiment, host, kind: str, problem: Problem, fwd_config, bwd_co
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fa4tune.gate import TORCH_DTYPES
+    from fa4tune.harness.gate import TORCH_DTYPES
 
     dtype = TORCH_DTYPES[problem.dtype]
     with FakeTensorMode():

@@ -13,8 +13,8 @@ fa4tune.feasibility, the search space, the static check, the host path and expor
 
 The registry: our classes in kernels/ (one per file), then the ones experiment.py defines, each under the `name`
 it declares itself (a subclass that declares none is a base, not a kernel). experiment.py is the module the harness
-loaded as `experiment` (prepare.load_experiment); experiment.py may import this module (fa4tune.guards allows it:
-it declares, it does not measure).
+loaded as `experiment` (fa4tune.harness.candidates.load_experiment); experiment.py may import this module (the
+guards allow it: it declares, it does not measure).
 """
 
 from __future__ import annotations
@@ -75,9 +75,10 @@ def experiment_module():
     """experiment.py as the harness loaded it (module `experiment`); loaded now from the project root if nothing has."""
     module = sys.modules.get("experiment")
     if module is None:
-        import prepare
+        from fa4tune.harness.candidates import load_experiment
+        from fa4tune.harness.settings import EXPERIMENT_PATH
 
-        module = prepare.load_experiment(prepare.EXPERIMENT_PATH)
+        module = load_experiment(EXPERIMENT_PATH)
     return module
 
 

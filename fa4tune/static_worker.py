@@ -22,9 +22,9 @@ def compile_job(spec: dict) -> dict:
     config_cls = ForwardConfig if spec["kind"] == "fwd" else BackwardConfig
     job = StaticJob(spec["kind"], config_cls.from_dict(spec["config"]), ProblemClass.from_dict(spec["problem_class"]))
     try:
-        import prepare
+        from fa4tune.harness.candidates import load_experiment
 
-        experiment = prepare.load_experiment(spec["experiment_path"])
+        experiment = load_experiment(spec["experiment_path"])
         facts = compile_shapes(experiment, job.kind, job.config, [static_shape(job.problem_class)])
     except Exception as err:  # a compile error is a result, not a crash
         return {"status": "compile_error", "reason": error_reason(err)}

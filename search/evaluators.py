@@ -1,7 +1,7 @@
 """Evaluators: turn a feasible config into a Measurement. The search sees only this interface.
 
 `ReplayEvaluator` answers from a recorded table (CPU only; tests and the bench), `GpuEvaluator`
-calls the harness (prepare.evaluate: correctness gate, then timing, in an isolated process).
+calls the harness (fa4tune.harness.evaluation: correctness gate, then timing, in an isolated process).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from fa4tune.config import ConfigError, Problem, ProblemClass
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
 from search.pruning import not_measured
 from search.table import ReplayTable, load_table
@@ -135,26 +135,28 @@ class GpuEvaluator:
     def __init__(self, target: Target, experiment_path: str | None = None, static_timeout_s: float = STATIC_TIMEOUT_S,
                  static_cache: Path | None = None, settings=None):
         # Imported here, not at module level: torch, CUDA and the kernels only where a GPU is used.
-        import prepare
+        from fa4tune.harness import evaluation
+        from fa4tune.harness.runs import prepare_sha256
+        from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
 
-        self._prepare = prepare
-        self.experiment_path = experiment_path or prepare.EXPERIMENT_PATH
+        self._harness = evaluation
+        self.experiment_path = experiment_path or EXPERIMENT_PATH
         self.target = target
-        self.harness_sha256 = prepare.prepare_sha256()
+        self.harness_sha256 = prepare_sha256()
         self.static_timeout_s = static_timeout_s
         self.static_cache = static_cache  # None: the static check's own (.cache/static-facts.jsonl)
         # one gate seed for the run, so that the server's child computes each problem's references once
-        self.settings = settings or prepare.Settings(gate_seed=prepare.new_gate_seed())
+        self.settings = settings or Settings(gate_seed=new_gate_seed())
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
         self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
-        self._server = None  # fa4tune.step_server.StepServer, started on the first GPU step
+        self._server = None  # fa4tune.harness.step_server.StepServer, started on the first GPU step
 
     @property
     def server(self):
         """The run's step server (started when first needed)."""
         with self._checker_lock:
             if self._server is None:
-                self._server = self._prepare.new_step_server(target=self.target)
+                self._server = self._harness.new_step_server(target=self.target)
             return self._server
 
     def evaluate(self, kind: str, config, problem_class: ProblemClass, problems: list[Problem], monitor=None) -> Measurement:
@@ -167,7 +169,7 @@ class GpuEvaluator:
         results, m = [], Measurement(kind, problem_class.name, config.to_dict(), (), self.target.name, "", "", evaluator="gpu")
         for i, problem in enumerate(problems):
             limit = monitor.give_up_ms(problem.label) if monitor else None
-            m = self._prepare.evaluate_isolated(kind, config, [problem], self.experiment_path, target=self.target, settings=self.settings,
+            m = self._harness.evaluate_isolated(kind, config, [problem], self.experiment_path, target=self.target, settings=self.settings,
                                                 server=self.server, give_up_ms={problem.label: limit} if limit else None)
             results.append(m.results[0])
             if monitor is not None and not monitor.report(m.results[0]):

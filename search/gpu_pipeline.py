@@ -1,11 +1,11 @@
 """The GPU evaluator on the compile pipeline: search.compile_stage in CPU processes, the harness on the GPU.
 
-`search run`'s default evaluator. Same measurements as search.evaluators.GpuEvaluator (prepare's gate, then
+`search run`'s default evaluator. Same measurements as search.evaluators.GpuEvaluator (the harness's gate, then
 timing, in the run's step server: one child on the GPU for the whole run), but each candidate is compiled ahead
 (search.compile_stage: its sm_120a static facts, then its compile for the GPU's arch into the kernel cache; one
 compile on an sm_120a GPU) while earlier ones are measured, a candidate that fails to compile or whose compiled
 shared storage exceeds the target's never reaches the GPU, and the GPU child only loads each kernel. A crash
-still costs only its own step (fa4tune.step_server). The gate seed is drawn once per evaluator, so that the
+still costs only its own step (fa4tune.harness.step_server). The gate seed is drawn once per evaluator, so that the
 compile stage knows the gate's shapes and the child computes each problem's references once.
 """
 
@@ -16,9 +16,9 @@ import threading
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.kernel_cache import ENV as KERNEL_CACHE_ENV
 from fa4tune.kernel_cache import device_arch
-from fa4tune.measurement import Measurement, ProblemResult
 from fa4tune.targets import Target
 from search.compile_stage import GPU_COMPILE_FUNCTION, CompileStage
 from search.evaluators import not_run
@@ -65,11 +65,13 @@ class PipelinedGpuEvaluator:
 
     def __init__(self, target: Target, compile_jobs: int, experiment_path: str | None = None, cache_dir: Path | None = None,
                  settings=None, max_batch: int = 8, ready_capacity: int = 4):
-        import prepare
-        from fa4tune import gpu
         from fa4tune.config import ConfigError
+        from fa4tune.harness import evaluation, gpu
+        from fa4tune.harness.candidates import load_experiment
+        from fa4tune.harness.runs import prepare_sha256
+        from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
 
-        self._prepare = prepare
+        self._harness = evaluation
         self._gpu = gpu
         self.info = info = gpu.read_device()
         mode = gpu.select_mode(info, target)
@@ -77,12 +79,12 @@ class PipelinedGpuEvaluator:
             raise ConfigError("gpu_evaluator", f"{info.name} (sm_{info.capability[0]}{info.capability[1]}) cannot run SM120 kernels, emulated or not")
         self.cache_dir = Path(cache_dir or DEFAULT_CACHE).resolve()
         self.target, self.device, self.mode = target, info.name, mode
-        self.experiment_path = str(experiment_path or prepare.EXPERIMENT_PATH)
+        self.experiment_path = str(experiment_path or EXPERIMENT_PATH)
         self.arch = device_arch(*info.capability)
-        self.settings = settings or prepare.Settings(gate_seed=prepare.new_gate_seed())
+        self.settings = settings or Settings(gate_seed=new_gate_seed())
         self.child_env = {**gpu.kernel_env(info, target, mode), **shared_env(target, info.num_sms, self.cache_dir)}
-        self.harness_sha256 = prepare.prepare_sha256()
-        self._experiment = prepare.load_experiment(self.experiment_path)
+        self.harness_sha256 = prepare_sha256()
+        self._experiment = load_experiment(self.experiment_path)
         self.compile_jobs = compile_jobs
         # trials in flight: those compiling (no more than the compilers can take, and few enough that the sampler
         # still learns between proposals), one ready, one on the GPU
@@ -90,7 +92,7 @@ class PipelinedGpuEvaluator:
         self.max_batch, self.ready_capacity = max_batch, ready_capacity
         self.stats = {"compile_s": 0.0, "static_compile_s": 0.0, "compiled": 0}  # CPU seconds of the compile stage
         self._pipeline: Pipeline | None = None
-        self.server = None  # fa4tune.step_server.StepServer: one child on the GPU for the whole run
+        self.server = None  # fa4tune.harness.step_server.StepServer: one child on the GPU for the whole run
         self._lock = threading.Lock()
 
     @property
@@ -98,7 +100,7 @@ class PipelinedGpuEvaluator:
         """The compile pools, the consumer and the step server, started on first use."""
         with self._lock:
             if self._pipeline is None:
-                self.server = self._prepare.new_step_server(env=self.child_env)  # its imports overlap the first compiles
+                self.server = self._harness.new_step_server(env=self.child_env)  # its imports overlap the first compiles
                 stage = CompileStage.open(self.target, self.arch, compile_env(self.target, self.info.capability, self.info.num_sms, self.cache_dir),
                                           self.compile_jobs)
                 self._pipeline = Pipeline(stage, self._evaluate_batch, ready_capacity=self.ready_capacity, max_batch=self.max_batch)
@@ -138,25 +140,28 @@ class PipelinedGpuEvaluator:
         """The batch's candidates in the step server, problem by problem: each round sends every candidate's next
         problem as one call, reports each result to the candidate's monitor, and leaves a pruned candidate's
         other problems unmeasured; a candidate's result goes back as soon as its last problem is done."""
-        prepare = self._prepare
+        from fa4tune.harness.candidates import experiment_spec
+        from fa4tune.harness.evaluation import feasibility_failure
+        from fa4tune.harness.steps import Step
+
         todo = [[Problem.from_dict(p) for p in item.job["problems"]] for item in batch]
         results: list[list[ProblemResult]] = [[] for _ in batch]
         specs = []
         for i, item in enumerate(batch):
             fwd_config, bwd_config = self._configs(item.job)
-            specs.append((fwd_config, bwd_config, prepare.experiment_spec(f"candidate {i}", self.experiment_path, fwd_config, bwd_config)))
+            specs.append((fwd_config, bwd_config, experiment_spec(f"candidate {i}", self.experiment_path, fwd_config, bwd_config)))
         while True:
             steps, owners = [], []
             for i, item in enumerate(batch):
                 kind, monitor = item.job["kind"], item.payload
                 while todo[i] and i not in owners:
                     problem = todo[i].pop(0)
-                    failure = prepare.feasibility_failure(kind, specs[i][0], specs[i][1], problem, self.target)
+                    failure = feasibility_failure(kind, specs[i][0], specs[i][1], problem, self.target)
                     if failure:
                         results[i].append(ProblemResult(problem.label, kind, "infeasible", reason=failure))
                         continue
                     limit = monitor.give_up_ms(problem.label) if monitor is not None else None
-                    steps.append(prepare.Step(problem, kind, [specs[i][2]], limit))
+                    steps.append(Step(problem, kind, [specs[i][2]], limit))
                     owners.append(i)
                 if not todo[i] and i not in owners and not item.future.done():
                     done(item, results[i])

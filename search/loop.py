@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
-from fa4tune import results_tsv
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness import results_tsv
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from search import attrs
 from search.coordination import WORKER, counted_history, find_claim, in_flight_evaluations, pending_turns, set_pending_turn
 from search.evaluators import Evaluator

@@ -3,7 +3,7 @@
 Two places, one rule ("clearly slower than the study's best"):
 - inside a problem's timing: the evaluator passes the harness a give-up time per problem (the study's best
   time on that problem times `factor`); a candidate whose first timed round is slower stops timing and is
-  recorded `pruned` with what was measured (prepare.measure_step). The gate always runs first.
+  recorded `pruned` with what was measured (fa4tune.harness.steps.measure_step). The gate always runs first.
 - between problems: after each problem the trial reports the geometric mean of its TFLOPS so far
   (`trial.report(value, step=problem index)`), and `SlowerThanBestPruner` prunes it when that value is below
   the best finished trial's value at the same step divided by `factor`; its other problems are not measured.
@@ -21,9 +21,9 @@ import math
 import optuna
 from optuna.trial import TrialState
 
-from fa4tune import flops
 from fa4tune.config import Problem
-from fa4tune.measurement import ProblemResult
+from fa4tune.harness import flops
+from fa4tune.harness.measurement import ProblemResult
 
 DEFAULT_FACTOR = 1.3  # "clearly slower": 30 % behind the best, far beyond run-to-run noise (< 3 %)
 PRUNED = "pruned"

@@ -1,4 +1,4 @@
-"""One results.tsv row per trial, in the format of the harness's fa4tune.results_tsv (which appends it).
+"""One results.tsv row per trial, in the format of the harness's fa4tune.harness.results_tsv (which appends it).
 
 The row mirrors a harness run's: the geomean and peak of the trial's direction, the device and mode,
 and in `config` the tuned config under "forward"/"backward" keyed by problem class, with the study and
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from fa4tune import metrics, results_tsv
-from fa4tune.measurement import Measurement
+from fa4tune.harness import metrics, results_tsv
+from fa4tune.harness.measurement import Measurement
 from search.history import TrialRecord
 
 

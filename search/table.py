@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fa4tune.config import ConfigError, Problem
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from search.space import Space, get_space
 
 TABLE_FORMAT = "fa4tune-replay-table/1"

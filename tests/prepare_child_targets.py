@@ -10,7 +10,7 @@ import signal
 import time
 
 
-# --- plain functions for fa4tune.isolation --------------------------------------------------------
+# --- plain functions for fa4tune.harness.isolation --------------------------------------------------------
 
 
 def add(a, b):
@@ -68,9 +68,9 @@ def torch_attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, 
 
 
 def _candidate(name, forward):
-    import prepare
+    from fa4tune.harness import candidates
 
-    return prepare.Candidate(name, forward, {"test": name})
+    return candidates.Candidate(name, forward, {"test": name})
 
 
 def correct_candidate():
@@ -124,7 +124,7 @@ REFERENCE_LOG = "FA4TUNE_TEST_REFERENCE_LOG"
 def counting_candidate():
     """Correct; every reference the gate computes in this process from now on adds a line (the process id)
     to the file $FA4TUNE_TEST_REFERENCE_LOG."""
-    from fa4tune import gate
+    from fa4tune.harness import gate
 
     if not getattr(gate.reference_attention, "counted", False):
         compute = gate.reference_attention

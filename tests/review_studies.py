@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.defaults import upstream_backward
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search.evaluators import ReplayEvaluator

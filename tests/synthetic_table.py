@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from fa4tune.config import ForwardConfig, Problem
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.space import feasible_forward
 from fa4tune.suites import problem_classes
 from fa4tune.targets import get_target

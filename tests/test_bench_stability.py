@@ -76,10 +76,11 @@ def test_table_shows_each_runs_median_and_tflops_and_the_spread():
     assert "crash" in lines[2] and lines[2].split()[-1] == "0"  # no spread for a row with a crashed run
 
 
-def test_measure_interleaves_the_modes_within_each_run_through_prepares_measure_step(monkeypatch):
-    import prepare
+def test_measure_interleaves_the_modes_within_each_run_through_the_harness_measure_step(monkeypatch):
     from fa4tune import defaults
-    from fa4tune.measurement import ProblemResult
+    from fa4tune.harness import steps
+    from fa4tune.harness.measurement import ProblemResult
+    from fa4tune.harness.settings import Settings
     from fa4tune.suites import load_suite
 
     calls = []
@@ -92,9 +93,9 @@ def test_measure_interleaves_the_modes_within_each_run_through_prepares_measure_
         forward_config = staticmethod(defaults.upstream_forward)
         backward_config = staticmethod(defaults.upstream_backward)
 
-    monkeypatch.setattr(prepare, "measure_step", fake_measure_step)
+    monkeypatch.setattr(steps, "measure_step", fake_measure_step)
     problems = load_suite("short")[:2]
-    settings = prepare.Settings(gate_seed=5, rounds=4)
+    settings = Settings(gate_seed=5, rounds=4)
     records = stability.measure(problems, ["fwd", "bwd"], 2, settings, Table, flusher="FLUSH")
     per_pass = [(p.label, d) for p in problems for d in ("fwd", "bwd")]
     assert [(r["run"], r["mode"]) for r in records] == [

@@ -1,4 +1,4 @@
-"""The guardrails (fa4tune.guards, wired into prepare.py): each one catches a planted cheating kernel on CPU
+"""The guardrails (fa4tune.harness.guards and runtime_guards, wired into the harness): each one catches a planted cheating kernel on CPU
 tensors, and an honest kernel passes all of them."""
 
 import os
@@ -11,18 +11,20 @@ import pytest
 import torch
 
 import prepare
-from fa4tune import cli, gate, gpu, guards
+from fa4tune import cli
 from fa4tune.config import Problem
-from fa4tune.results_tsv import read_rows
+from fa4tune.harness import candidates, gate, gpu, guards, results_tsv, runs, runtime_guards, steps
+from fa4tune.harness.results_tsv import read_rows
+from fa4tune.harness.settings import EXPERIMENT_PATH, Settings
 from fa4tune.targets import get_target
 from prepare_child_targets import torch_attention
 
 torch.set_num_threads(1)  # tiny CPU matmuls crawl on two contended threads
 
-SETTINGS = prepare.Settings(gate_seed=5, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+SETTINGS = Settings(gate_seed=5, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
 CAUSAL_GQA = Problem(1, 48, 48, 4, 2, 32, 32, True, name="tiny gqa causal")
 PLAIN = Problem(1, 40, 40, 2, 2, 32, 32, False, name="tiny")
-CPU = prepare.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
+CPU = runs.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
 _CAPTURED_SDPA = torch.nn.functional.scaled_dot_product_attention  # taken before any trap is set
 
 
@@ -31,12 +33,12 @@ def honest(q, k, v, causal):
 
 
 def guarded(forward, name="planted"):
-    return prepare.Candidate(name, forward, {}, guarded=True)
+    return candidates.Candidate(name, forward, {}, guarded=True)
 
 
 def gate_guarded(forward, direction="fwd", problem=CAUSAL_GQA):
-    """prepare's gate on a guarded candidate: (passed, reason), or GuardViolation."""
-    passed, _, reason = prepare.gate_candidate(guarded(forward), problem, direction, "cpu", SETTINGS)
+    """the harness's gate on a guarded candidate: (passed, reason), or GuardViolation."""
+    passed, _, reason = steps.gate_candidate(guarded(forward), problem, direction, "cpu", SETTINGS)
     return passed, reason
 
 
@@ -54,16 +56,16 @@ def sdpa(q, k, v, causal, function=None):
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
 def test_an_honest_kernel_passes_the_gate_and_every_guard(direction):
     assert gate_guarded(honest, direction) == (True, "")
-    guards.check_candidate(honest, PLAIN, direction, "cpu", seed=3, sync=FakeDevice())  # an idle side stream changes nothing
+    runtime_guards.check_candidate(honest, PLAIN, direction, "cpu", seed=3, sync=FakeDevice())  # an idle side stream changes nothing
 
 
 def test_the_real_experiment_py_passes_the_static_rules():
-    assert guards.check_source(prepare.EXPERIMENT_PATH) == []
+    assert guards.check_source(EXPERIMENT_PATH) == []
 
 
 def test_sdpa_is_only_trapped_for_guarded_candidates():
     # the baselines run torch SDPA in the same step as experiment.py's candidate
-    results = prepare.measure_step(PLAIN, "fwd", [guarded(lambda q, k, v, c: sdpa(q, k, v, c), "cheat"), prepare.sdpa_candidate()],
+    results = steps.measure_step(PLAIN, "fwd", [guarded(lambda q, k, v, c: sdpa(q, k, v, c), "cheat"), candidates.sdpa_candidate()],
                                    device="cpu", settings=SETTINGS)
     assert results["cheat"].status == "guard" and "scaled_dot_product_attention" in results["cheat"].reason
     assert results["torch sdpa"].status == "ok"
@@ -98,10 +100,14 @@ def test_sdpa_is_only_trapped_for_guarded_candidates():
     ("import cuda.bindings.driver as cuda\ncuda.cuStreamCreate(0)", "side_stream"),
     ("import threading\nthreading.Thread(target=print).start()", "deferred_work"),
     ("import prepare", "harness_access"),
-    ("from fa4tune import gate\ngate.RTOL = 1e9", "harness_access"),
-    ("import fa4tune.config\nfa4tune.timing.benchmark = None", "harness_access"),
+    ("from fa4tune.harness import gate\ngate.RTOL = 1e9", "harness_access"),
+    ("import fa4tune.config\nfa4tune.harness.timing.benchmark = None", "harness_access"),
+    ("from fa4tune.harness.settings import TIMED_ROUNDS", "harness_access"),  # every module of the package, new ones too
+    ("import fa4tune.harness.steps as steps\nsteps.measure_step = None", "harness_access"),
+    ("from fa4tune import harness", "harness_access"),
+    ("import fa4tune.guards", "harness_access"),
     ("import os\nos.environ['FLASH_ATTENTION_ARCH'] = 'sm_90'", "harness_access"),
-    ("import sys\nsys.modules['fa4tune.gate'].RTOL = 1e9", "harness_access"),
+    ("import sys\nsys.modules['fa4tune.harness.gate'].RTOL = 1e9", "harness_access"),
     ("import sys\nme = sys.modules[__name__]", "harness_access"),  # (the old command line's one exception is gone)
     ("exec(open('other.py').read())", "harness_access"),
     ("from torch.nn.functional import *", "harness_access"),
@@ -131,7 +137,7 @@ def test_run_experiment_refuses_a_cheating_experiment_file_before_running_anythi
     cheat.write_text("import torch.nn.functional as F\nimport time\n\ndef attention(q, k, v, **kw):\n"
                      "    t = time.perf_counter()\n    return F.scaled_dot_product_attention(q, k, v)\n")
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(prepare.load_experiment(cheat), results_path=results, context=CPU, device="cpu", settings=SETTINGS)
+    code = prepare.run_experiment(candidates.load_experiment(cheat), results_path=results, context=CPU, device="cpu", settings=SETTINGS)
     assert code == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
@@ -209,8 +215,20 @@ def test_the_trap_catches_other_attention_reached_at_run_time(forward, needle):
 
 def test_the_trap_catches_a_kernel_that_patches_the_harness(monkeypatch):
     monkeypatch.setattr(gate, "RTOL", gate.RTOL)  # put back after the test
-    with pytest.raises(guards.GuardViolation, match="guard harness_access: .*fa4tune.gate.RTOL"):
+    with pytest.raises(guards.GuardViolation, match="guard harness_access: .*fa4tune.harness.gate.RTOL"):
         gate_guarded(_patches_the_gate)
+
+
+def _patches_the_results_log(q, k, v, causal):
+    results_tsv.append_row = lambda path, row: None
+    return honest(q, k, v, causal)
+
+
+def test_the_trap_seals_every_module_of_the_harness_package(monkeypatch):
+    # results_tsv was sealed by no list before: the package's prefix seals it with the rest
+    monkeypatch.setattr(results_tsv, "append_row", results_tsv.append_row)  # put back after the test
+    with pytest.raises(guards.GuardViolation, match="guard harness_access: .*fa4tune.harness.results_tsv.append_row"):
+        gate_guarded(_patches_the_results_log)
 
 
 def test_the_trap_covers_the_backward_too():
@@ -267,7 +285,7 @@ def _writes_into_q(q, k, v, causal):
 
 
 def test_a_memoizing_kernel_passes_the_gate_but_not_the_reuse_guard():
-    assert prepare._gate_cases(guarded(_memoizing), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
+    assert steps._gate_cases(guarded(_memoizing), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: call 3 \(set A's tensors rewritten in place\): (out shares memory with out of call 1|returned the same out as call 1)"):
         gate_guarded(_memoizing)
 
@@ -279,7 +297,7 @@ def test_an_output_in_a_persistent_buffer_is_reuse():
 
 def test_an_output_in_an_input_is_reuse():
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: call 1 \(set A\): out shares memory with q of set A"):
-        guards.check_candidate(_writes_into_q, PLAIN, "fwd", "cpu", seed=3)
+        runtime_guards.check_candidate(_writes_into_q, PLAIN, "fwd", "cpu", seed=3)
 
 
 def test_memoized_gradients_are_reuse():
@@ -306,7 +324,7 @@ def test_memoized_gradients_are_reuse():
     def forward(q, k, v, causal):
         return MemoBackward.apply(q, k, v), None
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # the gate alone does not see it
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: backward 2 \(dout rewritten in place\): (dq shares memory with dq of backward 1|returned the same dk)"):
         gate_guarded(forward, "bwd")
 
@@ -345,7 +363,7 @@ def test_output_written_on_a_side_stream_is_not_ready():
         return result, lse
 
     with pytest.raises(guards.GuardViolation, match="guard not_ready: call 1 .*: out changed after the call returned"):
-        guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3, sync=device)
+        runtime_guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3, sync=device)
 
 
 def test_a_call_that_leaves_another_stream_current_is_caught():
@@ -356,7 +374,7 @@ def test_a_call_that_leaves_another_stream_current_is_caught():
         return honest(q, k, v, causal)
 
     with pytest.raises(guards.GuardViolation, match="guard side_stream: call 1 .*another current stream"):
-        guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3, sync=device)
+        runtime_guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3, sync=device)
 
 
 def _creates_a_stream(q, k, v, causal):
@@ -395,7 +413,7 @@ def test_a_tensor_subclass_output_passes_the_gate_but_not_the_type_guard():
         out, lse = honest(q, k, v, causal)
         return out.as_subclass(LazyTensor), lse
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "fwd", "cpu", SETTINGS)[0]
     with pytest.raises(guards.GuardViolation, match="guard output_type: call 1 .*: out is a test_guards.LazyTensor, not a torch.Tensor"):
         gate_guarded(forward)
 
@@ -412,7 +430,7 @@ def test_an_output_finished_by_a_thread_after_the_call_is_caught():
     forward.timers = []
     try:
         with pytest.raises(guards.GuardViolation, match=r"guard deferred_work: call 1 .*: left 1 thread\(s\) running"):
-            guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3)
+            runtime_guards.check_candidate(forward, PLAIN, "fwd", "cpu", seed=3)
     finally:
         for timer in forward.timers:
             timer.cancel()
@@ -439,7 +457,7 @@ def test_a_forward_done_lazily_in_the_backward_is_caught():
     def forward(q, k, v, causal):
         return LazyForward.apply(q, k, v), None
 
-    assert prepare._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # checked after the backward, out looks right
+    assert steps._gate_cases(guarded(forward), CAUSAL_GQA, "bwd", "cpu", SETTINGS)[0]  # checked after the backward, out looks right
     with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: forward \(set A, recording autograd\): does not match the reference"):
         gate_guarded(forward, "bwd")
 
@@ -463,26 +481,42 @@ def test_the_shipped_pin_matches_the_harness():
     assert changed == [], f"{changed} changed: a maintainer re-pins with `uv run python -m fa4tune.guards --pin`"
 
 
+def _pinned_copy(root):
+    """The harness's files copied under root, with their pin; the pin's path."""
+    for name in guards.harness_files():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes((guards.ROOT / name).read_bytes())
+    pin = root / "harness.sha256"
+    guards.write_pin(root, pin)
+    return pin
+
+
 def test_an_edited_harness_file_is_named(tmp_path):
-    for name in guards.HARNESS_FILES:
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes((guards.ROOT / name).read_bytes())
-    pin = tmp_path / "harness.sha256"
-    guards.write_pin(tmp_path, pin)
+    pin = _pinned_copy(tmp_path)
     assert guards.harness_changes(tmp_path, pin) == []
     with open(tmp_path / "prepare.py", "a") as f:
         f.write("GATE_SCALE = 1.0\n")
-    (tmp_path / "fa4tune/timing.py").unlink()
-    assert guards.harness_changes(tmp_path, pin) == ["prepare.py", "fa4tune/timing.py"]
-    assert guards.harness_changes(tmp_path, tmp_path / "missing.sha256") == list(guards.HARNESS_FILES)
+    (tmp_path / "fa4tune/harness/timing.py").unlink()
+    assert guards.harness_changes(tmp_path, pin) == ["prepare.py", "fa4tune/harness/timing.py"]
+    assert guards.harness_changes(tmp_path, tmp_path / "missing.sha256") == guards.harness_files(tmp_path)
+
+
+def test_a_new_file_in_the_harness_package_is_named_until_pinned(tmp_path):
+    pin = _pinned_copy(tmp_path)
+    (tmp_path / "fa4tune/harness/faster_timing.py").write_text("TIMED_ROUNDS = 1\n")
+    (tmp_path / "fa4tune/harness/__pycache__").mkdir(exist_ok=True)
+    (tmp_path / "fa4tune/harness/__pycache__/gate.cpython-311.pyc").write_bytes(b"bytecode")  # a cache is no harness file
+    assert guards.harness_changes(tmp_path, pin) == ["fa4tune/harness/faster_timing.py"]
+    guards.write_pin(tmp_path, pin)
+    assert guards.harness_changes(tmp_path, pin) == []
 
 
 def test_pin_command_writes_every_harness_file(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(guards, "PIN_PATH", tmp_path / "harness.sha256")
     assert guards.main(["--pin"]) == 0
     pins = guards.read_pin(tmp_path / "harness.sha256")
-    assert list(pins) == list(guards.HARNESS_FILES)
-    assert pins["prepare.py"] == prepare.prepare_sha256()
+    assert list(pins) == guards.harness_files()
+    assert pins["prepare.py"] == runs.prepare_sha256()
 
 
 FAKE_EXPERIMENT = '''
@@ -504,7 +538,7 @@ def _run_with_pin(tmp_path, monkeypatch, pin_text):
     (tmp_path / "experiment.py").write_text(FAKE_EXPERIMENT)
     (tmp_path / "suite.json").write_text(ONE_PROBLEM)
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(prepare.load_experiment(tmp_path / "experiment.py"), str(tmp_path / "suite.json"),
+    code = prepare.run_experiment(candidates.load_experiment(tmp_path / "experiment.py"), str(tmp_path / "suite.json"),
                                   description="pin test", results_path=results, context=CPU, device="cpu", settings=SETTINGS)
     return code, results
 
@@ -544,7 +578,7 @@ def test_guards_command_checks_an_experiment_file(tmp_path):
 
 
 def test_the_guard_status_is_a_measurement_status():
-    from fa4tune.measurement import STATUSES
+    from fa4tune.harness.measurement import STATUSES
 
     assert "guard" in STATUSES
-    assert prepare._status_of_error(guards.GuardViolation("output_reuse", "x")) == "guard"
+    assert steps._status_of_error(guards.GuardViolation("output_reuse", "x")) == "guard"

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 import experiment
-import prepare
-from fa4tune import guards
 from fa4tune.config import ConfigError, ForwardConfig, Problem, ProblemClass
 from fa4tune.feasibility import check_forward, check_forward_problem
+from fa4tune.harness import candidates, guards
 from fa4tune.kernel_class import Limits, forward_kernels, upstream_class
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
@@ -88,7 +87,7 @@ def agent(tmp_path_factory):
     path.write_text((ROOT / "experiment.py").read_text() + AGENT_CLASS)
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(sys.modules, "experiment", experiment)  # put back after the module's tests
-        yield prepare.load_experiment(path)
+        yield candidates.load_experiment(path)
 
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):

@@ -65,6 +65,7 @@ def test_why_missing_names_the_package_that_is_not_installed(monkeypatch):
 
 def test_every_module_of_the_main_paths_imports_without_the_optional_packages():
     names = [f"fa4tune.{p.stem}" for p in sorted((ROOT / "fa4tune").glob("*.py"))]
+    names += [f"fa4tune.harness.{p.stem}" for p in sorted((ROOT / "fa4tune" / "harness").glob("*.py"))]
     names += [f"search.{p.stem}" for p in sorted((ROOT / "search").glob("*.py"))] + ["search.proposers.claude", "prepare", "experiment"]
     code = ("import importlib, sys\nfailed = []\n"
             f"for name in {names!r}:\n"

@@ -11,11 +11,13 @@ import torch
 import prepare
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem
+from fa4tune.harness import evaluation, runs
+from fa4tune.harness.settings import ROOT, Settings
 from prepare_child_targets import torch_attention
 
 torch.set_num_threads(1)  # tiny CPU matmuls crawl on two contended threads
 
-SMALL = prepare.Settings(gate_seed=11, warmup=1, rounds=2, input_sets=2, gate_random_problems=1)
+SMALL = Settings(gate_seed=11, warmup=1, rounds=2, input_sets=2, gate_random_problems=1)
 
 
 def one_error_line(capsys):
@@ -61,7 +63,7 @@ def test_missing_experiment_file_is_one_line(tmp_path, capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 def test_baseline_without_cuda_exits_2_with_one_line_from_the_command_line():
-    done = subprocess.run([sys.executable, str(prepare.ROOT / "prepare.py"), "--baseline"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(ROOT / "prepare.py"), "--baseline"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
@@ -81,14 +83,14 @@ DECODE = Problem(1, 1, 80, 4, 2, 64, 64, False, backward=False, name="tiny decod
 
 
 def test_an_infeasible_problem_is_named_and_the_others_still_run():
-    m = prepare.evaluate("fwd", ForwardConfig(tile_m=128, tile_n=64), [D256, D64, DECODE], fake_experiment(),
+    m = evaluation.evaluate("fwd", ForwardConfig(tile_m=128, tile_n=64), [D256, D64, DECODE], fake_experiment(),
                          device="cpu", settings=SMALL)
     by_problem = {r.problem: r for r in m.results}
     infeasible = by_problem["tiny d256"]
     assert infeasible.status == "infeasible"
     assert infeasible.reason.startswith("forward config: smem_capacity: needs 131072 B")
     assert infeasible.ms_median is None
-    line = prepare.problem_error_line("target=sm120 device=cpu mode=cpu", "fwd", infeasible)
+    line = runs.problem_error_line("target=sm120 device=cpu mode=cpu", "fwd", infeasible)
     assert line.startswith("fwd tiny d256: infeasible: forward config: smem_capacity") and "\n" not in line
     for name in ("tiny d64 causal", "tiny decode"):
         ok = by_problem[name]
@@ -101,7 +103,7 @@ def test_an_infeasible_problem_is_named_and_the_others_still_run():
 
 
 def test_backward_evaluation_skips_decode_and_checks_gradients():
-    m = prepare.evaluate("bwd", defaults.upstream_backward(D64.problem_class).to_dict(), [D64, DECODE],
+    m = evaluation.evaluate("bwd", defaults.upstream_backward(D64.problem_class).to_dict(), [D64, DECODE],
                          fake_experiment(), device="cpu", settings=SMALL)
     assert [r.problem for r in m.results] == ["tiny d64 causal"]
     assert m.ok and m.problem_class == "d64-causal-bf16"
@@ -115,7 +117,7 @@ def test_a_wrong_kernel_is_incorrect_and_never_timed():
         out[..., -1] = 0  # the last output column is never written
         return (out, lse) if return_lse else out
 
-    m = prepare.evaluate("fwd", ForwardConfig(tile_m=128, tile_n=128), [D64], fake_experiment(wrong), device="cpu", settings=SMALL)
+    m = evaluation.evaluate("fwd", ForwardConfig(tile_m=128, tile_n=128), [D64], fake_experiment(wrong), device="cpu", settings=SMALL)
     (r,) = m.results
     assert r.status == "incorrect" and r.tflops is None and r.ms_median is None
     assert r.reason.startswith("normal (b1 s96 h2 d64 causal): out max error")  # the gate case's shape
@@ -130,12 +132,12 @@ def test_the_configs_reach_the_kernel():
         return torch_attention(q, k, v, causal, return_lse=return_lse)
 
     cfg = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2)
-    prepare.evaluate("fwd", cfg, [D64], fake_experiment(recording), device="cpu", settings=SMALL)
+    evaluation.evaluate("fwd", cfg, [D64], fake_experiment(recording), device="cpu", settings=SMALL)
     assert seen == {(cfg, defaults.upstream_backward(D64.problem_class))}
 
 
 def test_infeasible_backward_config_is_named():
     too_big = BackwardConfig(m_block_size=128, n_block_size=256, num_stages_Q=2, num_stages_dO=2)
-    m = prepare.evaluate("bwd", too_big, [D64], fake_experiment(), device="cpu", settings=SMALL)
+    m = evaluation.evaluate("bwd", too_big, [D64], fake_experiment(), device="cpu", settings=SMALL)
     assert m.results[0].status == "infeasible"
     assert m.results[0].reason.startswith("backward config: smem_capacity")

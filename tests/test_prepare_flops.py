@@ -2,8 +2,8 @@
 
 import pytest
 
-from fa4tune import flops
 from fa4tune.config import Problem
+from fa4tune.harness import flops
 
 
 def test_non_causal_forward_is_four_b_h_s_s_d():

@@ -6,8 +6,8 @@ import re
 import pytest
 import torch
 
-from fa4tune import gate
 from fa4tune.config import Problem
+from fa4tune.harness import gate
 from prepare_child_targets import torch_attention
 
 # Tiny CPU matmuls run ~1000x slower on two contended threads than on one.

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fa4tune import gpu
+from fa4tune.harness import gpu
 from fa4tune.targets import get_target
 
 SM120 = get_target("sm120")

@@ -1,14 +1,14 @@
-"""fa4tune.isolation and prepare's step runner: a crash or hang in a child becomes a result; the parent goes on."""
+"""fa4tune.harness.isolation and the harness's step runner: a crash or hang in a child becomes a result; the parent goes on."""
 
 import os
 import time
+from pathlib import Path
 
-from fa4tune import isolation
 from fa4tune.config import Problem
+from fa4tune.harness import evaluation, isolation, steps
+from fa4tune.harness.settings import Settings
 
-import prepare
-
-ROOT = str(prepare.ROOT)
+ROOT = str(Path(__file__).resolve().parent.parent)
 TARGETS = "tests.prepare_child_targets"
 
 
@@ -81,16 +81,16 @@ def test_step_runner_marks_only_the_failing_candidate_and_goes_on():
     small = Problem(1, 48, 48, 2, 2, 32, 32, True, backward=False, name="tiny causal")
     # three children: the first dies in the two-candidate step (which is then split), the second
     # runs the split candidates (the segfault kills it), the third runs the rest and hangs in the last
-    steps = [
-        prepare.Step(small, "fwd", [_spec("correct"), _spec("segfault")]),
-        prepare.Step(small, "fwd", [_spec("missing")]),
-        prepare.Step(small, "fwd", [_spec("wrong")]),
-        prepare.Step(small, "fwd", [_spec("hang")]),
+    four = [
+        steps.Step(small, "fwd", [_spec("correct"), _spec("segfault")]),
+        steps.Step(small, "fwd", [_spec("missing")]),
+        steps.Step(small, "fwd", [_spec("wrong")]),
+        steps.Step(small, "fwd", [_spec("hang")]),
     ]
-    settings = prepare.Settings(gate_seed=7, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+    settings = Settings(gate_seed=7, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
     seen = []
-    results = prepare.run_steps_isolated(
-        steps, settings, timeout_s=3.0, device="cpu", env={**os.environ, "OMP_NUM_THREADS": "1"}, on_result=lambda step, name, r: seen.append((name, r.status)),
+    results = evaluation.run_steps_isolated(
+        four, settings, timeout_s=3.0, device="cpu", env={**os.environ, "OMP_NUM_THREADS": "1"}, on_result=lambda step, name, r: seen.append((name, r.status)),
     )
     statuses = [{name: r.status for name, r in step.items()} for step in results]
     assert statuses == [
@@ -108,25 +108,25 @@ def test_step_runner_marks_only_the_failing_candidate_and_goes_on():
 
 
 def test_after_a_device_fault_the_child_reports_what_is_left_and_stops(monkeypatch):
-    from fa4tune.measurement import ProblemResult
+    from fa4tune.harness.measurement import ProblemResult
 
     small = Problem(1, 48, 48, 2, 2, 32, 32, False, backward=False)
 
     def faulting(problem, direction, candidates, **kw):
         names = [c.name for c in candidates]
         lost = {names[0]: ProblemResult(problem.label, direction, "crash", reason="AcceleratorError: CUDA error: illegal address")}
-        raise prepare.StepContextLost(lost, names[1:], "CUDA error")
+        raise steps.StepContextLost(lost, names[1:], "CUDA error")
 
-    monkeypatch.setattr(prepare, "measure_step", faulting)
-    step = prepare.Step(small, "fwd", [_spec("correct"), _spec("wrong")]).to_dict()
-    settings = prepare.Settings(gate_seed=1).to_dict()
-    messages = list(prepare.child_run_steps([step, step], settings, device="cpu"))
+    monkeypatch.setattr(steps, "measure_step", faulting)
+    step = steps.Step(small, "fwd", [_spec("correct"), _spec("wrong")]).to_dict()
+    settings = Settings(gate_seed=1).to_dict()
+    messages = list(steps.child_run_steps([step, step], settings, device="cpu"))
     assert messages[0] == {"started": 0}
     assert messages[1]["retry"] == ["wrong"] and messages[1]["results"]["correct"]["status"] == "crash"
     assert len(messages) == 2  # the second step is left for a fresh process
 
 
 def test_device_faults_are_recognised():
-    assert prepare._context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
-    assert prepare._context_lost(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS"))
-    assert not prepare._context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert steps._context_lost(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert steps._context_lost(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS"))
+    assert not steps._context_lost(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))

@@ -1,4 +1,4 @@
-"""prepare.measure_step in this process (CPU): the gate first, then timing; a candidate past its give-up
+"""fa4tune.harness.steps.measure_step in this process (CPU): the gate first, then timing; a candidate past its give-up
 threshold is `pruned` with what was measured."""
 
 import re
@@ -6,20 +6,20 @@ import re
 import torch
 
 from fa4tune.config import Problem
-from fa4tune.measurement import STATUSES
-
-import prepare
+from fa4tune.harness import steps
+from fa4tune.harness.measurement import STATUSES
+from fa4tune.harness.settings import Settings
 from tests import prepare_child_targets as targets
 
 torch.set_num_threads(1)
 
 SMALL = Problem(1, 48, 48, 2, 2, 32, 32, True, backward=False, name="tiny causal")
-SETTINGS = prepare.Settings(gate_seed=7, warmup=1, rounds=4, input_sets=2, gate_random_problems=1)
+SETTINGS = Settings(gate_seed=7, warmup=1, rounds=4, input_sets=2, gate_random_problems=1)
 
 
 def test_a_candidate_past_the_give_up_threshold_is_pruned_with_what_was_measured():
     candidates = [targets.slow_candidate(), targets.correct_candidate(), targets.wrong_candidate()]
-    results = prepare.measure_step(SMALL, "fwd", candidates, device="cpu", settings=SETTINGS, give_up_ms=50.0)
+    results = steps.measure_step(SMALL, "fwd", candidates, device="cpu", settings=SETTINGS, give_up_ms=50.0)
     slow, fast, wrong = results["slow"], results["correct"], results["wrong"]
     assert "pruned" in STATUSES
     assert slow.status == "pruned" and slow.tflops > 0 and slow.ms_median >= 100.0 and slow.max_errors["out"] >= 0
@@ -31,7 +31,7 @@ def test_a_candidate_past_the_give_up_threshold_is_pruned_with_what_was_measured
 
 def test_without_a_threshold_every_candidate_is_timed_fully():
     timer = CountingTimer()
-    results = prepare.measure_step(SMALL, "fwd", [targets.slow_candidate()], device="cpu", settings=SETTINGS, timer=timer)
+    results = steps.measure_step(SMALL, "fwd", [targets.slow_candidate()], device="cpu", settings=SETTINGS, timer=timer)
     assert results["slow"].status == "ok" and timer.calls == SETTINGS.rounds * SETTINGS.input_sets
 
 

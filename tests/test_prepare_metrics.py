@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from fa4tune import gpu, metrics
-from fa4tune.measurement import Measurement, ProblemResult, geomean
+from fa4tune.harness import gpu, metrics
+from fa4tune.harness.measurement import Measurement, ProblemResult, geomean
 from fa4tune.targets import get_target
 
 SM120 = get_target("sm120")
@@ -70,7 +70,7 @@ def test_a_native_run_divides_by_its_own_gpus_peak_and_says_nothing_of_emulation
 def test_an_unknown_device_prints_nan_with_the_reason():
     summary = metrics.summarize(RUN, SM120, "NVIDIA A100-SXM4-80GB", "emulated")
     value = metrics.parse_metric_lines("\n".join(metrics.metric_lines(summary)))["fwd_utilization"]
-    assert value.startswith("nan (no dense bf16 peak known for device 'NVIDIA A100-SXM4-80GB': fa4tune/gpu.py DEVICE_PEAKS knows ")
+    assert value.startswith("nan (no dense bf16 peak known for device 'NVIDIA A100-SXM4-80GB': fa4tune/harness/gpu.py DEVICE_PEAKS knows ")
     assert "NVIDIA H200" in value and "%" not in value and "emulated: the sm120 kernels ran on NVIDIA A100-SXM4-80GB" in value
     assert math.isnan(metrics.metric_number(value))
     assert summary.fwd_tflops_geomean is not None and summary.fwd_utilization is None  # the rate is kept, only the ratio is unknown

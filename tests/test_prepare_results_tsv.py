@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from fa4tune import results_tsv
-from fa4tune.results_tsv import COLUMNS, ResultRow, append_row, read_rows
+from fa4tune.harness import results_tsv
+from fa4tune.harness.results_tsv import COLUMNS, ResultRow, append_row, read_rows
 
 ROOT = str(__import__("pathlib").Path(__file__).resolve().parent.parent)
 
@@ -50,7 +50,7 @@ def test_a_missing_file_reads_as_empty(tmp_path):
 WRITER = textwrap.dedent('''
     import sys
     sys.path.insert(0, {root!r})
-    from fa4tune.results_tsv import ResultRow, append_row
+    from fa4tune.harness.results_tsv import ResultRow, append_row
     writer = int(sys.argv[1])
     for i in range({rows}):
         # lines far longer than a pipe buffer: only the lock keeps them whole
@@ -77,7 +77,7 @@ def test_concurrent_writers_never_interleave(tmp_path):
 TORN_WRITER = textwrap.dedent('''
     import fcntl, os, signal, sys
     sys.path.insert(0, {root!r})
-    from fa4tune.results_tsv import lock_path
+    from fa4tune.harness.results_tsv import lock_path
     from pathlib import Path
     line = {line!r}
     lock = os.open(lock_path(Path({path!r})), os.O_RDWR | os.O_CREAT)

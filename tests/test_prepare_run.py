@@ -2,12 +2,12 @@
 
 import sys
 
-from fa4tune import gpu, metrics
-from fa4tune.config import Problem
-from fa4tune.results_tsv import read_rows
-from fa4tune.targets import get_target
-
 import prepare
+from fa4tune.config import Problem
+from fa4tune.harness import baselines, candidates, gpu, metrics, runs, self_check, steps
+from fa4tune.harness.results_tsv import read_rows
+from fa4tune.harness.settings import Settings
+from fa4tune.targets import get_target
 
 FAKE_EXPERIMENT = '''
 from fa4tune import defaults
@@ -23,7 +23,7 @@ SUITE = '''{"problems": [
   {"name": "tiny decode", "batch": 1, "seqlen_q": 1, "seqlen_k": 80, "num_heads": 4, "num_heads_kv": 2, "head_dim": 64, "causal": false, "backward": false}
 ]}'''
 
-CPU = prepare.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
+CPU = runs.RunContext(get_target("sm120"), gpu.DeviceInfo("cpu (test)", (0, 0), 1), "cpu")
 
 
 def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_path, capsys, monkeypatch):
@@ -35,9 +35,9 @@ def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_pat
     suite = tmp_path / "suite.json"
     suite.write_text(SUITE)
     results = tmp_path / "results.tsv"
-    settings = prepare.Settings(gate_seed=3, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+    settings = Settings(gate_seed=3, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
     code = prepare.run_experiment(
-        prepare.load_experiment(experiment_file), str(suite), description="cpu test", proposer="pytest",
+        candidates.load_experiment(experiment_file), str(suite), description="cpu test", proposer="pytest",
         results_path=results, context=CPU, device="cpu", settings=settings,
     )
     out, err = capsys.readouterr()
@@ -72,7 +72,7 @@ def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_pat
 
 def test_baseline_plan_keeps_sdpa_and_fa4_where_upstreams_defaults_cannot_run():
     problems = [Problem(1, 64, 64, 2, 2, 256, 256, False, name="d256"), Problem(1, 1, 80, 4, 2, 64, 64, False, backward=False, name="decode")]
-    emulated, own_path = prepare.plan_baseline(problems, get_target("sm120"), "experiment.py")
+    emulated, own_path = baselines.plan_baseline(problems, get_target("sm120"), "experiment.py")
     steps = {(s.direction, s.problem.name): [spec["name"] for spec in s.specs] for s in emulated.steps}
     assert steps == {
         ("fwd", "d256"): ["torch sdpa"],  # upstream's 128x64 tile for d256 needs 131072 B: not run
@@ -90,7 +90,7 @@ def test_baseline_plan_keeps_sdpa_and_fa4_where_upstreams_defaults_cannot_run():
 
 def test_a_step_that_returned_nothing_is_reported_not_dropped():
     problems = [Problem(1, 64, 64, 2, 2, 64, 64, False, backward=False, name="p")]
-    emulated, _ = prepare.plan_baseline(problems, get_target("sm120"), "experiment.py")
+    emulated, _ = baselines.plan_baseline(problems, get_target("sm120"), "experiment.py")
     emulated.fill([{}])
     assert {p.candidate: p.result.status for p in emulated.planned} == {"sm120 upstream": "crash", "torch sdpa": "crash"}
     by_candidate = emulated.measurements(CPU)
@@ -103,11 +103,11 @@ def test_self_check_candidates_fail_where_planted(monkeypatch):
 
     torch.set_num_threads(1)
     small = Problem(1, 48, 48, 4, 2, 32, 32, True, name="small gqa causal")
-    settings = prepare.Settings(gate_seed=5, gate_random_problems=1)
+    settings = Settings(gate_seed=5, gate_random_problems=1)
     verdicts = {}
-    for candidate, should_pass in prepare._planted_candidates():
+    for candidate, should_pass in self_check.planted_candidates():
         if candidate.name in ("unwritten output", "half-written output"):
             continue  # those rely on the CUDA allocator's poisoned blocks: shown by --self-check on a GPU
-        verdicts[candidate.name] = (prepare.gate_candidate(candidate, small, "fwd", "cpu", settings)[0], should_pass)
+        verdicts[candidate.name] = (steps.gate_candidate(candidate, small, "fwd", "cpu", settings)[0], should_pass)
     assert verdicts and all(passed == expected for passed, expected in verdicts.values()), verdicts
-    assert prepare.gate_candidate(prepare.sdpa_candidate(), small, "bwd", "cpu", settings)[0]
+    assert steps.gate_candidate(candidates.sdpa_candidate(), small, "bwd", "cpu", settings)[0]

@@ -4,8 +4,8 @@ import statistics
 
 import pytest
 
-from fa4tune import timing
-from fa4tune.timing import Timing
+from fa4tune.harness import timing
+from fa4tune.harness.timing import Timing
 
 
 def test_summary_statistics_match_numpys_quantiles():

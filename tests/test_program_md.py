@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fa4tune import cli, metrics, static_report
-from fa4tune.results_tsv import COLUMNS, ResultRow, append_row
+from fa4tune import cli, static_report
+from fa4tune.harness import metrics
+from fa4tune.harness.results_tsv import COLUMNS, ResultRow, append_row
 from fa4tune.targets import get_target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,7 +163,7 @@ def test_the_log_one_liner_shows_the_named_columns(tmp_path):
 @pytest.mark.parametrize("rule", ["other_attention", "self_timing", "side_stream", "not_ready", "deferred_work", "output_reuse",
                                   "output_type", "harness_access", "harness_edit"])
 def test_every_guard_rule_is_explained(rule):
-    from fa4tune import guards
+    from fa4tune.harness import guards
 
     assert rule in guards.WHY
     assert f"| `{rule}` |" in PROGRAM

@@ -1,5 +1,5 @@
 """The GPU evaluator's CPU side: each config's sm_120a static facts first, and no GPU time for a config they end.
-The harness call (prepare.evaluate_isolated) is replaced by a recorder: CI has no GPU."""
+The harness call (fa4tune.harness.evaluation.evaluate_isolated) is replaced by a recorder: CI has no GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fa4tune.config import ForwardConfig, ProblemClass
 from fa4tune.defaults import upstream_forward
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search.evaluators import GpuEvaluator
@@ -18,7 +18,7 @@ TARGET = get_target("sm120")
 
 
 class FakeHarness:
-    """prepare.evaluate_isolated as a GPU would answer it; remembers what reached it."""
+    """fa4tune.harness.evaluation.evaluate_isolated as a GPU would answer it; remembers what reached it."""
 
     def __init__(self):
         self.calls = []
@@ -78,7 +78,7 @@ def test_problems_go_one_at_a_time_to_the_runs_server_and_a_pruned_one_ends_the_
 
 def _evaluator(tmp_path) -> tuple[GpuEvaluator, FakeHarness]:
     evaluator = GpuEvaluator(TARGET, static_cache=tmp_path / "facts.jsonl")
-    evaluator._prepare = harness = FakeHarness()
+    evaluator._harness = harness = FakeHarness()
     return evaluator, harness
 
 
@@ -178,14 +178,15 @@ class _RoundServer:
 
 
 def test_the_pipelined_consumer_sends_each_candidates_next_problem_per_round_and_drops_a_pruned_one():
-    import prepare
+    from fa4tune.harness import candidates, evaluation
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings
     from search.gpu_pipeline import PipelinedGpuEvaluator, compile_job
     from search.pipeline import Ready
 
     problems = [p for p in load_suite("standard") if p.problem_class.name == "d128-noncausal-bf16"]
     evaluator = object.__new__(PipelinedGpuEvaluator)  # the consumer's half alone: no GPU, no compilers
-    evaluator._prepare, evaluator.target, evaluator.experiment_path = prepare, TARGET, str(prepare.EXPERIMENT_PATH)
-    evaluator._experiment, evaluator.settings = prepare.load_experiment(prepare.EXPERIMENT_PATH), prepare.Settings(gate_seed=1)
+    evaluator._harness, evaluator.target, evaluator.experiment_path = evaluation, TARGET, str(EXPERIMENT_PATH)
+    evaluator._experiment, evaluator.settings = candidates.load_experiment(EXPERIMENT_PATH), Settings(gate_seed=1)
     evaluator.server = _RoundServer()
     configs = [ForwardConfig(), ForwardConfig(tile_n=64)]
     monitors = [_Monitor({}), _Monitor({problems[1].label: 2.0})]

@@ -6,10 +6,10 @@ from __future__ import annotations
 import optuna
 from optuna.trial import TrialState
 
-from fa4tune import results_tsv
 from fa4tune.config import ForwardConfig
 from fa4tune.feasibility import check_forward
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness import results_tsv
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from search import attrs
 from search.evaluators import MISSING, ReplayEvaluator
 from search.history import records

@@ -9,8 +9,8 @@ import threading
 import optuna
 from optuna.trial import TrialState
 
-from fa4tune import flops
-from fa4tune.measurement import Measurement, ProblemResult
+from fa4tune.harness import flops
+from fa4tune.harness.measurement import Measurement, ProblemResult
 from search import attrs
 from search.evaluators import ReplayEvaluator
 from search.history import config_key, evaluated_count, records
@@ -202,7 +202,7 @@ class _FaultyGpu(ReplayEvaluator):
 
 
 def test_a_fault_a_hang_and_a_wrong_result_are_recorded_with_their_reasons_and_nothing_else_changes(tmp_path):
-    from fa4tune import results_tsv
+    from fa4tune.harness import results_tsv
     from search_helpers import make_loop
 
     table = write_table(tmp_path)

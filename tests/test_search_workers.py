@@ -15,7 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from fa4tune import results_tsv
+from fa4tune.harness import results_tsv
 from search import attrs
 from search.__main__ import main as search_main
 from search.coordination import PENDING_TURNS, SEARCH_SETTINGS, WORKER, StudyLock, set_pending_turn

@@ -1,7 +1,7 @@
 """suites/short.json: short problems (the launch-bound case for the timer) that the sm120 target runs."""
 
 import experiment
-import prepare
+from fa4tune.harness import evaluation
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 
@@ -22,4 +22,4 @@ def test_every_short_problem_passes_the_sm120_rules_with_the_dispatch_table():
         pc = problem.problem_class
         fwd, bwd = experiment.forward_config(pc), experiment.backward_config(pc)
         for direction in ("fwd", "bwd"):
-            assert prepare.feasibility_failure(direction, fwd, bwd, problem, target) == "", (problem.label, direction)
+            assert evaluation.feasibility_failure(direction, fwd, bwd, problem, target) == "", (problem.label, direction)

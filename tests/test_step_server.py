@@ -1,18 +1,18 @@
-"""fa4tune.step_server: one child kept across calls (its references and experiment modules with it), and
+"""fa4tune.harness.step_server: one child kept across calls (its references and experiment modules with it), and
 crashes, hangs, device faults and wrong results that cost only their own step (CPU fakes, no GPU)."""
 
 import os
 from dataclasses import replace
 
-from fa4tune import gpu, step_server
 from fa4tune.config import Problem
+from fa4tune.harness import candidates, evaluation, gpu, step_server
+from fa4tune.harness.settings import ROOT, Settings
+from fa4tune.harness.steps import Step
 from fa4tune.targets import get_target
-
-import prepare
 
 TARGETS = "tests.prepare_child_targets"
 SMALL = Problem(1, 48, 48, 2, 2, 32, 32, True, backward=False, name="tiny causal")
-SETTINGS = prepare.Settings(gate_seed=7, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+SETTINGS = Settings(gate_seed=7, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -21,11 +21,11 @@ def spec(name):
 
 
 def step(*names, problem=SMALL):
-    return prepare.Step(problem, "fwd", [spec(n) for n in names])
+    return Step(problem, "fwd", [spec(n) for n in names])
 
 
 def server(timeout_s=30.0, env=ENV, **options):
-    return prepare.new_step_server(env=env, device="cpu", timeout_s=timeout_s, **options)
+    return evaluation.new_step_server(env=env, device="cpu", timeout_s=timeout_s, **options)
 
 
 def alive(pid):
@@ -46,7 +46,7 @@ def test_the_child_persists_across_calls_and_reuses_its_references(tmp_path):
         computed = log.read_text().split()
         assert len(computed) == 2 * 4 and set(computed) == {str(pid)}  # fp32 and plain, for each of 4 gate cases
         # another candidate on the same cases, in a later call: the same child, no reference computed again
-        (second,) = prepare.run_steps_isolated([step("correct")], SETTINGS, server=s)
+        (second,) = evaluation.run_steps_isolated([step("correct")], SETTINGS, server=s)
         assert s.pids == [pid] and s.pid == pid
         assert log.read_text().split() == computed
         assert second["correct"].status == "ok" and second["correct"].max_errors == first["counting"].max_errors
@@ -92,7 +92,7 @@ def test_bad_candidates_cost_their_own_step_and_the_next_results_are_unchanged()
 
 
 def test_a_child_that_cannot_start_charges_each_step_with_the_reason():
-    s = step_server.StepServer(env=ENV, device="cpu", cwd=str(prepare.ROOT), sys_path=[str(prepare.ROOT)], timeout_s=5.0,
+    s = step_server.StepServer(env=ENV, device="cpu", cwd=str(ROOT), sys_path=[str(ROOT)], timeout_s=5.0,
                                startup_timeout_s=30.0, preload=["no_such_module_here"])
     with s:
         results = s.run_steps([step("correct"), step("correct")], SETTINGS)
@@ -114,10 +114,10 @@ def test_a_changed_experiment_file_is_loaded_again_and_an_unchanged_one_is_kept(
     )
     path.write_text(source.format(factor=1.0))
     problem = Problem(1, 64, 64, 2, 2, 64, 64, True, backward=False, name="tiny d64")
-    module = prepare.load_experiment(path)
-    assert prepare.load_experiment(path) is module  # unchanged: the same module (and its compile caches)
+    module = candidates.load_experiment(path)
+    assert candidates.load_experiment(path) is module  # unchanged: the same module (and its compile caches)
     pc = problem.problem_class
-    experiment = prepare.Step(problem, "fwd", [prepare.experiment_spec("experiment", path, module.forward_config(pc), module.backward_config(pc))])
+    experiment = Step(problem, "fwd", [candidates.experiment_spec("experiment", path, module.forward_config(pc), module.backward_config(pc))])
     with server() as s:
         (before,) = s.run_steps([experiment], SETTINGS)
         path.write_text(source.format(factor=1.5))
@@ -125,7 +125,7 @@ def test_a_changed_experiment_file_is_loaded_again_and_an_unchanged_one_is_kept(
         assert len(s.pids) == 1
     assert before["experiment"].status == "ok"
     assert after["experiment"].status == "incorrect"  # the child ran the new source, not its loaded module
-    reloaded = prepare.load_experiment(path)
+    reloaded = candidates.load_experiment(path)
     assert reloaded is not module and reloaded.FACTOR == 1.5
 
 
@@ -140,14 +140,14 @@ def test_evaluate_isolated_uses_the_given_server_and_prunes_past_the_give_up_thr
     monkeypatch.setattr(gpu, "read_device", lambda index=0: gpu.DeviceInfo("cpu (test)", (0, 0), 1))
     monkeypatch.setattr(gpu, "select_mode", lambda info, target: "cpu")
     problems = [Problem(1, 64, 64, 2, 2, 64, 64, True, backward=False, name="a"), Problem(1, 80, 80, 2, 2, 64, 64, True, backward=False, name="b")]
-    module = prepare.load_experiment(path)
+    module = candidates.load_experiment(path)
     config = module.forward_config(problems[0].problem_class)
     settings = replace(SETTINGS, rounds=3, input_sets=2)
     with server() as s:
-        m = prepare.evaluate_isolated("fwd", config, problems, path, target=get_target("sm120"), settings=settings, server=s,
+        m = evaluation.evaluate_isolated("fwd", config, problems, path, target=get_target("sm120"), settings=settings, server=s,
                                       give_up_ms={problems[1].label: 1e-9})
         pid = s.pid
-        again = prepare.evaluate_isolated("fwd", config, problems[:1], path, target=get_target("sm120"), settings=settings, server=s)
+        again = evaluation.evaluate_isolated("fwd", config, problems[:1], path, target=get_target("sm120"), settings=settings, server=s)
         assert s.pids == [pid]
     ok, pruned = m.results
     assert ok.status == "ok" and again.results[0].status == "ok"

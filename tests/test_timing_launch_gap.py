@@ -4,7 +4,7 @@ follows the host's enqueue time."""
 
 import pytest
 
-from fa4tune import timing
+from fa4tune.harness import timing
 
 HOST_MS_PER_LAUNCH = 0.1  # an SM120 forward call costs the host about 0.1 ms
 HOST_MS_PER_EVENT = 0.005

@@ -8,14 +8,14 @@ The metric lines are the interface to people and programs (`grep '^fwd_tflops_ge
 Geomeans and peaks are over the problems whose status is ok; `configs_ok: N/M` counts the configs (one
 per direction and problem class) whose every problem passed, so a run that lost problems says so there.
 A metric with no value (no backward problem, or none passed) prints `nan`. `fwd_utilization` is the
-forward geomean as a percent of the dense bf16 peak of the device that ran the kernels (fa4tune.gpu's
+forward geomean as a percent of the dense bf16 peak of the device that ran the kernels (fa4tune.harness.gpu's
 DEVICE_PEAKS), and the line names that device, its peak and the peak's source; an emulated run says so,
 since its rate is another GPU's. A device the table does not know prints `nan` and says why: a rate
 divided by some other GPU's peak is a wrong figure (an H200's rate over the RTX 5090's peak read 122 %).
 
 `fwd_spread_pct` / `bwd_spread_pct` are the run's timing noise in that direction: the largest interquartile
 range of one problem's timed calls, in percent of its median, over the ok problems (program.md keeps a change
-only when the geomean moves by more than this). The IQR, as in fa4tune.timing.is_improvement: min and max
+only when the geomean moves by more than this). The IQR, as in fa4tune.harness.timing.is_improvement: min and max
 follow single outliers (on the H200 the median over problems of (max - min) / median was 4-7 % while the
 geomeans of three runs moved 0.2 % forward and 1.0 % backward: docs/measurements/logs/2026-11-30-h200-stability.json,
 "after"); the largest over the problems, because a geomean moves less than its noisiest problem does.
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from fa4tune import gpu
-from fa4tune.measurement import Measurement, ProblemResult, geomean
+from fa4tune.harness import gpu
+from fa4tune.harness.measurement import Measurement, ProblemResult, geomean
 from fa4tune.targets import Target
 
 METRIC_NAMES = (
@@ -128,7 +128,7 @@ def utilization_text(summary: RunSummary) -> str:
     """'12.2% of NVIDIA H200 peak 989.4 TFLOPS (source); emulated: ...', or 'nan (why)' for an unknown device."""
     if summary.peak_tflops is None:
         known = ", ".join(gpu.DEVICE_PEAKS)
-        text = (f"nan (no dense bf16 peak known for device {summary.device!r}: fa4tune/gpu.py DEVICE_PEAKS "
+        text = (f"nan (no dense bf16 peak known for device {summary.device!r}: fa4tune/harness/gpu.py DEVICE_PEAKS "
                 f"knows {known})")
     else:
         percent = "nan" if summary.fwd_utilization is None else f"{summary.fwd_utilization:.1f}%"

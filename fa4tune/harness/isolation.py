@@ -1,13 +1,13 @@
 """Run evaluations in a child process, so that a segfault, a CUDA fault or a hang costs only that evaluation.
 
-A `ChildProcess` (`python -m fa4tune.isolation FD SETUP`) imports what SETUP names, then runs jobs sent
+A `ChildProcess` (`python -m fa4tune.harness.isolation FD SETUP`) imports what SETUP names, then runs jobs sent
 to its stdin as JSON lines, `{"function": "module:name", "kwargs": {...}}`, one after another: each value
 the function yields (or the one value it returns) goes to the pipe FD as a JSON line, then a line saying
 the job is done. Every value resets the time limit, so a long evaluation that reports after each step is
 limited per step. The parent turns a death by signal, a non-zero exit or a value past the limit (the
 child's whole process group is killed) into a `ChildResult` with status "crash" or "timeout" and a reason,
 and keeps the values that arrived before. The child's stdout and stderr go to a log, whose last lines
-explain crashes. `run_in_child` runs one job in a fresh process; fa4tune.step_server keeps one for many.
+explain crashes. `run_in_child` runs one job in a fresh process; fa4tune.harness.step_server keeps one for many.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class ChildProcess:
         read_fd, write_fd = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fa4tune.isolation", str(write_fd), setup],
+                [sys.executable, "-m", "fa4tune.harness.isolation", str(write_fd), setup],
                 stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, pass_fds=(write_fd,),
                 env=None if env is None else dict(env), cwd=cwd,
                 start_new_session=True,  # its own process group: a kill reaches compiler workers; no terminal Ctrl-C
@@ -296,6 +296,6 @@ def child_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     # run as the package's module, not as __main__: `retire` must set the flag that child_main reads
-    from fa4tune import isolation
+    from fa4tune.harness import isolation
 
     sys.exit(isolation.child_main(sys.argv[1:]))

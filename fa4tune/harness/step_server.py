@@ -1,15 +1,15 @@
 """A step server: one child process per GPU that runs the harness's steps for a whole tuning run.
 
 A fresh child per evaluation pays for torch, the CuTe DSL and a CUDA context every time (about 10 s of a
-28 s trial). The server's child (a fa4tune.isolation.ChildProcess) stays: it keeps its imports, its CUDA
+28 s trial). The server's child (a fa4tune.harness.isolation.ChildProcess) stays: it keeps its imports, its CUDA
 context, the L2-flush buffer, the experiment modules it loaded (with their in-memory compile caches) and
-the gate's fp32 references (prepare.child_run_steps keeps them between jobs).
+the gate's fp32 references (fa4tune.harness.steps.child_run_steps keeps them between jobs).
 
 `StepServer.run_steps` has the semantics of one child per call: a death by signal (a segfault, a CUDA
 fault), a non-zero exit or a step past its time limit (the child's process group is killed) marks the
 step in flight `crash` or `timeout`, a step of several candidates first retried one candidate at a time
 so only the one at fault is marked; then a fresh child goes on with the rest. A child whose CUDA context
-a device fault made unusable retires (fa4tune.isolation.retire) and is replaced before the next step.
+a device fault made unusable retires (fa4tune.harness.isolation.retire) and is replaced before the next step.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import threading
 import time
 from typing import Callable, Mapping, Sequence
 
-from fa4tune.isolation import OK, TIMEOUT, ChildProcess, ChildResult, open_log
-from fa4tune.measurement import ProblemResult
+from fa4tune.harness.isolation import OK, TIMEOUT, ChildProcess, ChildResult, open_log
+from fa4tune.harness.measurement import ProblemResult
 
-STEP_FUNCTION = "prepare:child_run_steps"  # the child side of a step (a generator of JSON values)
-PRELOAD = ("prepare",)  # imported as the child starts (torch with it), while the parent goes on
+STEP_FUNCTION = "fa4tune.harness.steps:child_run_steps"  # the child side of a step (a generator of JSON values)
+PRELOAD = ("fa4tune.harness.steps",)  # imported as the child starts (torch with it), while the parent goes on
 
 
 class StepServer:
@@ -82,7 +82,7 @@ class StepServer:
 
     def run_steps(self, steps: Sequence, settings, on_result: Callable | None = None,
                   timeout_s: float | None = None) -> list[dict[str, ProblemResult]]:
-        """results[i][candidate name] for every step (prepare.Step) and candidate, whatever happened;
+        """results[i][candidate name] for every step (fa4tune.harness.steps.Step) and candidate, whatever happened;
         `on_result(step, name, result)` as each one arrives. `timeout_s`: per step (default the server's)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         with self._lock:

@@ -1,0 +1,130 @@
+"""Candidates: what a step runs. A forward is `forward(q, k, v, causal) -> (out, lse or None)`, differentiable
+through autograd; q, k, v are (batch, seqlen, heads, head_dim).
+
+experiment.py's attention with a pair of configs (guarded: fa4tune.harness.guards' rules apply), upstream's SM120
+defaults through it, FA4's own path for the local GPU and torch SDPA; each travels to a child process as a JSON
+spec. `load_experiment` imports experiment.py (or a copy) as module `experiment`, once per source.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune.harness import gate, isolation, runtime_guards
+
+# Candidate kinds a step can run (baseline names as printed).
+EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A named attention implementation under test, and what the record says about it."""
+
+    name: str
+    forward: Callable
+    config: dict
+    guarded: bool = False  # experiment.py's code: gated under runtime_guards' trap and checks
+
+
+def experiment_candidate(experiment_module, fwd_config: ForwardConfig, bwd_config: BackwardConfig, name: str = EXPERIMENT) -> Candidate:
+    """experiment.attention with these configs."""
+
+    def forward(q, k, v, causal):
+        return experiment_module.attention(q, k, v, causal=causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True)
+
+    return Candidate(name, forward, {"forward": fwd_config.to_dict(), "backward": bwd_config.to_dict()}, guarded=True)
+
+
+def fa4_candidate() -> Candidate:
+    """FlashAttention-4's public path for the local GPU (no arch override: SM90 kernels on an H200)."""
+    from flash_attn.cute.interface import flash_attn_func
+
+    def forward(q, k, v, causal):
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+        return out, lse
+
+    return Candidate(FA4_OWN_PATH, forward, {"path": "flash_attn.cute.interface.flash_attn_func"})
+
+
+def sdpa_candidate() -> Candidate:
+    """torch.nn.functional.scaled_dot_product_attention (GQA through enable_gqa; no LSE to check)."""
+    import torch
+    import torch.nn.functional as F
+
+    def forward(q, k, v, causal):
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        mask, is_causal = None, causal
+        if causal and seqlen_q != seqlen_k:
+            # SDPA's is_causal is top-left aligned; FlashAttention's (and the gate's) is bottom-right
+            mask = ~gate.causal_mask(torch.arange(seqlen_q, device=q.device), seqlen_q, seqlen_k, seqlen_k)
+            is_causal = False
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=is_causal,
+            enable_gqa=q.shape[2] != k.shape[2],
+        )
+        return out.transpose(1, 2), None
+
+    return Candidate(TORCH_SDPA, forward, {"path": "torch.nn.functional.scaled_dot_product_attention"})
+
+
+_EXPERIMENTS: dict[Path, tuple[str, object]] = {}  # path -> (sha256 of the source it ran, module)
+
+
+def load_experiment(path: str | Path):
+    """Import experiment.py (or a copy of it) from a path, as module `experiment`; the module already loaded
+    from that path while its source is unchanged (its kernels' compile caches with it), else a fresh import."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise ConfigError("experiment_file", f"{str(path)!r} does not exist")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    known = _EXPERIMENTS.get(path)
+    if known is not None and known[0] == digest:
+        sys.modules["experiment"] = known[1]  # the kernels' classes look their module up by name
+        return known[1]
+    cached = sys.modules.get("experiment")
+    if known is None and cached is not None and Path(getattr(cached, "__file__", "")).resolve() == path:
+        _EXPERIMENTS[path] = (digest, cached)  # imported by name (`import experiment`) before
+        return cached
+    runtime_guards.seal_harness()  # before experiment.py's code runs in this process
+    spec = importlib.util.spec_from_file_location("experiment", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["experiment"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["experiment"]  # a later call must not get the half-imported module
+        raise
+    _EXPERIMENTS[path] = (digest, module)
+    return module
+
+
+def candidate_from_spec(spec: dict) -> Candidate:
+    """A Candidate from its JSON description (what travels to a child process)."""
+    kind = spec["kind"]
+    if kind in (EXPERIMENT, UPSTREAM_SM120):
+        module = load_experiment(spec["experiment_path"])
+        return experiment_candidate(
+            module, ForwardConfig.from_dict(spec["fwd_config"]), BackwardConfig.from_dict(spec["bwd_config"]), spec["name"],
+        )
+    if kind == FA4_OWN_PATH:
+        return fa4_candidate()
+    if kind == TORCH_SDPA:
+        return sdpa_candidate()
+    if kind == "callable":
+        # {"factory": "module:function"} returning a Candidate: any other implementation under test
+        return isolation.resolve(spec["factory"])()
+    raise ValueError(f"unknown candidate kind {kind!r}")
+
+
+def experiment_spec(name: str, experiment_path: str | Path, fwd_config: ForwardConfig, bwd_config: BackwardConfig, kind: str = EXPERIMENT) -> dict:
+    """JSON description of an experiment.attention candidate."""
+    return {
+        "name": name, "kind": kind, "experiment_path": str(experiment_path),
+        "fwd_config": fwd_config.to_dict(), "bwd_config": bwd_config.to_dict(),
+    }

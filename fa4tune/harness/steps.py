@@ -1,0 +1,326 @@
+"""One step: one problem, one direction, one or more candidates: gate each, then time those that pass, interleaved.
+
+`measure_step` runs a step in this process; `child_run_steps` is the child side of a step server
+(fa4tune.harness.step_server): it runs steps in order and keeps what it loaded (the L2-flush buffer, the gate's
+references, experiment modules) for the next call. A device fault ends the step's usefulness of the process:
+StepContextLost, and the child retires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+from fa4tune.config import Problem
+from fa4tune.harness import flops, gate, guards, isolation, runtime_guards, timing
+from fa4tune.harness.candidates import Candidate, candidate_from_spec
+from fa4tune.harness.measurement import ProblemResult
+from fa4tune.harness.settings import (
+    GATE_RANDOM_MAX_SEQLEN, GATE_SCALE, GATE_SEQLEN_OFFSET, GUARD_SEED_OFFSET, REFERENCE_CACHE_CPU_BYTES, REFERENCE_CACHE_FRACTION,
+    Settings,
+)
+
+
+def _status_of_error(err: BaseException) -> str:
+    """'guard' for a broken guardrail, 'compile_error' for errors raised by the CuTe DSL compiler, else 'crash'."""
+    if isinstance(err, guards.GuardViolation):
+        return "guard"
+    module = type(err).__module__ or ""
+    return "compile_error" if module.startswith("cutlass") else "crash"
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0][:400] if text else type(err).__name__
+
+
+def _context_lost(err: BaseException) -> bool:
+    """True after a device fault: the CUDA context is unusable and the process must be replaced."""
+    text = f"{type(err).__name__} {err}"
+    return "AcceleratorError" in text or "CUDA error" in text or "CUDA_ERROR" in text
+
+
+def _release_cached_memory(device) -> None:
+    """Give cached blocks back between steps; after a device fault this fails too, and that is not news."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return
+    try:
+        torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+class StepContextLost(RuntimeError):
+    """A device fault made this process's CUDA context unusable; `results` holds what finished before."""
+
+    def __init__(self, results: dict, remaining: list[str], reason: str):
+        super().__init__(reason)
+        self.results, self.remaining, self.reason = results, remaining, reason
+
+
+def _worst_case_errors(gate_results: Sequence[gate.GateResult]) -> dict:
+    """Per tensor, the error and tolerance of the case closest to failing."""
+    worst: dict[str, tuple[float, gate.TensorCheck]] = {}
+    for result in gate_results:
+        for check in result.checks:
+            ratio = check.error / check.tolerance if check.tolerance else float("inf")
+            if check.name not in worst or ratio > worst[check.name][0]:
+                worst[check.name] = (ratio, check)
+    errors = {}
+    for name, (_, check) in worst.items():
+        errors[name] = check.error
+        errors[f"{name}_tolerance"] = check.tolerance
+    return errors
+
+
+def gate_candidate(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings,
+                   references: gate.ReferenceCache | None = None) -> tuple[bool, dict, str]:
+    """Run every gate case; (passed, max_errors record, reason of the first failure). A guarded candidate
+    runs under the guards' trap, and after passing, its run-time guards; GuardViolation if one fails.
+    `references` keeps the cases' references for the next candidate."""
+    with runtime_guards.attention_trap() if candidate.guarded else contextlib.nullcontext():
+        passed, errors, reason = _gate_cases(candidate, problem, direction, device, settings, references)
+        if passed and candidate.guarded:
+            runtime_guards.check_candidate(candidate.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET)
+    return passed, errors, reason
+
+
+def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, settings: Settings,
+                references: gate.ReferenceCache | None = None) -> tuple[bool, dict, str]:
+    cases = gate.gate_cases(
+        problem, settings.gate_seed, scale=GATE_SCALE, seqlen_offset=GATE_SEQLEN_OFFSET,
+        random_count=settings.gate_random_problems, random_max_seqlen=GATE_RANDOM_MAX_SEQLEN,
+    )
+    done = []
+    for case in cases:
+        q, k, v, dout = gate.random_inputs(case.problem, case.seed, device, scale=case.scale, count=4)
+        if direction == "fwd":
+            result = gate.gate_forward(
+                candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
+                chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
+            )
+        else:
+            result = gate.gate_backward(
+                candidate.forward, q, k, v, problem.causal, dout, variant=case.variant, seed=case.seed,
+                chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
+            )
+        del q, k, v, dout
+        done.append(result)
+        if not result.passed:
+            return False, {**result.max_errors(), "gate_seed": settings.gate_seed}, result.reason
+    return True, {**_worst_case_errors(done), "gate_seed": settings.gate_seed, "gate_cases": len(done)}, ""
+
+
+def timed_calls(candidate: Candidate, problem: Problem, direction: str, device, seeds: Sequence[int]) -> list[Callable]:
+    """One zero-argument call per input set; backward calls time only the backward (forward done here)."""
+    import torch
+
+    calls = []
+    for seed in seeds:
+        q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
+        if direction == "fwd":
+            def call(q=q, k=k, v=v):
+                with torch.no_grad():
+                    return candidate.forward(q, k, v, problem.causal)
+        else:
+            q, k, v = (t.requires_grad_() for t in (q, k, v))
+            out, _ = candidate.forward(q, k, v, problem.causal)
+
+            def call(out=out, q=q, k=k, v=v, dout=dout):
+                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+        calls.append(call)
+    return calls
+
+
+def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, device, seed: int) -> float | None:
+    """GPU memory one call needs (its inputs, outputs and workspace), from the allocator's peak."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated(device)
+    q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)  # the inputs count (allocated now), making them does not
+    if direction == "fwd":
+        with torch.no_grad():
+            candidate.forward(q, k, v, problem.causal)
+    else:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out, _ = candidate.forward(q, k, v, problem.causal)
+        torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def make_flusher(device):
+    """The L2 flusher of a CUDA device (None on the CPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    return timing.L2Flusher(timing.l2_flush_bytes(l2), device)
+
+
+def measure_step(
+    problem: Problem,
+    direction: str,
+    candidates: Sequence[Candidate],
+    *,
+    device,
+    settings: Settings,
+    timer=None,
+    flusher=None,
+    references: gate.ReferenceCache | None = None,
+    give_up_ms: float | None = None,
+    seconds: dict | None = None,
+) -> dict[str, ProblemResult]:
+    """Gate every candidate on the problem, then time those that pass against each other; one whose median
+    passes `give_up_ms` after a round is timed no further and is `pruned` (None: every candidate timed fully).
+    `seconds`, when given, gets the wall time spent in "gate" (first calls, so kernel loads and compiles
+    included) and in "timing" (peak memory, inputs, warm-up and timed calls).
+
+    Raises StepContextLost after a device fault (the caller replaces the process).
+    """
+    seconds = {} if seconds is None else seconds
+    started = time.perf_counter()
+    try:
+        return _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started)
+    finally:
+        total = time.perf_counter() - started
+        seconds.setdefault("gate", total)  # (set where the gate ends; unset when it raised)
+        seconds["timing"] = total - seconds["gate"]
+
+
+def _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started):
+    import torch
+
+    results: dict[str, ProblemResult] = {}
+    passed: list[tuple[Candidate, dict]] = []
+    is_cuda = torch.device(device).type == "cuda"
+    for i, candidate in enumerate(candidates):
+        try:
+            ok, errors, reason = gate_candidate(candidate, problem, direction, device, settings, references)
+        except Exception as err:  # the candidate's failure is its result; the others go on
+            results[candidate.name] = ProblemResult(problem.label, direction, _status_of_error(err), reason=_one_line(err))
+            if _context_lost(err):  # (on any device: a process that reports a CUDA error is not trusted again)
+                raise StepContextLost(results, [c.name for c in candidates[i + 1:]], _one_line(err)) from err
+            continue
+        finally:
+            _release_cached_memory(device)
+        if ok:
+            passed.append((candidate, errors))
+        else:
+            results[candidate.name] = ProblemResult(problem.label, direction, "incorrect", max_errors=errors, reason=reason)
+    seconds["gate"] = time.perf_counter() - started
+    if not passed:
+        return results
+    try:
+        memory = {c.name: _peak_memory_mb(c, problem, direction, device, settings.gate_seed + 99) for c, _ in passed}
+        seeds = [settings.gate_seed + 100 + i for i in range(settings.input_sets)]
+        calls = {c.name: timed_calls(c, problem, direction, device, seeds) for c, _ in passed}
+        timings = timing.benchmark(
+            calls, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
+            flush=flusher, warmup=settings.warmup, rounds=settings.rounds, seed=settings.gate_seed,
+            give_up=None if give_up_ms is None else {c.name: give_up_ms for c, _ in passed},
+        )
+    except Exception as err:
+        status, reason = _status_of_error(err), f"while timing: {_one_line(err)}"
+        for c, errors in passed:
+            results[c.name] = ProblemResult(problem.label, direction, status, max_errors=errors, reason=reason)
+        if _context_lost(err):
+            raise StepContextLost(results, [], reason) from err
+        return results
+    count = flops.problem_flops(problem, direction)
+    for c, errors in passed:
+        t = timings[c.name]
+        status, reason = "ok", ""
+        if t.stopped:
+            status = "pruned"
+            count_text = f"{len(t.samples_ms)} sample{'s' if len(t.samples_ms) != 1 else ''}"
+            reason = f"stopped after {count_text}: median {t.median_ms:.4g} ms > {give_up_ms:.4g} ms (give-up threshold)"
+        results[c.name] = ProblemResult(
+            problem.label, direction, status, tflops=flops.tflops(count, t.median_ms),
+            ms_median=t.median_ms, ms_min=t.min_ms, ms_max=t.max_ms, ms_q1=t.q1_ms, ms_q3=t.q3_ms, max_errors=errors, reason=reason,
+            peak_vram_mb=memory[c.name],
+        )
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# Steps in a child process: one child runs steps in order, keeps what it loaded for the next call, and is
+# replaced after a crash, a hang or a device fault; only the step in flight is lost.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One (problem, direction) with the candidates to run on it (as JSON specs); a candidate whose median
+    passes `give_up_ms` milliseconds after a timed round is timed no further (`pruned`)."""
+
+    problem: Problem
+    direction: str
+    specs: list[dict]
+    give_up_ms: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"problem": self.problem.to_dict(), "direction": self.direction, "specs": self.specs, "give_up_ms": self.give_up_ms}
+
+
+@dataclass
+class _ChildState:
+    """What a step child keeps between steps and calls, per device."""
+
+    flusher: object
+    references: gate.ReferenceCache
+
+
+_CHILD_STATE: dict[str, _ChildState] = {}
+
+
+def _child_state(device: str) -> _ChildState:
+    """The L2 flusher and the gate's reference cache of this process, made on first use."""
+    import torch
+
+    if device not in _CHILD_STATE:
+        if torch.device(device).type == "cuda":
+            memory = torch.cuda.get_device_properties(device).total_memory
+            references = gate.ReferenceCache(memory // REFERENCE_CACHE_FRACTION)
+        else:
+            references = gate.ReferenceCache(REFERENCE_CACHE_CPU_BYTES)
+        _CHILD_STATE[device] = _ChildState(make_flusher(device), references)
+    return _CHILD_STATE[device]
+
+
+def child_run_steps(steps: list[dict], settings: dict, device: str = "cuda") -> Iterator[dict]:
+    """Child side: for each step yield {"started": i}, then {"step": i, "results": {...}} (with "retry":
+    the candidates still to run, after a device fault ended this process's usefulness: it retires)."""
+    config = Settings(**settings)
+    state = _child_state(device)
+    for i, data in enumerate(steps):
+        yield {"started": i}  # the time limit runs per step from here, not from the process start
+        problem, direction = Problem.from_dict(data["problem"]), data["direction"]
+        candidates, results = [], {}
+        for spec in data["specs"]:
+            try:
+                candidates.append(candidate_from_spec(spec))
+            except Exception as err:  # e.g. experiment.py does not import: that candidate's result, not a crash
+                results[spec["name"]] = ProblemResult(problem.label, direction, "crash", reason=f"cannot build the candidate: {_one_line(err)}")
+        seconds: dict = {}
+        try:
+            results.update(measure_step(problem, direction, candidates, device=device, settings=config, flusher=state.flusher,
+                                        references=state.references, give_up_ms=data.get("give_up_ms"), seconds=seconds))
+        except StepContextLost as lost:
+            results.update(lost.results)
+            isolation.retire()  # this process's CUDA context is gone: the server starts a fresh one
+            yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "retry": lost.remaining, "seconds": seconds}
+            return
+        yield {"step": i, "results": {k: r.to_dict() for k, r in results.items()}, "seconds": seconds}
+        _release_cached_memory(device)
