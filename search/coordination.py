@@ -129,10 +129,12 @@ def find_claim(study: optuna.Study, trial: optuna.Trial, config, space) -> tuple
     return "free", None
 
 
-def in_flight_evaluations(history: list[TrialRecord], study: optuna.Study) -> int:
-    """Search trials that some worker claimed and has not finished (they count towards n_trials)."""
-    claimed = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get(WORKER)}
-    return sum(1 for r in history if r.number in claimed and r.confirmation_of is None)
+def in_flight_evaluations(trials: list) -> int:
+    """Search trials that some worker claimed and has not finished (they count towards n_trials), in one snapshot
+    of the study's trials (the one its history was read from: a trial that finished between two reads would count
+    in neither, and the budget would run one over)."""
+    return sum(1 for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER)
+               and t.user_attrs.get(attrs.CONFIRMATION_OF) is None)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -240,11 +240,12 @@ class StudyLoop:
             asked, turn = None, None
             with self.lock.held():
                 self._fail_stale()
-                history = records(self.study)
+                trials = self.study.get_trials(deepcopy=False)
+                history = [record(t) for t in trials]
                 evaluated = evaluated_count(history)
                 if (reason := self._stop_reason(evaluated, stall)) is not None:
                     return reason
-                remaining = self.settings.n_trials - evaluated - in_flight_evaluations(history, self.study)
+                remaining = self.settings.n_trials - evaluated - in_flight_evaluations(trials)
                 if remaining > 0:
                     if waiting(self.study):
                         asked = self._ask()

@@ -19,7 +19,7 @@ from search.study import close_interrupted
 from search_helpers import ROOT, replay_args, run_cli, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"
-DELAY = 0.4  # seconds per replayed config: long enough to be caught mid-trial
+DELAY = 1.0  # seconds per replayed config: long enough to be caught mid-trial on a loaded machine
 
 
 def _start(args) -> subprocess.Popen:
