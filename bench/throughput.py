@@ -130,17 +130,20 @@ class Pruning:
 
     def monitor(self, problems, kind: str):
         from search.evaluating.pruning import TrialMonitor, best_tflops, give_up_ms
+        from search.storing import schema
 
         with self.lock:
             trial = self.study.ask()
-            done = [t.user_attrs["results"] for t in self.study.get_trials(deepcopy=False) if "results" in t.user_attrs]
+            done = [t.user_attrs[schema.MEASUREMENT]["results"] for t in self.study.get_trials(deepcopy=False) if schema.MEASUREMENT in t.user_attrs]
             return TrialMonitor(trial, give_up_ms(problems, kind, best_tflops(done), self.factor))
 
     def tell(self, monitor, m) -> None:
         from optuna.trial import TrialState
 
+        from search.storing import schema
+
         with self.lock:
-            monitor.trial.set_user_attr("results", [r.to_dict() for r in m.results])
+            monitor.trial.set_user_attr(schema.MEASUREMENT, m.to_dict())
             if m.ok:
                 self.study.tell(monitor.trial, m.geomean_tflops())
             else:

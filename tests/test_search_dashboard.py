@@ -68,7 +68,7 @@ def test_api_lists_the_study_and_each_trial_carries_tflops_status_static_facts_p
     for t in scripted:
         a = _attrs(t)
         assert a["status"] == "ok" and "b1 s8192 h16 d128 causal" in json.loads(a["tflops"])
-        assert json.loads(a["static"])["registers"] > 0
+        assert json.loads(a["measurement"])["static"]["registers"] > 0
     infeasible = [t for t in trials if _attrs(t).get("status") == "infeasible"]
     assert infeasible, "the random sampler's trials include no infeasible config"
     for t in infeasible:

@@ -152,7 +152,21 @@ def test_trials_record_per_problem_tflops_device_mode_and_commit(tmp_path):
     assert a[schema.PROPOSER] == "baseline" and a[schema.STATUS] == "ok" and a[schema.MODE] == "replay"
     assert set(a[schema.TFLOPS]) == {p.label for p in spec().problems}
     assert a[schema.GIT_COMMIT] == "abc1234" and "replayed from" in a[schema.DEVICE]
-    assert a[schema.ERRORS] and a[schema.CONFIG] == ForwardConfig().to_dict()
+    assert a[schema.CONFIG] == ForwardConfig().to_dict()
+
+
+def test_an_evaluated_trial_stores_its_whole_measurement_as_one_attribute_beside_the_scalars(tmp_path):
+    loop, evaluator, _ = make_loop(write_table(tmp_path), n_trials=2, confirmations=0)
+    loop.run()
+    a = loop.study.trials[0].user_attrs
+    m = Measurement.from_dict(a[schema.MEASUREMENT])
+    expected = evaluator.evaluate("fwd", ForwardConfig(), spec().problem_class, list(spec().problems))
+    assert m == expected  # per-problem times and the gate's errors included
+    assert all(r.max_errors for r in m.results) and m.evaluator == "replay"
+    assert a[schema.STATUS] == m.status and a[schema.GEOMEAN_TFLOPS] == m.geomean_tflops() and a[schema.DEVICE] == m.device
+    assert not set(schema.LEGACY_TRIAL_ATTRS) & set(a)  # the measurement holds what these held
+    r = records(loop.study)[0]
+    assert r.results == m.results and r.evaluator == "replay" and r.static == m.static
 
 
 def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_path):

@@ -27,7 +27,7 @@ from search.running.loop import LoopSettings, StopFlag
 from search.running.run_config import RunConfig
 from search.running.worker import WorkerLoop, spec_of
 from search.storing import schema
-from search.storing.claims import PENDING_TURNS, SEARCH_SETTINGS, WORKER, StudyLock, set_pending_turn
+from search.storing.claims import StudyLock, set_pending_turn
 from search.storing.history import config_key, evaluated_count, records
 from search.storing.storage import open_storage
 from search.storing.study import open_study
@@ -64,8 +64,8 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         trials = study.get_trials()
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
-        mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER) == name
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
+        mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(schema.WORKER) == name
                 and t.user_attrs.get(schema.CONFIRMATION_OF) is None]
         if done and mine and (datetime.now() - mine[0].datetime_start).total_seconds() < DELAY / 2:
             proc.send_signal(signal.SIGKILL)
@@ -100,7 +100,7 @@ def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     history = records(_study(url))
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
     assert len(measured) == len(set(measured)) == evaluated_count(history) == N_TRIALS
-    assert {t.user_attrs[WORKER] for t in trials if t.user_attrs.get(schema.EVALUATED)} == {"w0", "w1", "w2"}
+    assert {t.user_attrs[schema.WORKER] for t in trials if t.user_attrs.get(schema.EVALUATED)} == {"w0", "w1", "w2"}
     copies = [r for r in history if r.duplicate_of is not None]
     assert all(history[r.duplicate_of].evaluated for r in copies)
     # the winner was confirmed once
@@ -133,8 +133,8 @@ def test_run_with_two_workers_creates_the_study_records_its_settings_and_both_me
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{STUDY}: 6 evaluated by 2 workers" in done.stdout
     study = _study(url)
-    assert study.user_attrs[SEARCH_SETTINGS]["n_trials"] == 6
-    assert len({t.user_attrs[WORKER] for t in study.trials if t.user_attrs.get(schema.EVALUATED)}) == 2
+    assert study.user_attrs[schema.SEARCH_SETTINGS]["n_trials"] == 6
+    assert len({t.user_attrs[schema.WORKER] for t in study.trials if t.user_attrs.get(schema.EVALUATED)}) == 2
     assert results_tsv.read_rows(tmp_path / "results.tsv").skipped == ()
 
 
@@ -166,7 +166,7 @@ def test_the_turn_counts_what_other_workers_run_and_the_proposer_turns_they_are_
     # counting finished trials only, tpe (0) would be behind claude (2); with the 3 running elsewhere, claude is
     assert loop.policy.inner.next(history, ["tpe", "claude"]) == "tpe"
     assert loop._decide(history, remaining=4) == "claude"
-    assert loop.study.user_attrs[PENDING_TURNS]["me"] == {**loop.study.user_attrs[PENDING_TURNS]["me"], "proposer": "claude", "k": 4}
+    assert loop.study.user_attrs[schema.PENDING_TURNS]["me"] == {**loop.study.user_attrs[schema.PENDING_TURNS]["me"], "proposer": "claude", "k": 4}
     set_pending_turn(loop.study, "me", None)
     # another worker is taking a claude turn of 4 configs: here it is the sampler's turn
     set_pending_turn(loop.study, "other", "claude", 4)
@@ -255,7 +255,7 @@ def test_one_worker_with_several_trials_in_flight_shares_the_study_between_its_s
     history = records(_study(url))
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
     assert len(measured) == len(set(measured)) == 9
-    assert {t.user_attrs[WORKER] for t in _study(url).trials if t.user_attrs.get(schema.EVALUATED)} == {"w/0", "w/1", "w/2"}
+    assert {t.user_attrs[schema.WORKER] for t in _study(url).trials if t.user_attrs.get(schema.EVALUATED)} == {"w/0", "w/1", "w/2"}
     assert len(results_tsv.read_rows(tmp_path / "results.tsv").rows) == len(history)
 
 

@@ -26,6 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
@@ -103,11 +104,11 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool) -> Winner:
         raise ConfigError("unconfirmed_winner", f"{head} is confirmed {len(confirmed)} of {needed} times"
                           + (f" ({why})" if why else "") + ": run the same `python -m search run` again to confirm it")
     for r in (w, *confirmed):
-        for result in ev.user_attrs(r.number).get(schema.RESULTS) or [{"problem": "(none)", "status": "no results"}]:
-            if result.get("status") != "ok":
-                raise ConfigError("gate_failed", f"{head}: trial #{r.number} did not pass the correctness gate on {result['problem']!r} ({result['status']})")
-            if not result.get("max_errors"):
-                raise ConfigError("gate_missing", f"{head}: trial #{r.number} has no correctness-gate record for {result['problem']!r}")
+        for result in r.results or [ProblemResult("(none)", ev.direction, "no results")]:
+            if result.status != "ok":
+                raise ConfigError("gate_failed", f"{head}: trial #{r.number} did not pass the correctness gate on {result.problem!r} ({result.status})")
+            if not result.max_errors:
+                raise ConfigError("gate_missing", f"{head}: trial #{r.number} has no correctness-gate record for {result.problem!r}")
     space = get_space(ev.direction)
     config = space.config(w.config)
     if isinstance(config, ForwardConfig):
@@ -380,8 +381,8 @@ def _gate_summary(winners: list[Winner]) -> list[str]:
     worst, cases, seeds, checks = None, set(), set(), 0
     for w in winners:
         for r in (w.trial, *w.confirmations):
-            for result in w.study.user_attrs(r.number).get(schema.RESULTS) or []:
-                errors = result.get("max_errors") or {}
+            for result in r.results:
+                errors = result.max_errors or {}
                 checks += 1
                 cases.add(errors.get("gate_cases"))
                 seeds.add(errors.get("gate_seed"))

@@ -105,15 +105,14 @@ def trial_note(ev: StudyEvidence, r: TrialRecord) -> str:
         lines.append(f"\nduplicate of trial #{r.duplicate_of}: its numbers are copied, not measured again")
     if r.confirmation_of is not None:
         lines.append(f"\nconfirmation of trial #{r.confirmation_of}: {'confirmed' if r.confirmed else 'NOT confirmed'}")
-    results = a.get(schema.RESULTS) or []
-    if results:
+    if r.results:
         lines.append("\n| problem | status | TFLOPS | max error (tolerance) |\n|---|---|---|---|")
-        for p in results:
-            tflops = f"{p['tflops']:.1f}" if p.get("tflops") is not None else "-"
-            errors = p.get("max_errors") or {}
+        for p in r.results:
+            tflops = f"{p.tflops:.1f}" if p.tflops is not None else "-"
+            errors = p.max_errors or {}
             error = f"{errors['out']:.2g} ({errors['out_tolerance']:.2g})" if "out" in errors and "out_tolerance" in errors else \
                 (f"{errors['out']:.2g}" if "out" in errors else "-")
-            lines.append(f"| {p['problem']} | {p['status']} | {tflops} | {error} |")
+            lines.append(f"| {p.problem} | {p.status} | {tflops} | {error} |")
     elif r.tflops:
         lines.append("\n| problem | TFLOPS |\n|---|---|")
         lines.extend(f"| {k} | {v:.1f} |" for k, v in r.tflops.items())
@@ -128,7 +127,6 @@ def trial_note(ev: StudyEvidence, r: TrialRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
-TABLE_ATTR = "fa4tune:replayed_table"  # study system attr: what the replayed table says of its own device and mode
 TABLE_KEYS = ("name", "device", "mode", "target", "date", "command", "synthetic")
 
 
@@ -139,7 +137,7 @@ def table_meta(table) -> dict:
 
 def remembered_table(storage, study_names: list[str]) -> dict | None:
     """The replayed table's meta that write_notes left on these studies, when they all agree on one."""
-    metas = [storage.get_study_system_attrs(storage.get_study_id_from_name(name)).get(TABLE_ATTR) for name in study_names]
+    metas = [storage.get_study_system_attrs(storage.get_study_id_from_name(name)).get(schema.REPLAYED_TABLE) for name in study_names]
     return metas[0] if metas and metas[0] and all(m == metas[0] for m in metas) else None
 
 
@@ -156,10 +154,10 @@ def write_notes(storage, trials: bool = True, table: dict | None = None) -> tupl
     for ev in load_studies(storage):
         study_id = storage.get_study_id_from_name(ev.name)
         system = storage.get_study_system_attrs(study_id)
-        if table and replayed_table(ev.source()[0]) == table["name"] and system.get(TABLE_ATTR) != table:
-            storage.set_study_system_attr(study_id, TABLE_ATTR, table)
-            system[TABLE_ATTR] = table
-        wanted = {None: study_note(ev, system.get(TABLE_ATTR))}
+        if table and replayed_table(ev.source()[0]) == table["name"] and system.get(schema.REPLAYED_TABLE) != table:
+            storage.set_study_system_attr(study_id, schema.REPLAYED_TABLE, table)
+            system[schema.REPLAYED_TABLE] = table
+        wanted = {None: study_note(ev, system.get(schema.REPLAYED_TABLE))}
         for trial, r in zip(ev.trials, ev.history):
             if trials and r.state in ("COMPLETE", "PRUNED", "FAIL"):
                 wanted[trial._trial_id] = trial_note(ev, r)
@@ -181,9 +179,8 @@ def _save(storage, study_id: int, trial_id: int | None, version: int, body: str,
 
     prefix = note_str_key_prefix(trial_id)
     chunks = split_body(body, trial_id)
+    stale = {f"{prefix}{i}": "" for i in range(len(chunks), sum(1 for key in system if key.startswith(prefix)))}
     storage.set_study_system_attr(study_id, note_ver_key(trial_id), version)
-    for key, value in chunks.items():
+    for key, value in {**chunks, **stale}.items():  # a shorter note: the old chunks past its end are emptied
         storage.set_study_system_attr(study_id, key, value)
-    for i in range(len(chunks), sum(1 for key in system if key.startswith(prefix))):
-        storage.set_study_system_attr(study_id, f"{prefix}{i}", "")  # a shorter note: empty the old chunks
 

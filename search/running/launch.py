@@ -23,7 +23,8 @@ from search.proposing.samplers import make_sampler
 from search.running.run_config import RunConfig
 from search.running.runner import plan
 from search.running.worker import INTERRUPTED, SEARCH_FIELDS
-from search.storing.claims import PROBLEM_SPECS, SEARCH_SETTINGS, StudyLock
+from search.storing import schema
+from search.storing.claims import StudyLock
 from search.storing.history import evaluated_count, records, winner
 from search.storing.storage import describe, open_storage
 from search.storing.study import check_existing, enqueue_baseline, open_study
@@ -70,10 +71,10 @@ def prepare_studies(config: RunConfig, out) -> list[str]:
     for spec in specs:
         study = open_study(storage, spec, make_sampler(config.sampler, config.seed))
         with StudyLock(storage, spec.name).held():
-            if study.user_attrs.get(SEARCH_SETTINGS) not in (None, settings):
+            if study.user_attrs.get(schema.SEARCH_SETTINGS) not in (None, settings):
                 print(f"{spec.name}: search settings replaced by this run's", file=out)
-            study.set_user_attr(SEARCH_SETTINGS, settings)
-            study.set_user_attr(PROBLEM_SPECS, [p.to_dict() for p in spec.problems])
+            study.set_user_attr(schema.SEARCH_SETTINGS, settings)
+            study.set_user_attr(schema.PROBLEM_SPECS, [p.to_dict() for p in spec.problems])
             if config.baseline:  # before any worker, so only once
                 enqueue_baseline(study, spec)
     return [spec.name for spec in specs]

@@ -34,7 +34,7 @@ from search.proposing.proposer import Context, Proposer, ProposerUnavailable, ch
 from search.proposing.turns import FixedRatio
 from search.running.view import PlainView
 from search.storing import schema
-from search.storing.claims import WORKER, counted_history, find_claim, in_flight_evaluations, pending_turns, set_pending_turn
+from search.storing.claims import counted_history, find_claim, in_flight_evaluations, pending_turns, set_pending_turn
 from search.storing.history import TrialRecord, best, config_key, confirmations, evaluated_count, measured, record, records, winner
 from search.storing.results_log import trial_row
 from search.storing.study import close_interrupted, enqueue_baseline, waiting
@@ -108,7 +108,7 @@ class Outcome:
 class StudyLoop:
     """Runs one study to its n_trials, resuming whatever a previous run left; one slot of a worker.
 
-    `lock`: the study lock (LocalLock for a run in one process, coordination.StudyLock across processes);
+    `lock`: the study lock (LocalLock for a run in one process, search.storing.claims.StudyLock across processes);
     `worker_id`: the name claims carry; `resume`: False for every slot but the first (the first one closes
     what a killed run left, once).
     """
@@ -359,11 +359,11 @@ class StudyLoop:
         if not self.space.check(config, self.spec.problem_class, self.spec.target):
             return "skip"
         if trial.user_attrs.get(schema.CONFIRMATION_OF) is not None:
-            trial.set_user_attr(WORKER, self.worker_id)
+            trial.set_user_attr(schema.WORKER, self.worker_id)
             return "skip"
         state, _ = find_claim(self.study, trial, config, self.space)
         if state == "free":
-            trial.set_user_attr(WORKER, self.worker_id)
+            trial.set_user_attr(schema.WORKER, self.worker_id)
             return "evaluate"
         return "copy" if state == "measured" else "wait"
 
@@ -534,16 +534,10 @@ def confirmed_count(history: list[TrialRecord], w: TrialRecord) -> int:
 
 
 def measurement_attrs(m: Measurement) -> dict:
-    """The trial attributes of a measurement."""
-    found = {
+    """The trial attributes of a measurement: the whole of it as one attribute, and beside it the scalars a person
+    reads in optuna-dashboard (search.storing.schema)."""
+    return {
         schema.STATUS: m.status, schema.REASON: m.reason, schema.GEOMEAN_TFLOPS: m.geomean_tflops(),
         schema.TFLOPS: {r.problem: r.tflops for r in m.results if r.tflops is not None},
-        schema.RESULTS: [r.to_dict() for r in m.results],
-        schema.DEVICE: m.device, schema.MODE: m.mode, schema.EVALUATOR: m.evaluator,
+        schema.DEVICE: m.device, schema.MODE: m.mode, schema.MEASUREMENT: m.to_dict(),
     }
-    errors = {r.problem: r.max_errors for r in m.results if r.max_errors}
-    if errors:
-        found[schema.ERRORS] = errors
-    if m.static:
-        found[schema.STATIC] = m.static
-    return found

@@ -34,7 +34,7 @@ from search.running.run_config import RunConfig, check_values
 from search.running.view import PlainView, trial_line
 from search.space import Space, get_space
 from search.storing import schema
-from search.storing.claims import PROBLEM_SPECS, SEARCH_SETTINGS, StudyLock, default_worker_id
+from search.storing.claims import StudyLock, default_worker_id
 from search.storing.heartbeat import Heartbeat, enable, fail_stale
 from search.storing.history import TrialRecord
 from search.storing.storage import check_url, describe, open_existing_storage
@@ -119,8 +119,8 @@ def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = 
             f"this version's is {space.signature(target)}); use this version's space in another study or storage",
         )
     problem_class = ProblemClass.parse(a[schema.PROBLEM_CLASS])
-    if a.get(PROBLEM_SPECS):
-        problems = tuple(Problem.from_dict(p) for p in a[PROBLEM_SPECS])
+    if a.get(schema.PROBLEM_SPECS):
+        problems = tuple(Problem.from_dict(p) for p in a[schema.PROBLEM_SPECS])
     else:
         by_label = {p.label: p for p in load_suite(suite)}
         unknown = [label for label in a.get(schema.PROBLEMS, []) if label not in by_label]
@@ -132,7 +132,7 @@ def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = 
 
 def settings_of(study: optuna.Study) -> RunConfig:
     """The search settings `run --workers` recorded on the study."""
-    recorded = study.user_attrs.get(SEARCH_SETTINGS)
+    recorded = study.user_attrs.get(schema.SEARCH_SETTINGS)
     if not recorded:
         raise ConfigError(
             "study_settings",
@@ -151,7 +151,7 @@ def _select(storage, names: list[str] | None) -> list[optuna.Study]:
             raise ConfigError("study_name", f"no study named {unknown[0]!r} in the storage (studies there: {listed})")
         chosen = names
     else:
-        chosen = [n for n in existing if SEARCH_SETTINGS in optuna.load_study(study_name=n, storage=storage).user_attrs]
+        chosen = [n for n in existing if schema.SEARCH_SETTINGS in optuna.load_study(study_name=n, storage=storage).user_attrs]
         if not chosen:
             raise ConfigError("study_name", "no study in the storage has recorded search settings; start one with `python -m search run --workers N`")
     return [optuna.load_study(study_name=n, storage=storage) for n in chosen]

@@ -9,8 +9,9 @@
   workers are running or have queued, and the proposer turns in progress (`pending_turns`), so the ratio
   holds across workers.
 
-Attribute names (see search/storing/schema.py for the others): on a trial `worker`; on a study `pending_turns`,
-`search_settings` (what `run --workers` decided: workers read it) and `problem_specs` (the problems in full).
+The attributes (search.storing.schema): on a trial `worker`; on a study `pending_turns`, and `search_settings`
+(what `run --workers` decided: workers read it) and `problem_specs` (the problems in full), which
+search.running.launch writes.
 """
 
 from __future__ import annotations
@@ -30,10 +31,6 @@ from optuna.trial import TrialState
 from search.storing import schema
 from search.storing.history import TrialRecord, config_key, records
 
-WORKER = "worker"  # trial: the worker that claimed it for evaluation ("host:pid" or "host:pid/slot")
-PENDING_TURNS = "pending_turns"  # study: {worker: {"proposer": name, "k": configs asked, "since": unix time}}
-SEARCH_SETTINGS = "search_settings"  # study: the search settings every worker uses (run_config.RunConfig fields)
-PROBLEM_SPECS = "problem_specs"  # study: [Problem.to_dict(), ...] of its problems
 PENDING_TURN_TTL_S = 900.0  # a proposer turn older than this belongs to a dead worker
 IN_FLIGHT = (TrialState.RUNNING, TrialState.WAITING)
 
@@ -124,14 +121,14 @@ def find_claim(study: optuna.Study, trial: optuna.Trial, config, space) -> tuple
             continue
         if other.state != TrialState.RUNNING and other.user_attrs.get(schema.EVALUATED):
             return "measured", other.number
-        if other.state == TrialState.RUNNING and other.user_attrs.get(WORKER):
+        if other.state == TrialState.RUNNING and other.user_attrs.get(schema.WORKER):
             return "measuring", other.number
     return "free", None
 
 
 def in_flight_evaluations(history: list[TrialRecord], study: optuna.Study) -> int:
     """Search trials that some worker claimed and has not finished (they count towards n_trials)."""
-    claimed = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get(WORKER)}
+    claimed = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if t.user_attrs.get(schema.WORKER)}
     return sum(1 for r in history if r.number in claimed and r.confirmation_of is None)
 
 
@@ -143,20 +140,20 @@ def in_flight_evaluations(history: list[TrialRecord], study: optuna.Study) -> in
 def pending_turns(study: optuna.Study, now: float | None = None) -> dict[str, dict]:
     """Proposer turns other workers are taking right now (older ones belonged to dead workers)."""
     now = time.time() if now is None else now
-    turns = study.user_attrs.get(PENDING_TURNS) or {}
+    turns = study.user_attrs.get(schema.PENDING_TURNS) or {}
     return {w: t for w, t in turns.items() if t and now - t.get("since", 0) < PENDING_TURN_TTL_S}
 
 
 def set_pending_turn(study: optuna.Study, worker: str, proposer: str | None, k: int = 0) -> None:
     """Records (or, with proposer None, clears) this worker's proposer turn; call with the study lock held."""
-    turns = dict(study.user_attrs.get(PENDING_TURNS) or {})
+    turns = dict(study.user_attrs.get(schema.PENDING_TURNS) or {})
     if proposer is None:
         if worker not in turns:
             return
         turns.pop(worker)
     else:
         turns[worker] = {"proposer": proposer, "k": k, "since": time.time()}
-    study.set_user_attr(PENDING_TURNS, turns)
+    study.set_user_attr(schema.PENDING_TURNS, turns)
 
 
 def counted_history(history: list[TrialRecord], pending: dict[str, dict]) -> list[TrialRecord]:

@@ -1,13 +1,17 @@
-"""A study's trials as plain records (what proposers, the report, credit and apply read)."""
+"""A study's trials as plain records (what proposers, the report, credit and apply read).
+
+A trial's measurement is read from its `measurement` attribute, or, for a storage written before that attribute
+existed, from the separate attributes that held its parts (search.storing.schema: LEGACY_TRIAL_ATTRS).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from optuna.trial import FrozenTrial, TrialState
 
 from fa4tune.config import ForwardConfig
-
+from fa4tune.harness.measurement import ProblemResult
 from search.storing import schema
 
 FINISHED = ("COMPLETE", "PRUNED")  # trial states of a finished search trial
@@ -27,14 +31,15 @@ class TrialRecord:
     reason: str = ""
     rule: str = ""
     tflops: dict = field(default_factory=dict)
-    static: dict = field(default_factory=dict)
+    static: dict = field(default_factory=dict)  # the measurement's static facts (registers, spills, smem), if any
     rationale: str = ""
     evaluated: bool = False
-    evaluator: str = ""
+    evaluator: str = ""  # the measurement's evaluator: "gpu", "replay" ("" when not evaluated)
     confirmation_of: int | None = None
     confirmed: bool | None = None
     duplicate_of: int | None = None
     intermediate: dict = field(default_factory=dict)  # {step: value} reported while measuring (search.evaluating.pruning)
+    results: tuple[ProblemResult, ...] = ()  # the measurement's per-problem results: times, the gate's errors, reasons
 
     @property
     def is_search(self) -> bool:
@@ -46,9 +51,31 @@ class TrialRecord:
         return self.status == "ok" and self.value is not None
 
 
+def stored_measurement(a: dict) -> dict:
+    """A trial's Measurement.to_dict() from its user attrs `a`: the `measurement` attribute, or in a storage written
+    before it existed, what the separate attributes held (results, static, evaluator, device, mode); {} for a trial
+    whose config never reached an evaluator (infeasible, a duplicate)."""
+    if schema.MEASUREMENT in a:
+        return a[schema.MEASUREMENT] or {}
+    if not any(name in a for name in schema.LEGACY_TRIAL_ATTRS):
+        return {}
+    return {"config": a.get(schema.CONFIG) or {}, "results": a.get(schema.RESULTS) or [], "target": a.get(schema.TARGET, ""),
+            "device": a.get(schema.DEVICE, ""), "mode": a.get(schema.MODE, ""), "evaluator": a.get(schema.EVALUATOR, ""),
+            "static": a.get(schema.STATIC) or {}}
+
+
+_RESULT_FIELDS = {f.name for f in fields(ProblemResult)}
+
+
+def _result(data: dict) -> ProblemResult:
+    # a field an older version stored and this one dropped is left out, so that old storages still read
+    return ProblemResult(**{k: v for k, v in data.items() if k in _RESULT_FIELDS})
+
+
 def record(trial: FrozenTrial) -> TrialRecord:
     """The record of one Optuna trial."""
     a = trial.user_attrs
+    m = stored_measurement(a)
     return TrialRecord(
         number=trial.number,
         state=trial.state.name,
@@ -59,14 +86,15 @@ def record(trial: FrozenTrial) -> TrialRecord:
         reason=a.get(schema.REASON, ""),
         rule=a.get(schema.RULE, ""),
         tflops=a.get(schema.TFLOPS) or {},
-        static=a.get(schema.STATIC) or {},
+        static=m.get("static") or {},
         rationale=a.get(schema.RATIONALE, ""),
         evaluated=bool(a.get(schema.EVALUATED)),
-        evaluator=a.get(schema.EVALUATOR, ""),
+        evaluator=m.get("evaluator", ""),
         confirmation_of=a.get(schema.CONFIRMATION_OF),
         confirmed=a.get(schema.CONFIRMED),
         duplicate_of=a.get(schema.DUPLICATE_OF),
         intermediate=dict(trial.intermediate_values),
+        results=tuple(_result(r) for r in m.get("results") or ()),
     )
 
 

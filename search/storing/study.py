@@ -140,7 +140,7 @@ def close_interrupted(study: optuna.Study) -> list[int]:
 def requeue_params(trial: FrozenTrial) -> dict:
     """The params a killed trial is queued again with: those it was enqueued with (a proposer's full config,
     even when the kill came before every param was suggested), then those it had suggested."""
-    return {**trial.params, **trial.system_attrs.get("fixed_params", {})}
+    return {**trial.params, **trial.system_attrs.get(schema.FIXED_PARAMS, {})}
 
 
 def requeue(study: optuna.Study, trial: FrozenTrial) -> bool:
