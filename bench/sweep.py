@@ -7,7 +7,7 @@ processes: each compiles its configs with fake tensors (CPU only, no launch) and
 a time while holding an exclusive GPU lock, so compiles overlap timing but no two measurements share the GPU.
 Each finished measurement is appended to DIR/sweep-<shard>.jsonl at once (a killed run loses nothing finished),
 and configs already in DIR are skipped, so a sweep can be split over several calls. `--merge TABLE` writes the
-replay table (search/table.py format) from everything in DIR.
+replay table (search/evaluating/table.py format) from everything in DIR.
 """
 
 from __future__ import annotations

@@ -5,14 +5,14 @@ default and in the sequential mode, on the same candidates, with where the time 
 
 The same candidate list for both modes: forward configs of every problem class of the suite (the feasible
 space in a fixed shuffled order), each evaluated on the suite's problems of its class, with the harness's own
-settings (gate, timing) and pruning as `search run` prunes (an Optuna study per mode with search.pruning's
+settings (gate, timing) and pruning as `search run` prunes (an Optuna study per mode with search.evaluating.pruning's
 SlowerThanBestPruner; the give-up times come from the best results so far). A mode takes candidates until
 its time is up and finishes those it started.
 
-- default: what `python -m search run` does: search.evaluators.make_evaluator("gpu") with its defaults, the
+- default: what `python -m search run` does: search.evaluating.protocol.make_evaluator("gpu") with its defaults, the
   pipelined evaluator: cores - 1 CPU processes compile ahead (the sm_120a static check, then the GPU's arch, into
   a fresh kernel cache), `evaluator.slots` candidates in flight, one step-server child on the GPU for the run.
-- sequential: `--compile-jobs 0`: search.evaluators.GpuEvaluator, one candidate at a time, its sm_120a static
+- sequential: `--compile-jobs 0`: search.evaluating.gpu.GpuEvaluator, one candidate at a time, its sm_120a static
   check first, then the step server's child compiles and measures it.
 
 "checked" counts (config, problem) results that went through the gate (ok, incorrect, or pruned after some
@@ -121,7 +121,7 @@ class Pruning:
     def __init__(self, factor: float):
         import optuna
 
-        from search.pruning import make_pruner
+        from search.evaluating.pruning import make_pruner
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.factor = factor
@@ -129,18 +129,21 @@ class Pruning:
         self.lock = threading.Lock()
 
     def monitor(self, problems, kind: str):
-        from search.pruning import TrialMonitor, best_tflops, give_up_ms
+        from search.evaluating.pruning import TrialMonitor, best_tflops, give_up_ms
+        from search.storing import schema
 
         with self.lock:
             trial = self.study.ask()
-            done = [t.user_attrs["results"] for t in self.study.get_trials(deepcopy=False) if "results" in t.user_attrs]
+            done = [t.user_attrs[schema.MEASUREMENT]["results"] for t in self.study.get_trials(deepcopy=False) if schema.MEASUREMENT in t.user_attrs]
             return TrialMonitor(trial, give_up_ms(problems, kind, best_tflops(done), self.factor))
 
     def tell(self, monitor, m) -> None:
         from optuna.trial import TrialState
 
+        from search.storing import schema
+
         with self.lock:
-            monitor.trial.set_user_attr("results", [r.to_dict() for r in m.results])
+            monitor.trial.set_user_attr(schema.MEASUREMENT, m.to_dict())
             if m.ok:
                 self.study.tell(monitor.trial, m.geomean_tflops())
             else:
@@ -149,8 +152,9 @@ class Pruning:
 
 def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, prune_factor: float) -> tuple[list, dict]:
     """Evaluates candidates from `todo` for `seconds` in a mode, with `evaluator.slots` in flight."""
-    from search.evaluators import GpuEvaluator, default_compile_jobs
-    from search.gpu_pipeline import PipelinedGpuEvaluator
+    from search.evaluating.gpu import GpuEvaluator
+    from search.evaluating.gpu_pipeline import PipelinedGpuEvaluator
+    from search.evaluating.protocol import default_compile_jobs
 
     if mode == "sequential":
         evaluator = GpuEvaluator(target, static_cache=cache_dir / "static-facts.jsonl")
@@ -207,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from fa4tune.harness import gpu
-    from search.pruning import DEFAULT_FACTOR
+    from search.evaluating.pruning import DEFAULT_FACTOR
 
     target = get_target("sm120")
     info = gpu.read_device()

@@ -5,7 +5,7 @@ CuTe-DSL compiled functions cannot be pickled, but the DSL exports one as an obj
 mechanism of upstream's `JITPersistentCache` (flash_attn/cute/cache_utils.py), which our patched host path
 does not use (it keeps its own `CompileCache`). Both work on a CPU machine with fake tensors.
 
-Enabled by FA4TUNE_KERNEL_CACHE=DIR (search.pipeline sets it for its compilers and the GPU process).
+Enabled by FA4TUNE_KERNEL_CACHE=DIR (search.evaluating.pipeline sets it for its compilers and the GPU process).
 An entry is DIR/<fingerprint>/<sha256 of the pickled compile key>.o. The compile key leads with every knob
 of the config and the kernel class (fa4tune.sm120_interface) and holds every decision of the host path
 (dtype, head dims, GQA packing, causal, ...). The fingerprint covers what the key does not: the

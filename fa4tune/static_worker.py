@@ -2,7 +2,7 @@
 
 Started by fa4tune.static_check with the environment that makes the DSL target sm_120a (it is read at import
 time, so each worker is a fresh interpreter). `compile_job` is also the static stage of the search's compile
-pipeline (search.compile_stage runs it in search.pipeline's compiler processes).
+pipeline (search.evaluating.compile_stage runs it in search.evaluating.pipeline's compiler processes).
 """
 
 from __future__ import annotations

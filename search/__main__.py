@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fa4tune.cli import CommandParser, count
 from fa4tune.config import ConfigError
-from search import review_cli
+from search.reviewing import cli as review_cli
 
 BAD_INPUT = 2  # bad input and refusals alike: one `error:` line each
 
@@ -71,7 +71,7 @@ def _parser() -> CommandParser:
     p.add_argument("--sampler", default=None, help="the sampler of the turns and default strategies (default: run's default)")
     p.add_argument("--jobs", type=count, default=os.cpu_count() or 1)
     review_cli.add_parsers(sub)
-    from search import worker
+    from search.running import worker
 
     worker.add_parser(sub)
     return parser
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from search import run_config, runner
+    from search.running import run_config
+    from search.running import runner
 
     cli = {k: v for k, v in vars(args).items() if k not in ("command", "config", "direction", "workers")}
     if args.direction:
@@ -101,7 +102,7 @@ def _run(args) -> int:
     file_values = run_config.load_file(args.config) if args.config else {}
     config = run_config.build(file_values, cli)
     if args.workers is not None:
-        from search.launch import run_workers
+        from search.running.launch import run_workers
 
         return run_workers(config, args.workers)
     code = runner.run(config)
@@ -110,20 +111,20 @@ def _run(args) -> int:
 
 
 def _worker(args) -> int:
-    from search.worker import main as worker_main
+    from search.running.worker import main as worker_main
 
     return worker_main(args)
 
 
 def _storage_url(args) -> str:
-    from search.storage import DEFAULT_STORAGE
+    from search.storing.storage import DEFAULT_STORAGE
 
     return args.storage or DEFAULT_STORAGE
 
 
 def _report(args) -> int:
-    from search.report import report
-    from search.storage import describe, open_existing_storage
+    from search.reviewing.report import report
+    from search.storing.storage import describe, open_existing_storage
 
     url = _storage_url(args)
     print(f"storage: {describe(url)}")
@@ -134,8 +135,8 @@ def _report(args) -> int:
 
 
 def _apply(args) -> int:
-    from search import apply
-    from search.storage import describe, open_existing_storage
+    from search.reviewing import apply
+    from search.storing.storage import describe, open_existing_storage
 
     url = _storage_url(args)
     path = Path(args.experiment)
@@ -163,8 +164,8 @@ def _apply(args) -> int:
 
 
 def _bench(args) -> int:
-    from search import bench
-    from search.samplers import DEFAULT_SAMPLER, make_sampler
+    from search.running import bench
+    from search.proposing.samplers import DEFAULT_SAMPLER, make_sampler
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in bench.STRATEGIES]
@@ -172,7 +173,7 @@ def _bench(args) -> int:
         raise ConfigError("bench_strategy", f"strategy {unknown[0]!r} is not one of {', '.join(bench.STRATEGIES)}")
     if args.seeds < 1:
         raise ConfigError("bench_seeds", f"--seeds must be at least 1, got {args.seeds}")
-    from search.table import load_table
+    from search.evaluating.table import load_table
 
     path = args.table or bench.DEFAULT_TABLE
     table = load_table(path)

@@ -29,7 +29,7 @@ from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, ch
 from fa4tune.kernel_class import forward_kernels
 from fa4tune.space import BACKWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
-from search.history import config_key
+from search.storing.history import config_key
 
 DIRECTIONS = ("fwd", "bwd")
 _FEASIBLE: dict[tuple, list] = {}  # (space signature, problem class) -> feasible configs

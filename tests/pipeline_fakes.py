@@ -1,4 +1,4 @@
-"""A fake compiler for the pipeline tests: sleeps instead of compiling (it runs in search.pipeline's compiler processes)."""
+"""A fake compiler for the pipeline tests: sleeps instead of compiling (it runs in search.evaluating.pipeline's compiler processes)."""
 
 from __future__ import annotations
 

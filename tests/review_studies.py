@@ -1,4 +1,4 @@
-"""Studies for the dashboard, plot and export tests: real search loops (search.loop, with its confirmations)
+"""Studies for the dashboard, plot and export tests: real search loops (search.running.loop, with its confirmations)
 on replayed SYNTHETIC tables, with a scripted proposer in Claude's seat so that the winners are known.
 
 Every table written here says "synthetic": true; the numbers are invented, never a measurement.
@@ -14,14 +14,14 @@ from fa4tune.defaults import upstream_backward
 from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.evaluators import ReplayEvaluator
-from search.loop import LoopSettings, StopFlag, StudyLoop
-from search.proposers.scripted import ScriptedProposer
-from search.samplers import make_sampler
-from search.storage import open_storage
-from search.study import StudySpec, open_study
-from search.table import load_table, save_table
-from search.turns import FixedRatio
+from search.evaluating.replay import ReplayEvaluator
+from search.evaluating.table import load_table, save_table
+from search.proposing.samplers import make_sampler
+from search.proposing.scripted import ScriptedProposer
+from search.proposing.turns import FixedRatio
+from search.running.loop import LoopSettings, StopFlag, StudyLoop
+from search.storing.storage import open_storage
+from search.storing.study import StudySpec, open_study
 from search_helpers import SUITE, Recorder
 from synthetic_table import write_synthetic_table
 

@@ -13,12 +13,12 @@ import optuna
 from fa4tune.config import ProblemClass
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.evaluators import ReplayEvaluator
-from search.loop import LoopSettings, StopFlag, StudyLoop
-from search.samplers import make_sampler
-from search.study import StudySpec, open_study
-from search.table import load_table
-from search.turns import FixedRatio
+from search.evaluating.replay import ReplayEvaluator
+from search.evaluating.table import load_table
+from search.proposing.samplers import make_sampler
+from search.proposing.turns import FixedRatio
+from search.running.loop import LoopSettings, StopFlag, StudyLoop
+from search.storing.study import StudySpec, open_study
 from synthetic_table import write_synthetic_table
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.space import feasible_forward
 from fa4tune.suites import problem_classes
 from fa4tune.targets import get_target
-from search.table import save_table
+from search.evaluating.table import save_table
 
 
 def _noise(*parts) -> float:

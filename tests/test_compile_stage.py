@@ -12,8 +12,8 @@ from fa4tune.defaults import upstream_forward
 from fa4tune.static_check import FactsCache, StaticJob, cache_key, facts_from_compile, run_static
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.compile_stage import CompileStage
-from search.gpu_pipeline import compile_env, compile_job
+from search.evaluating.compile_stage import CompileStage
+from search.evaluating.gpu_pipeline import compile_env, compile_job
 from search_helpers import ROOT
 
 TARGET = get_target("sm120")

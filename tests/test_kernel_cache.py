@@ -10,8 +10,8 @@ from fa4tune.config import ForwardConfig
 from fa4tune.defaults import upstream_forward
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.gpu_pipeline import COMPILE_FUNCTION, compile_env, compile_job
-from search.pipeline import CompilePool
+from search.evaluating.gpu_pipeline import COMPILE_FUNCTION, compile_env, compile_job
+from search.evaluating.pipeline import CompilePool
 from search_helpers import ROOT
 
 TARGET = get_target("sm120")

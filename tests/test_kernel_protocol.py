@@ -16,7 +16,7 @@ from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
 from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tuned_forward_sm120 import TunedForwardSm120
-from search.export import upstream_kernel
+from search.reviewing.export import upstream_kernel
 from search.space import forward_space, get_space
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,8 +211,8 @@ def test_sequence_length_and_gqa_limits_are_checked_per_problem_and_class():
 
 
 def test_a_proposer_sees_the_class_and_names_its_knob_only_for_its_configs(agent):
-    from search.proposers.base import Context, Proposal, check_proposals
-    from search.proposers.prompt import system_prompt, tool
+    from search.proposing.prompt import system_prompt, tool
+    from search.proposing.proposer import Context, Proposal, check_proposals
 
     context = Context(get_space("fwd"), D64, [Problem(1, 1024, 1024, 8, 8, 64, 64, False)], TARGET, [], k=2)
     base = {"tile_m": 64, "tile_n": 64, "num_threads": 128, "num_stages": 1, "Q_in_regs": False}

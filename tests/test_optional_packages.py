@@ -10,10 +10,11 @@ import sys
 import optuna
 import pytest
 
-from search import attrs, optional
-from search.proposers import claude
-from search.proposers.base import ProposerUnavailable
-from search.storage import open_storage
+from search import optional
+from search.proposing import claude
+from search.proposing.proposer import ProposerUnavailable
+from search.storing import schema
+from search.storing.storage import open_storage
 from search_helpers import CLASS, ROOT, SUITE, replay_args, write_table
 
 OPTIONAL = "optuna_dashboard,matplotlib,anthropic"
@@ -39,7 +40,7 @@ def sampled_only(url: str) -> bool:
     """Every trial of the study finished with its value: upstream's default, then the sampler's (none is claude's)."""
     kept = trials(url)
     return (len(kept) > 1 and all(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None for t in kept)
-            and [t.user_attrs[attrs.PROPOSER] for t in kept] == ["baseline"] + ["tpe"] * (len(kept) - 1))
+            and [t.user_attrs[schema.PROPOSER] for t in kept] == ["baseline"] + ["tpe"] * (len(kept) - 1))
 
 
 def printed_trials(stdout: str) -> int:
@@ -66,7 +67,7 @@ def test_why_missing_names_the_package_that_is_not_installed(monkeypatch):
 def test_every_module_of_the_main_paths_imports_without_the_optional_packages():
     names = [f"fa4tune.{p.stem}" for p in sorted((ROOT / "fa4tune").glob("*.py"))]
     names += [f"fa4tune.harness.{p.stem}" for p in sorted((ROOT / "fa4tune" / "harness").glob("*.py"))]
-    names += [f"search.{p.stem}" for p in sorted((ROOT / "search").glob("*.py"))] + ["search.proposers.claude", "prepare", "experiment"]
+    names += [".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__") for p in sorted((ROOT / "search").rglob("*.py"))] + ["prepare", "experiment"]
     code = ("import importlib, sys\nfailed = []\n"
             f"for name in {names!r}:\n"
             "    try:\n        importlib.import_module(name)\n"

@@ -9,9 +9,9 @@ import optuna
 import pytest
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from search import apply as apply_module
-from search.history import records, winner
-from search.storage import open_storage
+from search.reviewing import apply as apply_module
+from search.storing.history import records, winner
+from search.storing.storage import open_storage
 from search_helpers import CLASS, ROOT, replay_args, run_cli, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"

@@ -8,8 +8,8 @@ import socket
 import optuna
 import pytest
 
-from search import attrs
-from search.storage import open_storage
+from search.storing import schema
+from search.storing.storage import open_storage
 from search_helpers import replay_args, run_cli, spec, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"
@@ -53,7 +53,7 @@ def test_a_study_that_exists_with_another_space_is_refused_untouched(tmp_path):
     url = f"sqlite:///{tmp_path / 'search.db'}"
     storage = open_storage(url)
     study = optuna.create_study(study_name=STUDY, storage=storage, direction="maximize")
-    old = {**spec().user_attrs(), attrs.SPACE_SIGNATURE: "0123456789abcdef"}  # e.g. made with an older domain
+    old = {**spec().user_attrs(), schema.SPACE_SIGNATURE: "0123456789abcdef"}  # e.g. made with an older domain
     for key, value in old.items():
         study.set_user_attr(key, value)
     study.enqueue_trial({"tile_m": 128})
@@ -66,7 +66,7 @@ def test_a_study_that_exists_with_another_space_is_refused_untouched(tmp_path):
 def test_a_study_of_other_problems_is_refused(tmp_path):
     url = f"sqlite:///{tmp_path / 'search.db'}"
     study = optuna.create_study(study_name=STUDY, storage=open_storage(url), direction="maximize")
-    for key, value in {**spec().user_attrs(), attrs.PROBLEMS: ["b1 s1024 h8 d128 causal"]}.items():
+    for key, value in {**spec().user_attrs(), schema.PROBLEMS: ["b1 s1024 h8 d128 causal"]}.items():
         study.set_user_attr(key, value)
     _one_line_error(run_cli(*replay_args(url, write_table(tmp_path))), "study_problems", "b1 s1024 h8 d128 causal")
 
@@ -93,8 +93,8 @@ def test_a_config_file_sets_what_the_command_line_leaves(tmp_path):
     done = run_cli(*replay_args(url, write_table(tmp_path)), "--config", config)
     assert done.returncode == 0, done.stderr
     trials = optuna.load_study(study_name=STUDY, storage=open_storage(url)).trials
-    assert sum(t.user_attrs[attrs.EVALUATED] for t in trials) == 3
-    assert {t.user_attrs[attrs.PROPOSER] for t in trials} <= {"baseline", "random"}
+    assert sum(t.user_attrs[schema.EVALUATED] for t in trials) == 3
+    assert {t.user_attrs[schema.PROPOSER] for t in trials} <= {"baseline", "random"}
 
 
 def test_a_missing_table_and_an_unknown_sampler(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from fa4tune.config import ForwardConfig
-from search.bench import Run, one_run, row
-from search.table import load_table
+from search.evaluating.table import load_table
+from search.running.bench import Run, one_run, row
 from search_helpers import CLASS, run_cli, write_table
 
 

@@ -10,11 +10,11 @@ import optuna
 import pytest
 
 from fa4tune.config import ForwardConfig
-from search import attrs
-from search.history import records
-from search.proposers import claude as claude_module
-from search.proposers.claude import ClaudeProposer
-from search.storage import open_storage
+from search.proposing import claude as claude_module
+from search.proposing.claude import ClaudeProposer
+from search.storing import schema
+from search.storing.history import records
+from search.storing.storage import open_storage
 from fake_messages_api import FakeMessagesAPI, error_reply, input_reply, slow_reply, text_reply, tool_reply
 from search_helpers import make_loop, replay_args, run_cli, write_table
 
@@ -39,7 +39,7 @@ def _claude(api, **kwargs) -> ClaudeProposer:
 
 
 def _by(loop, proposer):
-    return [t for t in loop.study.trials if t.user_attrs.get(attrs.PROPOSER) == proposer]
+    return [t for t in loop.study.trials if t.user_attrs.get(schema.PROPOSER) == proposer]
 
 
 def test_good_proposals_are_measured_with_their_rationale_and_the_model_sees_the_rules_and_history(tmp_path):
@@ -49,8 +49,8 @@ def test_good_proposals_are_measured_with_their_rationale_and_the_model_sees_the
         loop.run()
     claude_trials = _by(loop, "claude")
     assert len(claude_trials) >= 3 and _by(loop, "tpe")
-    assert all(t.user_attrs[attrs.RATIONALE].startswith("fake model: listed feasible config") for t in claude_trials)
-    assert all(t.user_attrs[attrs.EVALUATED] and t.user_attrs[attrs.STATUS] == "ok" for t in claude_trials)
+    assert all(t.user_attrs[schema.RATIONALE].startswith("fake model: listed feasible config") for t in claude_trials)
+    assert all(t.user_attrs[schema.EVALUATED] and t.user_attrs[schema.STATUS] == "ok" for t in claude_trials)
     first = api.requests[0]
     assert first["model"] == "test-model" and "test-key" in (api.headers[0].get("X-Api-Key") or api.headers[0].get("Authorization", ""))
     assert first["tool_choice"] == {"type": "tool", "name": "propose_configs"}
@@ -98,7 +98,7 @@ def test_out_of_domain_wrong_type_and_infeasible_proposals_never_reach_the_evalu
     assert "tile_m=512 is not in the search domain" in feedback
     assert "infeasible: smem_capacity: needs 114688 B of shared memory" in feedback
     assert "num_threads must be an integer" in feedback and "has no knob 'warp_specialize'" in feedback
-    assert loop.study.user_attrs[attrs.REJECTED_PROPOSALS] == {"claude": 4}
+    assert loop.study.user_attrs[schema.REJECTED_PROPOSALS] == {"claude": 4}
 
 
 def test_rate_limited_once_then_the_retry_succeeds(tmp_path, sleeps):
@@ -153,7 +153,7 @@ def test_no_key_says_so_once_and_the_sampler_takes_the_turns(tmp_path):
         loop.run()
     assert api.requests == []
     assert [m for m in view.messages if "ANTHROPIC_API_KEY" in m] == ["claude: no ANTHROPIC_API_KEY set: the sampler takes claude's turns"]
-    assert {t.user_attrs[attrs.PROPOSER] for t in loop.study.trials} == {"baseline", "tpe"}
+    assert {t.user_attrs[schema.PROPOSER] for t in loop.study.trials} == {"baseline", "tpe"}
 
 
 def test_the_command_line_run_takes_key_and_endpoint_from_the_environment(tmp_path):

@@ -14,8 +14,8 @@ from html import unescape
 import pytest
 
 from review_studies import FWD_MHA, FWD_MHA_RUNNER_UP, RATIONALE, forward_table, run_study
-from search.notes import FOOTER
-from search.storage import open_storage
+from search.reviewing.notes import FOOTER
+from search.storing.storage import open_storage
 from search_helpers import ROOT, run_cli
 
 STUDY = "fwd:d128-causal-bf16:sm120"
@@ -68,7 +68,7 @@ def test_api_lists_the_study_and_each_trial_carries_tflops_status_static_facts_p
     for t in scripted:
         a = _attrs(t)
         assert a["status"] == "ok" and "b1 s8192 h16 d128 causal" in json.loads(a["tflops"])
-        assert json.loads(a["static"])["registers"] > 0
+        assert json.loads(a["measurement"])["static"]["registers"] > 0
     infeasible = [t for t in trials if _attrs(t).get("status") == "infeasible"]
     assert infeasible, "the random sampler's trials include no infeasible config"
     for t in infeasible:
@@ -140,7 +140,7 @@ def test_a_storage_that_does_not_exist_is_refused(tmp_path):
 
 
 def test_binding_beyond_loopback_warns(tmp_path):
-    from search import dashboard
+    from search.reviewing import dashboard
 
     url = f"sqlite:///{tmp_path / 'search.db'}"
     run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp_path), [FWD_MHA], confirmations=0)
@@ -159,7 +159,7 @@ def test_binding_beyond_loopback_warns(tmp_path):
 def test_a_note_edited_by_hand_is_left_alone(tmp_path):
     from optuna_dashboard._note import get_note_from_system_attrs, save_note_with_version
 
-    from search.notes import write_notes
+    from search.reviewing.notes import write_notes
 
     url = f"sqlite:///{tmp_path / 'search.db'}"
     run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp_path), [FWD_MHA], confirmations=0)
@@ -185,7 +185,7 @@ def test_search_run_leaves_a_note_on_each_study(tmp_path):
     note = get_note_from_system_attrs(system, None)["body"]
     assert note.startswith(f"## {STUDY}") and "| upstream default |" in note and "| mode | `replay`" in note
     assert "The table's numbers: SYNTHETIC test data" in note  # the run's table is remembered for later notes
-    from search.notes import write_notes
+    from search.reviewing.notes import write_notes
 
     write_notes(storage)
     assert get_note_from_system_attrs(storage.get_study_system_attrs(storage.get_study_id_from_name(STUDY)), None)["body"] == note
@@ -195,8 +195,8 @@ def test_search_run_leaves_a_note_on_each_study(tmp_path):
 def test_a_replayed_trial_note_says_replayed_never_gated_and_timed(tmp_path):
     from dataclasses import replace
 
-    from search.evidence import load_studies
-    from search.notes import STATUS_WORDS, trial_note
+    from search.reviewing.evidence import load_studies
+    from search.reviewing.notes import STATUS_WORDS, trial_note
 
     url = f"sqlite:///{tmp_path / 'search.db'}"
     run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp_path), [FWD_MHA], confirmations=0)

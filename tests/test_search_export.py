@@ -18,11 +18,11 @@ from fa4tune.defaults import upstream_forward
 from fa4tune.targets import get_target
 from review_studies import (BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, FailingConfirmations,
                             backward_table, forward_table, run_study)
-from search import export as exporter
-from search.evidence import load_studies
-from search.storage import open_storage
-from search.study import StudySpec, open_study
-from search.samplers import make_sampler
+from search.proposing.samplers import make_sampler
+from search.reviewing import export as exporter
+from search.reviewing.evidence import load_studies
+from search.storing.storage import open_storage
+from search.storing.study import StudySpec, open_study
 from search_helpers import ROOT, run_cli
 
 MHA, GQA = "d128-causal-bf16", "d128-causal-gqa4-bf16"

@@ -12,7 +12,7 @@ from fa4tune.defaults import upstream_forward
 from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
-from search.evaluators import GpuEvaluator
+from search.evaluating.gpu import GpuEvaluator
 
 TARGET = get_target("sm120")
 
@@ -49,7 +49,7 @@ class _FakeServer:
 
 
 class _Monitor:
-    """search.pruning.TrialMonitor's interface: a give-up time for the second problem; stops on a pruned result."""
+    """search.evaluating.pruning.TrialMonitor's interface: a give-up time for the second problem; stops on a pruned result."""
 
     def __init__(self, limits):
         self.limits, self.reported = limits, []
@@ -180,8 +180,8 @@ class _RoundServer:
 def test_the_pipelined_consumer_sends_each_candidates_next_problem_per_round_and_drops_a_pruned_one():
     from fa4tune.harness import candidates, evaluation
     from fa4tune.harness.settings import EXPERIMENT_PATH, Settings
-    from search.gpu_pipeline import PipelinedGpuEvaluator, compile_job
-    from search.pipeline import Ready
+    from search.evaluating.gpu_pipeline import PipelinedGpuEvaluator, compile_job
+    from search.evaluating.pipeline import Ready
 
     problems = [p for p in load_suite("standard") if p.problem_class.name == "d128-noncausal-bf16"]
     evaluator = object.__new__(PipelinedGpuEvaluator)  # the consumer's half alone: no GPU, no compilers

@@ -10,11 +10,11 @@ from fa4tune.config import ForwardConfig
 from fa4tune.feasibility import check_forward
 from fa4tune.harness import results_tsv
 from fa4tune.harness.measurement import Measurement, ProblemResult
-from search import attrs
-from search.evaluators import MISSING, ReplayEvaluator
-from search.history import records
-from search.proposers.base import Proposal, Proposer
-from search.table import load_table
+from search.evaluating.replay import MISSING, ReplayEvaluator
+from search.evaluating.table import load_table
+from search.proposing.proposer import Proposal, Proposer
+from search.storing import schema
+from search.storing.history import records
 from search_helpers import TARGET, make_loop, spec, write_table
 
 
@@ -22,35 +22,35 @@ def test_an_infeasible_config_never_reaches_the_evaluator_and_is_told_as_a_const
     loop, evaluator, view = make_loop(write_table(tmp_path), sampler="random", n_trials=15, confirmations=0)
     loop.run()
     trials = loop.study.get_trials()
-    infeasible = [t for t in trials if t.user_attrs[attrs.STATUS] == "infeasible"]
+    infeasible = [t for t in trials if t.user_attrs[schema.STATUS] == "infeasible"]
     assert infeasible, "random sampling of this domain proposes infeasible configs"
     for t in infeasible:
         # COMPLETE with the penalty and a positive constraint: TPE and GP both read it (FAIL would be ignored)
         assert t.state == TrialState.COMPLETE and t.value == 0.0
-        assert t.constraints[attrs.CONSTRAINT_KEY] > 0 and t.user_attrs[attrs.CONSTRAINT][0] > 0
-        assert t.user_attrs[attrs.RULE] and not t.user_attrs[attrs.EVALUATED]
+        assert t.constraints[schema.CONSTRAINT_KEY] > 0 and t.user_attrs[schema.CONSTRAINT][0] > 0
+        assert t.user_attrs[schema.RULE] and not t.user_attrs[schema.EVALUATED]
     pc = spec().problem_class
     assert all(check_forward(ForwardConfig.from_dict(c), pc, TARGET) for _, _, c in evaluator.calls)
-    assert len(evaluator.calls) == sum(t.user_attrs[attrs.EVALUATED] for t in trials) == 15
+    assert len(evaluator.calls) == sum(t.user_attrs[schema.EVALUATED] for t in trials) == 15
 
 
 def test_shared_memory_overflow_is_graded_so_the_sampler_sees_the_boundary(tmp_path):
     loop, _, _ = make_loop(write_table(tmp_path), sampler="random", n_trials=15, confirmations=0)
     loop.run()
-    smem = [t.constraints[attrs.CONSTRAINT_KEY] for t in loop.study.get_trials() if t.user_attrs.get(attrs.RULE) == "smem_capacity"]
+    smem = [t.constraints[schema.CONSTRAINT_KEY] for t in loop.study.get_trials() if t.user_attrs.get(schema.RULE) == "smem_capacity"]
     assert smem and all(0 < v < 1 for v in smem) and len(set(smem)) > 1
 
 
 def test_a_config_the_sampler_proposes_again_is_not_measured_again(tmp_path):
     loop, evaluator, _ = make_loop(write_table(tmp_path), sampler="tpe", n_trials=15, confirmations=0)
     loop.run()
-    duplicates = [t for t in loop.study.trials if attrs.DUPLICATE_OF in t.user_attrs]
+    duplicates = [t for t in loop.study.trials if schema.DUPLICATE_OF in t.user_attrs]
     assert duplicates, "TPE re-proposes good configs of a small categorical space"
     configs = [tuple(sorted(c.items())) for _, _, c in evaluator.calls]
     assert len(configs) == len(set(configs))
     for t in duplicates:
-        original = loop.study.trials[t.user_attrs[attrs.DUPLICATE_OF]]
-        assert t.params == original.params and t.value == original.value and not t.user_attrs[attrs.EVALUATED]
+        original = loop.study.trials[t.user_attrs[schema.DUPLICATE_OF]]
+        assert t.params == original.params and t.value == original.value and not t.user_attrs[schema.EVALUATED]
 
 
 class _Repeater(Proposer):
@@ -72,8 +72,8 @@ def test_a_proposal_of_a_measured_config_is_rejected_before_enqueueing(tmp_path)
     loop.run()
     assert [c for _, _, c in evaluator.calls].count(ForwardConfig().to_dict()) == 1  # the baseline only
     assert proposer.rejections and all("already measured in trial #0" in r.reason for r in proposer.rejections)
-    assert loop.study.user_attrs[attrs.REJECTED_PROPOSALS]["repeater"] == len(proposer.rejections)
-    assert not any(t.user_attrs[attrs.PROPOSER] == "repeater" for t in loop.study.trials)
+    assert loop.study.user_attrs[schema.REJECTED_PROPOSALS]["repeater"] == len(proposer.rejections)
+    assert not any(t.user_attrs[schema.PROPOSER] == "repeater" for t in loop.study.trials)
 
 
 def test_a_config_missing_from_the_table_is_counted_as_missing(tmp_path):
@@ -82,7 +82,7 @@ def test_a_config_missing_from_the_table_is_counted_as_missing(tmp_path):
     loop.run()
     missing = [r for r in records(loop.study) if r.status == MISSING and r.duplicate_of is None]
     assert missing and all("missing from table" in r.reason for r in missing)
-    assert all(t.constraints[attrs.CONSTRAINT_KEY] == 1.0 for t in loop.study.get_trials() if t.user_attrs[attrs.STATUS] == MISSING)
+    assert all(t.constraints[schema.CONSTRAINT_KEY] == 1.0 for t in loop.study.get_trials() if t.user_attrs[schema.STATUS] == MISSING)
 
 
 def test_the_winner_is_confirmed_twice_by_re_measurement(tmp_path):
@@ -136,9 +136,9 @@ def test_every_trial_appends_a_results_tsv_row(tmp_path):
     by_trial = {row.config["trial"]: row for row in rows}
     for t in trials:
         row = by_trial[t.number]
-        assert row.proposer == t.user_attrs[attrs.PROPOSER] and row.commit == "abc1234" and row.status == t.user_attrs[attrs.STATUS]
-        assert row.config["forward"]["d128-causal-bf16"] == t.user_attrs[attrs.CONFIG]
-        if t.user_attrs[attrs.STATUS] == "ok":
+        assert row.proposer == t.user_attrs[schema.PROPOSER] and row.commit == "abc1234" and row.status == t.user_attrs[schema.STATUS]
+        assert row.config["forward"]["d128-causal-bf16"] == t.user_attrs[schema.CONFIG]
+        if t.user_attrs[schema.STATUS] == "ok":
             assert abs(row.fwd_tflops_geomean - t.value) < 1e-9
         else:
             assert row.fwd_tflops_geomean is None
@@ -149,10 +149,24 @@ def test_trials_record_per_problem_tflops_device_mode_and_commit(tmp_path):
     loop.run()
     baseline = loop.study.trials[0]
     a = baseline.user_attrs
-    assert a[attrs.PROPOSER] == "baseline" and a[attrs.STATUS] == "ok" and a[attrs.MODE] == "replay"
-    assert set(a[attrs.TFLOPS]) == {p.label for p in spec().problems}
-    assert a[attrs.GIT_COMMIT] == "abc1234" and "replayed from" in a[attrs.DEVICE]
-    assert a[attrs.ERRORS] and a[attrs.CONFIG] == ForwardConfig().to_dict()
+    assert a[schema.PROPOSER] == "baseline" and a[schema.STATUS] == "ok" and a[schema.MODE] == "replay"
+    assert set(a[schema.TFLOPS]) == {p.label for p in spec().problems}
+    assert a[schema.GIT_COMMIT] == "abc1234" and "replayed from" in a[schema.DEVICE]
+    assert a[schema.CONFIG] == ForwardConfig().to_dict()
+
+
+def test_an_evaluated_trial_stores_its_whole_measurement_as_one_attribute_beside_the_scalars(tmp_path):
+    loop, evaluator, _ = make_loop(write_table(tmp_path), n_trials=2, confirmations=0)
+    loop.run()
+    a = loop.study.trials[0].user_attrs
+    m = Measurement.from_dict(a[schema.MEASUREMENT])
+    expected = evaluator.evaluate("fwd", ForwardConfig(), spec().problem_class, list(spec().problems))
+    assert m == expected  # per-problem times and the gate's errors included
+    assert all(r.max_errors for r in m.results) and m.evaluator == "replay"
+    assert a[schema.STATUS] == m.status and a[schema.GEOMEAN_TFLOPS] == m.geomean_tflops() and a[schema.DEVICE] == m.device
+    assert not set(schema.LEGACY_TRIAL_ATTRS) & set(a)  # the measurement holds what these held
+    r = records(loop.study)[0]
+    assert r.results == m.results and r.evaluator == "replay" and r.static == m.static
 
 
 def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_path):
@@ -166,7 +180,7 @@ def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_
     table = write_table(tmp_path)
     loop, _, _ = make_loop(table, n_trials=4, confirmations=0, evaluator=Flaky(load_table(str(table))))
     outcome = loop.run()
-    statuses = [t.user_attrs[attrs.STATUS] for t in loop.study.trials]
+    statuses = [t.user_attrs[schema.STATUS] for t in loop.study.trials]
     assert "crash" in statuses and outcome.evaluated == 4
-    crash = next(t for t in loop.study.trials if t.user_attrs[attrs.STATUS] == "crash")
-    assert "illegal memory access" in crash.user_attrs[attrs.REASON] and crash.constraints[attrs.CONSTRAINT_KEY] == 1.0
+    crash = next(t for t in loop.study.trials if t.user_attrs[schema.STATUS] == "crash")
+    assert "illegal memory access" in crash.user_attrs[schema.REASON] and crash.constraints[schema.CONSTRAINT_KEY] == 1.0

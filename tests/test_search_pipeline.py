@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from search.pipeline import CompilePool, Pipeline
+from search.evaluating.pipeline import CompilePool, Pipeline
 
 FAKE = "pipeline_fakes:slow_compile"
 TESTS = str(__import__("pathlib").Path(__file__).resolve().parent)

@@ -11,10 +11,10 @@ import pytest
 matplotlib.use("Agg")
 
 from review_studies import BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, backward_table, forward_table, run_study  # noqa: E402
-from search import plots  # noqa: E402
-from search.evidence import load_studies, source_label  # noqa: E402
-from search.storage import open_storage  # noqa: E402
-from search.table import load_table  # noqa: E402
+from search.evaluating.table import load_table  # noqa: E402
+from search.reviewing import plots  # noqa: E402
+from search.reviewing.evidence import load_studies, source_label  # noqa: E402
+from search.storing.storage import open_storage  # noqa: E402
 from search_helpers import run_cli  # noqa: E402
 
 MHA, GQA = "d128-causal-bf16", "d128-causal-gqa4-bf16"

@@ -12,10 +12,10 @@ import time
 import optuna
 from optuna.trial import TrialState
 
-from search import attrs
-from search.history import evaluated_count, records
-from search.storage import open_storage
-from search.study import close_interrupted
+from search.storing import schema
+from search.storing.history import evaluated_count, records
+from search.storing.storage import open_storage
+from search.storing.study import close_interrupted
 from search_helpers import ROOT, replay_args, run_cli, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"
@@ -55,7 +55,7 @@ def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subpro
     # (its config recorded), not one the sampler is still filling param by param.
     def evaluating():
         running = optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,))
-        return [t for t in running if attrs.CONFIG in t.user_attrs]
+        return [t for t in running if schema.CONFIG in t.user_attrs]
 
     while not evaluating():
         assert time.time() < deadline and proc.poll() is None
@@ -70,7 +70,7 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
 
     before = _study(url).get_trials()
     running = [t for t in before if t.state == TrialState.RUNNING]
-    finished = {t.number: (t.params, t.value, t.user_attrs[attrs.STATUS]) for t in before if t.state == TrialState.COMPLETE}
+    finished = {t.number: (t.params, t.value, t.user_attrs[schema.STATUS]) for t in before if t.state == TrialState.COMPLETE}
     assert len(running) == 1 and len(finished) >= 3
 
     done = run_cli(*args)
@@ -78,11 +78,11 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
     assert f"trials {running[0].number} were left running, closed as failed and requeued" in done.stdout
     after = _study(url).get_trials()
     for number, (params, value, status) in finished.items():  # no finished trial lost or changed
-        assert (after[number].params, after[number].value, after[number].user_attrs[attrs.STATUS]) == (params, value, status)
+        assert (after[number].params, after[number].value, after[number].user_attrs[schema.STATUS]) == (params, value, status)
     assert after[running[0].number].state == TrialState.FAIL
-    requeued = [t for t in after if t.user_attrs.get(attrs.REQUEUED_FROM) == running[0].number]
+    requeued = [t for t in after if t.user_attrs.get(schema.REQUEUED_FROM) == running[0].number]
     assert len(requeued) == 1 and requeued[0].params == running[0].params and requeued[0].state == TrialState.COMPLETE
-    assert requeued[0].user_attrs[attrs.PROPOSER] == running[0].user_attrs[attrs.PROPOSER]
+    assert requeued[0].user_attrs[schema.PROPOSER] == running[0].user_attrs[schema.PROPOSER]
     assert evaluated_count(records(_study(url))) == 8
     assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
@@ -106,7 +106,7 @@ def test_a_trial_killed_between_suggestions_is_queued_again_with_its_whole_enque
     storage = open_storage(f"sqlite:///{tmp_path / 'search.db'}")
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
     config = {"tile_m": 128, "tile_n": 64, "num_threads": 256}
-    study.enqueue_trial(config, user_attrs={attrs.PROPOSER: "claude", attrs.RATIONALE: "why"})
+    study.enqueue_trial(config, user_attrs={schema.PROPOSER: "claude", schema.RATIONALE: "why"})
     proposed = study.ask()
     proposed.suggest_categorical("tile_m", [64, 128])  # the kill comes before tile_n and num_threads
     sampled = study.ask()
@@ -116,8 +116,8 @@ def test_a_trial_killed_between_suggestions_is_queued_again_with_its_whole_enque
     assert close_interrupted(study) == [0, 1, 2]
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.FAIL] * 3 + [TrialState.WAITING] * 2
-    again = {t.user_attrs[attrs.REQUEUED_FROM]: t for t in trials[3:]}
+    again = {t.user_attrs[schema.REQUEUED_FROM]: t for t in trials[3:]}
     assert again[0].system_attrs["fixed_params"] == config
-    assert (again[0].user_attrs[attrs.PROPOSER], again[0].user_attrs[attrs.RATIONALE]) == ("claude", "why")
+    assert (again[0].user_attrs[schema.PROPOSER], again[0].user_attrs[schema.RATIONALE]) == ("claude", "why")
     assert again[1].system_attrs["fixed_params"] == {"tile_m": sampled.params["tile_m"]}
     assert 2 not in again

@@ -11,21 +11,21 @@ from optuna.trial import TrialState
 
 from fa4tune.harness import flops
 from fa4tune.harness.measurement import Measurement, ProblemResult
-from search import attrs
-from search.evaluators import ReplayEvaluator
-from search.history import config_key, evaluated_count, records
-from search.loop import EXHAUSTED, INTERRUPTED, LocalLock, LoopSettings, StopFlag, StudyLoop, run_study
-from search.pruning import PRUNED, make_pruner
-from search.runner import summary
-from search.samplers import make_sampler
-from search.study import open_study
-from search.table import load_table
-from search.turns import FixedRatio
+from search.evaluating.pruning import PRUNED, make_pruner
+from search.evaluating.replay import ReplayEvaluator
+from search.evaluating.table import load_table
+from search.proposing.samplers import make_sampler
+from search.proposing.turns import FixedRatio
+from search.running.loop import EXHAUSTED, INTERRUPTED, LocalLock, LoopSettings, StopFlag, StudyLoop, run_study
+from search.running.runner import summary
+from search.storing import schema
+from search.storing.history import config_key, evaluated_count, records
+from search.storing.study import open_study
 from search_helpers import Recorder, replay_args, run_cli, spec, write_table
 
 
 def _trials(url: str):
-    from search.storage import open_storage
+    from search.storing.storage import open_storage
 
     return optuna.load_study(study_name="fwd:d128-causal-bf16:sm120", storage=open_storage(url)).get_trials()
 
@@ -50,8 +50,8 @@ def test_an_exhausted_space_stops_says_so_and_a_rerun_adds_no_trial(tmp_path):
     assert first.returncode == 0, first.stderr
     assert "the space is exhausted" in first.stdout and "(space exhausted)" in first.stdout
     trials = _trials(url)
-    measured = {config_key(t.user_attrs[attrs.CONFIG]) for t in trials if t.user_attrs.get(attrs.EVALUATED)}
-    assert len(measured) == sum(1 for t in trials if t.user_attrs.get(attrs.EVALUATED))  # each config measured once
+    measured = {config_key(t.user_attrs[schema.CONFIG]) for t in trials if t.user_attrs.get(schema.EVALUATED)}
+    assert len(measured) == sum(1 for t in trials if t.user_attrs.get(schema.EVALUATED))  # each config measured once
     again = run_cli(*args)
     assert again.returncode == 0 and "nothing to do" in again.stdout
     assert len(_trials(url)) == len(trials)
@@ -111,8 +111,8 @@ def test_a_config_clearly_slower_than_the_best_is_pruned_and_told_to_the_sampler
     assert pruned, "random sampling of this table finds configs 30 % behind the best"
     for t in pruned:
         # measured and pruned, or a copy of one (a duplicate proposal is not measured again)
-        assert t.user_attrs[attrs.STATUS] == PRUNED and (t.user_attrs[attrs.EVALUATED] or attrs.DUPLICATE_OF in t.user_attrs)
-        assert t.intermediate_values and t.constraints[attrs.CONSTRAINT_KEY] == 0.0  # feasible, just slow
+        assert t.user_attrs[schema.STATUS] == PRUNED and (t.user_attrs[schema.EVALUATED] or schema.DUPLICATE_OF in t.user_attrs)
+        assert t.intermediate_values and t.constraints[schema.CONSTRAINT_KEY] == 0.0  # feasible, just slow
         assert t.value is None or t.value == t.intermediate_values[max(t.intermediate_values)]
     # every give-up time is the study's best on that problem, 1.3x slower; the first trial had none
     assert evaluator.limits[0] == {p.label: None for p in spec().problems}
@@ -213,11 +213,11 @@ def test_a_fault_a_hang_and_a_wrong_result_are_recorded_with_their_reasons_and_n
     trials = loop.study.get_trials()
     clean = ReplayEvaluator(load_table(str(table)))
     for t in trials:
-        key = config_key(t.user_attrs[attrs.CONFIG])
-        if key in evaluator.faulted and t.user_attrs[attrs.EVALUATED]:
+        key = config_key(t.user_attrs[schema.CONFIG])
+        if key in evaluator.faulted and t.user_attrs[schema.EVALUATED]:
             status = evaluator.faulted[key]
-            assert t.user_attrs[attrs.STATUS] == status and t.user_attrs[attrs.REASON] and t.constraints[attrs.CONSTRAINT_KEY] == 1.0
-        elif t.user_attrs[attrs.EVALUATED] and t.user_attrs[attrs.STATUS] == "ok":  # the others: exactly the table's numbers
+            assert t.user_attrs[schema.STATUS] == status and t.user_attrs[schema.REASON] and t.constraints[schema.CONSTRAINT_KEY] == 1.0
+        elif t.user_attrs[schema.EVALUATED] and t.user_attrs[schema.STATUS] == "ok":  # the others: exactly the table's numbers
             m = clean.evaluate("fwd", loop.space.config(t.params), spec().problem_class, list(spec().problems))
             assert t.value == m.geomean_tflops()
     assert len(evaluator.faulted) == 3

@@ -7,8 +7,8 @@ import csv
 import pytest
 
 from fa4tune.config import ConfigError, ForwardConfig
-from search.evaluators import MISSING, ReplayEvaluator
-from search.table import load_table
+from search.evaluating.replay import MISSING, ReplayEvaluator
+from search.evaluating.table import load_table
 from search_helpers import CLASS, spec, write_table
 
 

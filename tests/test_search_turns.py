@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from search.credit import credit
-from search.history import TrialRecord
-from search.proposers.scripted import ScriptedProposer
-from search.report import print_study
-from search.turns import Adaptive, FixedRatio, parse_ratio
+from search.proposing.credit import credit
+from search.proposing.scripted import ScriptedProposer
+from search.proposing.turns import Adaptive, FixedRatio, parse_ratio
+from search.reviewing.report import print_study
+from search.storing.history import TrialRecord
 from search_helpers import make_loop, write_table
 
 

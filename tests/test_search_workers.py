@@ -16,21 +16,21 @@ import pytest
 from optuna.trial import TrialState
 
 from fa4tune.harness import results_tsv
-from search import attrs
 from search.__main__ import main as search_main
-from search.coordination import PENDING_TURNS, SEARCH_SETTINGS, WORKER, StudyLock, set_pending_turn
-from search.evaluators import ReplayEvaluator
-from search.history import config_key, evaluated_count, records
-from search.launch import prepare_studies
-from search.loop import LoopSettings, StopFlag
-from search.proposers.scripted import ScriptedProposer
-from search.run_config import RunConfig
-from search.samplers import make_sampler
-from search.storage import open_storage
-from search.study import open_study
-from search.table import load_table
-from search.turns import FixedRatio
-from search.worker import WorkerLoop, spec_of
+from search.evaluating.replay import ReplayEvaluator
+from search.evaluating.table import load_table
+from search.proposing.samplers import make_sampler
+from search.proposing.scripted import ScriptedProposer
+from search.proposing.turns import FixedRatio
+from search.running.launch import prepare_studies
+from search.running.loop import LoopSettings, StopFlag
+from search.running.run_config import RunConfig
+from search.running.worker import WorkerLoop, spec_of
+from search.storing import schema
+from search.storing.claims import StudyLock, set_pending_turn
+from search.storing.history import config_key, evaluated_count, records
+from search.storing.storage import open_storage
+from search.storing.study import open_study
 from search_helpers import CLASS, ROOT, SUITE, Recorder, run_cli, spec, write_table
 from pg_server import postgres  # noqa: F401  (the session's server)
 
@@ -64,9 +64,9 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         trials = study.get_trials()
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(WORKER) == name and t.user_attrs.get(attrs.EVALUATED)]
-        mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(WORKER) == name
-                and t.user_attrs.get(attrs.CONFIRMATION_OF) is None]
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
+        mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(schema.WORKER) == name
+                and t.user_attrs.get(schema.CONFIRMATION_OF) is None]
         if done and mine and (datetime.now() - mine[0].datetime_start).total_seconds() < DELAY / 2:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
@@ -92,20 +92,20 @@ def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.FAIL}
     assert [t.number for t in trials if t.state == TrialState.FAIL] == [killed.number]
     # its config was queued again and finished by another worker
-    requeued = [t for t in trials if t.user_attrs.get(attrs.REQUEUED_FROM) == killed.number]
+    requeued = [t for t in trials if t.user_attrs.get(schema.REQUEUED_FROM) == killed.number]
     assert len(requeued) == 1 and requeued[0].params == killed.params and requeued[0].state == TrialState.COMPLETE
-    assert requeued[0].user_attrs[attrs.PROPOSER] == killed.user_attrs[attrs.PROPOSER]
+    assert requeued[0].user_attrs[schema.PROPOSER] == killed.user_attrs[schema.PROPOSER]
     assert any(f"trials {killed.number} lost their worker" in out for out in outputs.values())
     # no config measured twice (confirmations measure again on purpose), and exactly n_trials measured
     history = records(_study(url))
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
     assert len(measured) == len(set(measured)) == evaluated_count(history) == N_TRIALS
-    assert {t.user_attrs[WORKER] for t in trials if t.user_attrs.get(attrs.EVALUATED)} == {"w0", "w1", "w2"}
+    assert {t.user_attrs[schema.WORKER] for t in trials if t.user_attrs.get(schema.EVALUATED)} == {"w0", "w1", "w2"}
     copies = [r for r in history if r.duplicate_of is not None]
     assert all(history[r.duplicate_of].evaluated for r in copies)
     # the winner was confirmed once
-    confirmations = [t for t in trials if t.user_attrs.get(attrs.CONFIRMATION_OF) is not None and t.state == TrialState.COMPLETE]
-    assert confirmations and confirmations[-1].user_attrs[attrs.CONFIRMED]
+    confirmations = [t for t in trials if t.user_attrs.get(schema.CONFIRMATION_OF) is not None and t.state == TrialState.COMPLETE]
+    assert confirmations and confirmations[-1].user_attrs[schema.CONFIRMED]
     # results.tsv: one whole row per finished trial, from every worker, nothing torn or interleaved
     contents = results_tsv.read_rows(results)
     assert contents.skipped == ()
@@ -133,8 +133,8 @@ def test_run_with_two_workers_creates_the_study_records_its_settings_and_both_me
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{STUDY}: 6 evaluated by 2 workers" in done.stdout
     study = _study(url)
-    assert study.user_attrs[SEARCH_SETTINGS]["n_trials"] == 6
-    assert len({t.user_attrs[WORKER] for t in study.trials if t.user_attrs.get(attrs.EVALUATED)}) == 2
+    assert study.user_attrs[schema.SEARCH_SETTINGS]["n_trials"] == 6
+    assert len({t.user_attrs[schema.WORKER] for t in study.trials if t.user_attrs.get(schema.EVALUATED)}) == 2
     assert results_tsv.read_rows(tmp_path / "results.tsv").skipped == ()
 
 
@@ -158,15 +158,15 @@ def test_the_turn_counts_what_other_workers_run_and_the_proposer_turns_they_are_
     loop = _loop_on(url, table, "me")
     for proposer in ["claude", "claude", "tpe", "tpe", "tpe"]:  # claude's 2 finished; 3 tpe trials running on other workers
         trial = loop.study.ask(loop.distributions)
-        trial.set_user_attr(attrs.PROPOSER, proposer)
+        trial.set_user_attr(schema.PROPOSER, proposer)
         if proposer == "claude":
-            trial.set_user_attr(attrs.EVALUATED, True)
+            trial.set_user_attr(schema.EVALUATED, True)
             loop.study.tell(trial, 100.0)
     history = records(loop.study)
     # counting finished trials only, tpe (0) would be behind claude (2); with the 3 running elsewhere, claude is
     assert loop.policy.inner.next(history, ["tpe", "claude"]) == "tpe"
     assert loop._decide(history, remaining=4) == "claude"
-    assert loop.study.user_attrs[PENDING_TURNS]["me"] == {**loop.study.user_attrs[PENDING_TURNS]["me"], "proposer": "claude", "k": 4}
+    assert loop.study.user_attrs[schema.PENDING_TURNS]["me"] == {**loop.study.user_attrs[schema.PENDING_TURNS]["me"], "proposer": "claude", "k": 4}
     set_pending_turn(loop.study, "me", None)
     # another worker is taking a claude turn of 4 configs: here it is the sampler's turn
     set_pending_turn(loop.study, "other", "claude", 4)
@@ -223,7 +223,7 @@ def test_worker_refuses_wrong_credentials_without_touching_the_study(postgres, t
 def test_worker_refuses_a_study_of_another_space_an_unknown_study_and_one_without_settings(tmp_path, capsys):
     url, table = f"sqlite:///{tmp_path / 'search.db'}", write_table(tmp_path)
     prepare_studies(_settings(url, table), open(os.devnull, "w"))
-    _study(url).set_user_attr(attrs.SPACE_SIGNATURE, "0123456789abcdef")  # as an older version of the space would have
+    _study(url).set_user_attr(schema.SPACE_SIGNATURE, "0123456789abcdef")  # as an older version of the space would have
     before = _snapshot(url)
     code, err = _worker_main(capsys, "--storage", url, "--study", STUDY, "--evaluator", "replay", "--table", table)
     assert code == 2 and err.count("\n") == 1 and "another search space" in err and "0123456789abcdef" in err
@@ -255,7 +255,7 @@ def test_one_worker_with_several_trials_in_flight_shares_the_study_between_its_s
     history = records(_study(url))
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
     assert len(measured) == len(set(measured)) == 9
-    assert {t.user_attrs[WORKER] for t in _study(url).trials if t.user_attrs.get(attrs.EVALUATED)} == {"w/0", "w/1", "w/2"}
+    assert {t.user_attrs[schema.WORKER] for t in _study(url).trials if t.user_attrs.get(schema.EVALUATED)} == {"w/0", "w/1", "w/2"}
     assert len(results_tsv.read_rows(tmp_path / "results.tsv").rows) == len(history)
 
 
@@ -269,6 +269,6 @@ def test_a_replayed_run_and_its_workers_search_only_the_knob_values_the_table_me
     together = run_cli("run", "--workers", "2", *common, "--n-trials", "14", timeout=180)  # the same study, resumed by workers
     assert together.returncode == 0, together.stdout + together.stderr
     trials = _study(url).trials
-    assert sum(bool(t.user_attrs.get(attrs.EVALUATED)) for t in trials) == 14
+    assert sum(bool(t.user_attrs.get(schema.EVALUATED)) for t in trials) == 14
     assert {t.params["kernel"] for t in trials} == {"sm120"}
-    assert not [t for t in trials if t.user_attrs.get(attrs.STATUS) == "missing"]
+    assert not [t for t in trials if t.user_attrs.get(schema.STATUS) == "missing"]

@@ -1,1 +1,0 @@
-"""Proposers other than the Optuna sampler: they suggest whole configs, which are validated, then enqueued."""

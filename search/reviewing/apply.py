@@ -1,0 +1,149 @@
+"""`python -m search apply`: confirmed winners -> experiment.py's FORWARD_DISPATCH / BACKWARD_DISPATCH.
+
+A winner is applied only if it passed the correctness gate and the harness re-measured it
+`confirmations` times within tolerance (trials with user attr confirmation_of). The dict entries are
+edited as text (one entry per line, long ones wrapped), so the file stays readable and the diff small.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from dataclasses import dataclass, fields
+
+import optuna
+
+from fa4tune.config import ConfigError
+from search.space import get_space
+from search.storing import schema
+from search.storing.history import confirmations, records, short_config, winner
+
+DISPATCH = {"fwd": "FORWARD_DISPATCH", "bwd": "BACKWARD_DISPATCH"}
+MAX_LINE = 120
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What apply does with one study: a config to write, or why not."""
+
+    study: str
+    direction: str
+    problem_class: str
+    config: dict | None
+    refusal: str = ""  # 'rule: why' (an `error:` line)
+    note: str = ""
+
+
+def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | None = None) -> list[Decision]:
+    """One decision per search study in the storage (of one target when given)."""
+    decisions = []
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        meta = summary.user_attrs
+        if schema.DIRECTION not in meta or (target and meta.get(schema.TARGET) != target):
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        decisions.append(_decide(summary.study_name, meta, records(study), needed, allow_replay))
+    return decisions
+
+
+def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> Decision:
+    direction, pc = meta[schema.DIRECTION], meta[schema.PROBLEM_CLASS]
+    w = winner(history)
+    if w is None:
+        return Decision(name, direction, pc, None, f"no_winner: {name}: no trial passed the correctness gate, so there is no winner")
+    head = f"{name}: best trial #{w.number} ({w.value:.1f} TFLOPS, {short_config(w.config)})"
+    if w.evaluator == "replay" and not allow_replay:
+        return Decision(name, direction, pc, None, f"replayed_winner: {head} was replayed from a table, not measured by the harness "
+                                                   "(--allow-replay to apply it anyway)")
+    confirmed = [c for c in confirmations(history, w.number) if c.confirmed]
+    if len(confirmed) < needed:
+        return Decision(name, direction, pc, None, f"unconfirmed_winner: {head} is confirmed {len(confirmed)} of {needed} times; "
+                                                   "run the same `python -m search run` again to confirm it")
+    values = ", ".join(f"{c.value:.1f}" for c in confirmed)
+    replayed = " (replayed from a table, not measured by the harness)" if w.evaluator == "replay" else ""
+    return Decision(name, direction, pc, w.config, note=f"{head}, confirmed at {values} TFLOPS{replayed}")
+
+
+def render_entry(key: str, config, indent: str = "    ") -> str:
+    """A dispatch entry line (wrapped when long): '"d128-causal-bf16": ForwardConfig(tile_m=..., ...),'."""
+    defaults = {f.name: f.default for f in fields(config)}
+    knobs = [f"{f.name}={_literal(getattr(config, f.name))}" for f in fields(config)
+             if not (f.name in ("kernel", "extra") and getattr(config, f.name) == defaults[f.name])]
+    cls = type(config).__name__
+    line = f'{indent}"{key}": {cls}({", ".join(knobs)}),'
+    if len(line) <= MAX_LINE:
+        return line
+    rows, current = [], ""
+    for knob in knobs:
+        candidate = f"{current}, {knob}" if current else knob
+        if len(indent) * 2 + len(candidate) + 1 > MAX_LINE:
+            rows.append(current + ",")
+            current = knob
+        else:
+            current = candidate
+    rows.append(current + ",")
+    return "\n".join([f'{indent}"{key}": {cls}(', *(f"{indent * 2}{r}" for r in rows), f"{indent}),"])
+
+
+def _literal(value) -> str:
+    if isinstance(value, tuple) and all(isinstance(pair, tuple) for pair in value):  # ForwardConfig.extra, as a dict
+        return "{" + ", ".join(f"{_literal(name)}: {_literal(v)}" for name, v in value) + "}"
+    return f'"{value}"' if isinstance(value, str) else repr(value)  # the file's quotes
+
+
+def edit_dispatch(source: str, direction: str, key: str, config) -> str:
+    """The source with the dispatch entry for `key` replaced (or added before the closing brace)."""
+    table = _dispatch_node(source, DISPATCH[direction])
+    lines = source.splitlines(keepends=True)
+    entry = render_entry(key, config) + "\n"
+    for k, v in zip(table.keys, table.values):
+        if isinstance(k, ast.Constant) and k.value == key:
+            first, last = k.lineno - 1, v.end_lineno - 1
+            before, after = lines[first][: k.col_offset], lines[last][v.end_col_offset:]
+            if before.strip() or after.strip() not in (",", ""):
+                raise ConfigError("dispatch_format", f"{DISPATCH[direction]}[{key!r}] does not sit on lines of its own; edit it by hand")
+            return "".join(lines[:first] + [entry] + lines[last + 1:])
+    closing = table.end_lineno - 1
+    if lines[closing].strip() != "}":
+        raise ConfigError("dispatch_format", f"{DISPATCH[direction]} does not end with a '}}' line; edit it by hand")
+    return "".join(lines[:closing] + [entry] + lines[closing:])
+
+
+def _dispatch_node(source: str, name: str) -> ast.Dict:
+    for node in ast.parse(source).body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict):
+            return node.value
+    raise ConfigError("dispatch_format", f"experiment.py has no {name} = {{...}} dict")
+
+
+def entry_config(source: str, direction: str, key: str) -> dict | None:
+    """The knob values written in a dispatch entry, read back from the source (None if absent or not literal)."""
+    table = _dispatch_node(source, DISPATCH[direction])
+    for k, v in zip(table.keys, table.values):
+        if isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call):
+            try:
+                knobs = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
+            except ValueError:
+                return None
+            extra = knobs.pop("extra", {})  # a kernel class's own knobs: flat, as in ForwardConfig.to_dict()
+            return {**knobs, **extra}
+    return None
+
+
+def apply(source: str, decisions: list[Decision]) -> str:
+    """The source with every accepted decision written; each written entry is read back and compared."""
+    for d in decisions:
+        if d.config is None:
+            continue
+        config = get_space(d.direction).config(d.config)
+        source = edit_dispatch(source, d.direction, d.problem_class, config)
+        written = entry_config(source, d.direction, d.problem_class)
+        if get_space(d.direction).config(written or {}) != config:
+            raise ConfigError("dispatch_format", f"{DISPATCH[d.direction]}[{d.problem_class!r}] did not read back as written")
+    return source
+
+
+def unified_diff(old: str, new: str, path: str) -> str:
+    """A unified diff of the edit, for the terminal."""
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True), f"a/{path}", f"b/{path}"))

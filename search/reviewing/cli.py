@@ -1,0 +1,129 @@
+"""Command line of the review and hand-off commands: `dashboard`, `report --plots DIR`, `export`.
+
+search/__main__.py registers these; bad input is a ConfigError there (one line on stderr, exit code 2).
+Without an optional package (search.optional) the run's notes and the report's plots are skipped with one
+line; the dashboard, which is nothing but optuna-dashboard, refuses with one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fa4tune.config import ConfigError
+from search import optional
+
+
+def add_parsers(sub) -> None:
+    """The `dashboard` and `export` subcommands."""
+    from search.reviewing.dashboard import DEFAULT_HOST, DEFAULT_PORT
+
+    p = sub.add_parser("dashboard", help="optuna-dashboard on the storage, with notes per study and trial")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///search.db)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; anything else warns)")
+    p.add_argument("--table", default=None, help="the table the studies were replayed from, for their notes' device and mode")
+    p = sub.add_parser("export", help="confirmed winners -> a git format-patch for upstream flash-attention")
+    p.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///search.db)")
+    p.add_argument("--out", default="sm120-tuned.patch", help="patch file to write (default sm120-tuned.patch)")
+    p.add_argument("--dry-run", action="store_true", help="print the patch, write nothing")
+    p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
+    p.add_argument("--target", default="sm120", help="export the studies of this target (default sm120)")
+    p.add_argument("--problem-class", action="append", dest="problem_classes", help="export only this class (repeatable)")
+    p.add_argument("--allow-replay", action="store_true", help="also export winners replayed from a table")
+    p.add_argument("--table", default=None, help="the replayed table, for its device and mode in the commit message")
+
+
+def add_report_options(p) -> None:
+    """`report --plots DIR [--table PATH] [--plot-class NAME]`."""
+    p.add_argument("--plots", default=None, metavar="DIR", help="also write PNG figures into DIR")
+    p.add_argument("--table", default=None, help="take the figures' numbers from this recorded table")
+    p.add_argument("--plot-class", default=None, help="forward problem class of the heat map and the registers plot")
+    p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs to be plotted (default 2)")
+
+
+def plots(args, storage) -> None:
+    """Writes the figures when `--plots` was given; one 'skipped:' line without matplotlib."""
+    if not getattr(args, "plots", None):
+        return
+    missing = optional.why_missing("matplotlib")
+    if missing:
+        print(optional.skipped(f"the plots for {args.plots}", missing), flush=True)
+        return
+    from search.reviewing.evidence import load_studies
+    from search.reviewing.notes import remembered_table
+    from search.reviewing.plots import DEFAULT_CACHE, make_plots
+
+    table = None
+    if args.table:
+        from search.evaluating.table import load_table
+
+        table = load_table(args.table)
+    studies = load_studies(storage)
+    remembered = remembered_table(storage, [ev.name for ev in studies])
+    for path in make_plots(studies, args.plots, table, args.plot_class, args.confirmations, DEFAULT_CACHE, remembered):
+        print(f"wrote {path}")
+
+
+def dashboard(args) -> int:
+    """`python -m search dashboard`."""
+    from search.reviewing.dashboard import serve
+    from search.storing.storage import DEFAULT_STORAGE
+
+    if not 0 <= args.port <= 65535:
+        raise ConfigError("port", f"--port must be 0..65535, got {args.port}")
+    return serve(args.storage or DEFAULT_STORAGE, args.host, args.port, _table_meta(args.table))
+
+
+def export(args) -> int:
+    """`python -m search export`: the patch on stdout (--dry-run) or in --out."""
+    from search.reviewing import export as exporter
+    from search.storing.storage import DEFAULT_STORAGE, open_existing_storage
+
+    url = args.storage or DEFAULT_STORAGE
+    out = Path(args.out)
+    if not args.dry_run and not out.parent.is_dir():
+        raise ConfigError("export_out", f"cannot write {args.out!r}: directory {str(out.parent)!r} does not exist")
+    text, winners = exporter.export(open_existing_storage(url), url, _export_command(args, url), args.target, args.confirmations,
+                                    args.allow_replay, args.problem_classes, args.table)
+    if args.dry_run:
+        print(text, end="")
+        return 0
+    out.write_text(text)
+    changed = sum(w.changed for w in winners)
+    print(f"wrote {args.out}: {len(winners)} winners, {changed} of them change upstream's defaults "
+          f"(git apply --check {args.out} in a flash-attention checkout)")
+    return 0
+
+
+def _export_command(args, url: str) -> list[str]:
+    """This export as one command line, every option spelled out."""
+    argv = ["uv", "run", "python", "-m", "search", "export", "--storage", url, "--out", args.out,
+            "--target", args.target, "--confirmations", str(args.confirmations)]
+    for name in args.problem_classes or []:
+        argv += ["--problem-class", name]
+    argv += ["--allow-replay"] if args.allow_replay else []
+    argv += ["--table", args.table] if args.table else []
+    return argv
+
+
+def _table_meta(path: str | None) -> dict | None:
+    if not path:
+        return None
+    from search.evaluating.table import load_table
+    from search.reviewing.notes import table_meta
+
+    return table_meta(load_table(path))
+
+
+def after_run(config) -> None:
+    """At the end of `search run`: the study notes (trial notes are written when the dashboard starts);
+    one 'skipped:' line without optuna-dashboard, whose note layout they are written in."""
+    missing = optional.why_missing("optuna_dashboard")
+    if missing:
+        print(optional.skipped("study notes for optuna-dashboard", missing), flush=True)
+        return
+    from search.reviewing.notes import write_notes
+    from search.storing.storage import open_storage
+
+    table = _table_meta(config.table) if config.evaluator == "replay" else None
+    write_notes(open_storage(config.storage), trials=False, table=table)

@@ -1,0 +1,183 @@
+"""`python -m search bench`: how many evaluated configs each strategy needs to reach 99% of a table's best.
+
+Replays a recorded table (CPU only) through the same loop a run uses, per problem class and seed, and
+prints median and spread. The space is the table's: the knob values it measured, under today's rules; a
+config the table lacks is looked up, counted apart, and not counted as an evaluation. "turns" is the
+turn-taking loop: a sampler and a scripted proposer in Claude's seat (a fixed expert ordering, not a
+model) at the run's default ratio; "default" is what `search run` does without an API key: upstream's
+default config first, then the sampler.
+"""
+
+from __future__ import annotations
+
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import optuna
+
+from fa4tune.config import ProblemClass
+from fa4tune.targets import get_target
+from search.evaluating.replay import MISSING, ReplayEvaluator
+from search.evaluating.table import ReplayTable, load_table
+from search.proposing.samplers import DEFAULT_SAMPLER, make_sampler
+from search.proposing.scripted import ScriptedProposer
+from search.proposing.turns import FixedRatio, parse_ratio
+from search.running.loop import LoopSettings, StopFlag, StudyLoop
+from search.running.run_config import RunConfig
+from search.space import Space
+from search.storing.study import StudySpec
+
+STRATEGIES = ("random", "tpe", "gp", "turns", "default")
+DEFAULT_TABLE = "search/data/h200_fwd_sweep.json"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One strategy on one problem class with one seed."""
+
+    strategy: str
+    problem_class: str
+    seed: int
+    needed: int | None  # evaluated configs until 99% of the best; None: not within the budget
+    missing: int  # evaluations the table could not answer
+    trials: int  # all trials it took (infeasible proposals and duplicates included)
+
+
+class _Until:
+    """A silent view that stops the loop once a trial reaches the target value."""
+
+    def __init__(self, target: float, stop: StopFlag):
+        self.target, self.stop = target, stop
+        self.evaluated, self.missing, self.needed = 0, 0, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def turn(self, study, proposer):
+        pass
+
+    def message(self, text):
+        pass
+
+    def trial(self, study, r, best, done, n_trials):
+        if not r.evaluated or r.confirmation_of is not None:
+            return
+        if r.status == MISSING:  # the table's gap, not an evaluation: the bench's space is the table
+            self.missing += 1
+            return
+        self.evaluated += 1
+        if self.needed is None and r.ok and r.value >= self.target:
+            self.needed = self.evaluated
+            self.stop.requested = True
+
+
+def reachable_best(table: ReplayTable, space: Space, kind: str, pc: ProblemClass, target) -> float | None:
+    """The table's best among configs that pass today's rules (a rule found after the sweep may exclude its best)."""
+    values = [m.geomean_tflops() for m in table.measurements(kind, pc.name)
+              if m.ok and space.check(space.config(m.config), pc, target)]
+    return max(values) if values else None
+
+
+def expert_script(table: ReplayTable, kind: str, pc: ProblemClass, target) -> list[dict]:
+    """The scripted proposer's order: upstream's default, then the table's feasible configs by shared memory used, most first."""
+    space = table.space(kind)
+    configs = [space.config(m.config) for m in table.measurements(kind, pc.name)]
+    configs = [c for c in configs if space.check(c, pc, target)]
+    configs.sort(key=lambda c: (-space.smem_bytes(c, pc)[0], -c.to_dict().get("num_threads", 0)))
+    upstream = space.upstream(pc)
+    return [upstream.to_dict()] + [c.to_dict() for c in configs if c != upstream]
+
+
+def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: int, threshold: float,
+            sampler: str = DEFAULT_SAMPLER) -> Run:
+    """Replays one search until it reaches threshold x the table's best or runs out of budget.
+
+    `sampler` is the sampler of the "turns" and "default" strategies (the others name their own)."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    pc = ProblemClass.parse(pc_name)
+    target = get_target(table.meta.get("target") or None)
+    budget = len(table.measurements(kind, pc_name))
+    sampler_name = sampler if strategy in ("turns", "default") else strategy
+    if sampler_name == "gp":
+        import torch
+
+        torch.set_num_threads(1)  # one run per process: GP's small matrices lose time to thread hand-offs
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed), direction="maximize")
+    space = table.space(kind)
+    spec = StudySpec(kind, pc, tuple(table.problems(pc_name)), target, space)
+    proposers, weights = [], {sampler_name: 1.0}
+    if strategy == "turns":
+        defaults = RunConfig()
+        proposers = [ScriptedProposer(expert_script(table, kind, pc, target))]
+        weights = parse_ratio(defaults.ratio, sampler_name, "scripted")
+    # missing lookups count in the loop's n_trials but not here: give the loop room beyond the table
+    settings = LoopSettings(n_trials=3 * budget, k=RunConfig().k, confirmations=0, baseline=strategy == "default")
+    stop = StopFlag()
+    view = _Until(threshold * reachable_best(table, space, kind, pc, target), stop)
+    StudyLoop(study, spec, ReplayEvaluator(table), sampler_name, proposers, FixedRatio(weights), settings, view, stop).run()
+    return Run(strategy, pc_name, seed, view.needed, view.missing, len(study.trials))
+
+
+def _one_run_from_path(args) -> Run:
+    path, strategy, kind, pc_name, seed, threshold, sampler = args
+    return one_run(load_table(path), strategy, kind, pc_name, seed, threshold, sampler)
+
+
+def classes_of(table: ReplayTable, kind: str = "fwd", classes: list[str] | None = None) -> list[str]:
+    """The table's problem classes that have a passing config (restricted to `classes` when given)."""
+    return [c for c in table.problem_classes(kind) if (not classes or c in classes) and table.best(kind, c)]
+
+
+def bench(path: str, strategy: str, classes: list[str], seeds: int, threshold: float = 0.99, kind: str = "fwd", jobs: int = 1,
+          sampler: str = DEFAULT_SAMPLER) -> list[Run]:
+    """One strategy on every (problem class, seed); runs in `jobs` processes."""
+    work = [(path, strategy, kind, c, seed, threshold, sampler) for c in classes for seed in range(seeds)]
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return list(pool.map(_one_run_from_path, work))
+    table = load_table(path)
+    return [one_run(table, *args[1:]) for args in work]
+
+
+def label(strategy: str, sampler: str = DEFAULT_SAMPLER) -> str:
+    """The row name: the strategies that use a sampler name it."""
+    return f"{strategy} ({sampler})" if strategy in ("turns", "default") else strategy
+
+
+def _summary(needed: list[int | None], budget: int) -> str:
+    values = [n if n is not None else float("inf") for n in needed]
+    median = statistics.median(values)
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+
+    def fmt(x):
+        return f">{budget}" if x == float("inf") else f"{x:g}"
+
+    return f"{fmt(median)} [{fmt(q[0])}-{fmt(q[2])}]"
+
+
+def header(table: ReplayTable, classes: list[str], seeds: int, threshold: float, kind: str = "fwd") -> str:
+    """What the table measures, and the markdown header row."""
+    origin = "SYNTHETIC test table, not a measurement" if table.synthetic else f"{table.meta.get('device', '?')}, mode {table.meta.get('mode', '?')}"
+    budgets = ", ".join(f"{c} {len(table.measurements(kind, c))}" for c in classes)
+    return "\n".join([
+        f"Evaluated configs to reach {threshold:.0%} of the table's best per problem class (among configs today's rules accept; "
+        f"lookups the table cannot answer are not counted): median [25th-75th percentile] over {seeds} seeds.",
+        f"Table: {table.path} ({origin}); configs per class: {budgets}.",
+        "",
+        "| strategy | " + " | ".join(classes) + " | all classes | missing lookups | trials (median) |",
+        "|---" * (len(classes) + 4) + "|",
+    ])
+
+
+def row(table: ReplayTable, strategy: str, runs: list[Run], kind: str = "fwd") -> str:
+    """One strategy's markdown row: per class, then over all classes."""
+    classes = list(dict.fromkeys(r.problem_class for r in runs))
+    budgets = {c: len(table.measurements(kind, c)) for c in classes}
+    cells = [_summary([r.needed for r in runs if r.problem_class == c], budgets[c]) for c in classes]
+    total = _summary([r.needed for r in runs], max(budgets.values()))
+    trials = statistics.median(r.trials for r in runs)
+    return f"| {strategy} | " + " | ".join(cells) + f" | {total} | {sum(r.missing for r in runs)} | {trials:g} |"

@@ -1,0 +1,212 @@
+"""A run: every study of the suite, one after another, on one storage.
+
+Everything that can be wrong with the input is checked before the storage is opened for writing:
+settings, suite, target, sampler, evaluator, table, storage URL, and existing studies' spaces.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from typing import NamedTuple
+
+from fa4tune.config import ConfigError
+from fa4tune.suites import load_suite
+from fa4tune.targets import get_target
+from search.evaluating import protocol
+from search.evaluating.protocol import AUTO
+from search.evaluating.pruning import make_pruner
+from search.evaluating.replay import ReplayEvaluator
+from search.proposing.samplers import make_sampler
+from search.proposing.turns import make_policy, parse_ratio
+from search.running.loop import EXHAUSTED, FINISHED, STALLED, LocalLock, Outcome, StopFlag, StudyLoop, loop_settings_of, run_study
+from search.running.loop import INTERRUPTED as INTERRUPTED_STOP
+from search.running.run_config import RunConfig
+from search.running.view import make_view
+from search.space import get_space
+from search.storing.history import short_config
+from search.storing.storage import describe, open_storage
+from search.storing.study import StudySpec, check_existing, open_study, specs_for
+
+INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
+
+
+def git_commit() -> str:
+    """The short commit of the working tree, '+dirty' when it has changes; 'unknown' outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+        return commit + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _check_numbers(config: RunConfig) -> None:
+    for name in ("n_trials", "k", "window"):
+        if getattr(config, name) < 1:
+            raise ConfigError("run_config_value", f"{name} must be at least 1, got {getattr(config, name)}")
+    for name in ("confirmations", "api_retries", "slots", "replay_delay", "api_backoff"):
+        if getattr(config, name) < 0:
+            raise ConfigError("run_config_value", f"{name} must be >= 0, got {getattr(config, name)}")
+    if not config.api_timeout > 0:
+        raise ConfigError("run_config_value", f"api_timeout must be > 0 seconds, got {config.api_timeout}")
+    if config.compile_jobs < AUTO:
+        raise ConfigError("run_config_value", f"compile_jobs must be >= 0 (or {AUTO}: cores - 1), got {config.compile_jobs}")
+    if not 0 <= config.tolerance < 1:
+        raise ConfigError("run_config_value", f"tolerance must be in [0, 1), got {config.tolerance}")
+    if config.prune_factor and config.prune_factor <= 1:
+        raise ConfigError("run_config_value", f"prune_factor must be > 1 (or 0: never prune), got {config.prune_factor}")
+    if config.proposer not in ("claude", "none"):
+        raise ConfigError("run_config_value", f"proposer must be claude or none, got {config.proposer!r}")
+
+
+def make_evaluator(config: RunConfig, target):
+    """The run's evaluator (search.evaluating.protocol.make_evaluator with the run's settings)."""
+    return protocol.make_evaluator(config.evaluator, target, table=config.table, replay_delay=config.replay_delay,
+                                     compile_jobs=config.compile_jobs)
+
+
+def make_proposers(config: RunConfig, say=None) -> list:
+    """Claude when the run asks for it and its SDK is installed; without the SDK the sampler takes every turn
+    (`say`, when given, is called once with the line that says so)."""
+    if config.proposer != "claude":
+        return []
+    from search.proposing import claude  # the SDK takes seconds to import: only when used
+
+    if claude.SDK_MISSING:
+        if say is not None:
+            say(claude.sdk_missing_line())
+        return []
+    return [claude.ClaudeProposer(config.model, timeout_s=config.api_timeout, retries=config.api_retries, backoff_s=config.api_backoff)]
+
+
+def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
+    """The suite's problems and the asked directions; with a recorded table, only what the table measured."""
+    problems, directions = load_suite(config.suite), list(config.directions)
+    if not isinstance(evaluator, ReplayEvaluator):
+        return problems, directions
+    table = evaluator.table
+    if table.recorded_problems:
+        problems = table.recorded_problems
+        print(f"problems: the {len(problems)} recorded in {table.name} (the suite is not used)", file=out)
+    directions = [d for d in directions if table.problem_classes(d)]
+    if not directions:
+        raise ConfigError("table_file", f"table {table.name} has no {' or '.join(config.directions)} measurements")
+    if directions != list(config.directions):
+        print(f"directions: {', '.join(directions)} (the table has nothing for the others)", file=out)
+    return problems, directions
+
+
+def _table_spaces(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
+    """A replayed study searches the knob values its table measured: any other value could only answer 'missing'."""
+    if not isinstance(evaluator, ReplayEvaluator):
+        return specs
+    table = evaluator.table
+    for direction in dict.fromkeys(spec.direction for spec in specs):
+        full, space = get_space(direction), table.space(direction)
+        cut = [f"{name} {'/'.join(map(str, space.domain[name]))} (of {'/'.join(map(str, values))})"
+               for name, values in full.domain.items() if space.domain[name] != values]
+        if cut:
+            print(f"space ({direction}): only the knob values {table.name} measured: {'; '.join(cut)}", file=out)
+    return [replace(spec, space_override=table.space(spec.direction)) for spec in specs]
+
+
+class Plan(NamedTuple):
+    """What a run tunes and how, every input checked before any storage is touched."""
+
+    evaluator: object
+    specs: list
+    policy: object
+
+
+def plan(config: RunConfig, out) -> Plan:
+    """Checks the numbers, target, evaluator, problems, sampler and turn policy of a run; ConfigError for bad input."""
+    _check_numbers(config)
+    target = get_target(config.target)
+    evaluator = make_evaluator(config, target)
+    problems, directions = _what_to_tune(config, evaluator, out)
+    specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
+    make_sampler(config.sampler, config.seed)  # an unknown sampler fails here
+    policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
+    return Plan(evaluator, specs, policy)
+
+
+def run(config: RunConfig, out=None) -> int:
+    """Runs (or resumes) every study; 0 when done, 130 after Ctrl-C; ConfigError for bad input."""
+    out = out or sys.stdout
+    evaluator, specs, policy = plan(config, out)
+    if config.sampler == "gp":
+        import torch
+
+        torch.set_num_threads(1)  # GP's small matrices: threads cost more than they give (2.5x slower with 2)
+    print(f"storage: {describe(config.storage)}", file=out, flush=True)
+    storage = open_storage(config.storage)
+    check_existing(storage, specs)
+    slots = config.slots or evaluator.slots
+    settings = loop_settings_of(config, config.results or None, git_commit(), config.description)
+    stop = StopFlag()
+    previous = signal.signal(signal.SIGINT, _stop_handler(stop, out))
+    outcomes: list[Outcome] = []
+    disabled: dict[str, str] = {}
+    try:
+        with make_view(out) as view:
+            proposers = make_proposers(config, view.message)
+            print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
+                  f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}; "
+                  f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)", file=out, flush=True)
+            try:
+                for spec in specs:
+                    outcomes.append(run_study(_loops(storage, spec, config, evaluator, proposers, policy, settings, view, stop, disabled, slots)))
+                    if stop.requested:
+                        break
+            finally:
+                for p in proposers:
+                    p.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if hasattr(evaluator, "close"):
+            evaluator.close()
+    for o in outcomes:
+        print(summary(o), file=out)
+    if stop.requested:
+        print("stopped by Ctrl-C; run the same command again to continue", file=out)
+        return INTERRUPTED
+    return 0
+
+
+def _loops(storage, spec, config: RunConfig, evaluator, proposers, policy, settings, view, stop, disabled, slots: int) -> list[StudyLoop]:
+    """One loop per slot on one study object (its sampler asks for each slot in turn) and one lock of this process."""
+    study = open_study(storage, spec, make_sampler(config.sampler, config.seed), make_pruner(config.prune_factor))
+    lock = LocalLock()
+    return [StudyLoop(study, spec, evaluator, config.sampler, proposers, policy, settings, view, stop, disabled,
+                      lock=lock, worker_id=f"local/{i}" if slots > 1 else "local") for i in range(slots)]
+
+
+def describe_evaluator(evaluator) -> str:
+    """e.g. 'gpu, compiling ahead in 15 CPU processes' or 'replay of table.json'."""
+    if isinstance(evaluator, ReplayEvaluator):
+        return f"replay of {evaluator.table.name}"
+    jobs = getattr(evaluator, "compile_jobs", 0)
+    return f"gpu, compiling ahead in {jobs} CPU processes" if jobs else "gpu, compiling on the GPU's turn"
+
+
+def _stop_handler(stop: StopFlag, out):
+    def handler(signum, frame):
+        stop.requested = True
+        print("Ctrl-C: stopping after the current trial (Ctrl-C again aborts)", file=out, flush=True)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    return handler
+
+
+def summary(o: Outcome) -> str:
+    """The closing line of a study: how it ended, its best config and whether that is confirmed."""
+    ended = {FINISHED: " (finished earlier, nothing to do)", EXHAUSTED: " (space exhausted)", STALLED: " (stalled)",
+             INTERRUPTED_STOP: " (stopped by Ctrl-C)"}.get(o.stopped, "")
+    if o.winner is None:
+        return f"{o.study}: {o.evaluated} evaluated, no config passed{ended}"
+    state = "confirmed" if o.confirmed else "not confirmed"
+    return (f"{o.study}: {o.evaluated} evaluated, best {o.winner.value:.1f} TFLOPS (#{o.winner.number}, {o.winner.proposer}, {state})"
+            f"{ended}: {short_config(o.winner.config)}")

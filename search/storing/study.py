@@ -1,0 +1,159 @@
+"""Study layout: one Optuna study per (direction, problem class, target), named e.g. fwd:d128-causal-bf16:sm120.
+
+Each study stores its space signature and its problems; a run refuses a study that exists with
+another space or other problems. On start, trials that a killed run left RUNNING are closed as FAIL
+and enqueued again with the same params and proposer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from fa4tune.config import ConfigError, Problem, ProblemClass
+from fa4tune.targets import Target
+from search.space import Space, get_space
+from search.storing import schema
+
+OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible or failed configs get 0 and a constraint > 0"
+# Attributes a proposer sets when it enqueues; a requeued trial keeps them.
+BASELINE = "baseline"  # the proposer name of the enqueued upstream default
+PROPOSER_ATTRS = (schema.PROPOSER, schema.RATIONALE, schema.CONFIRMATION_OF)
+
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """What one study tunes: a direction's knobs for one problem class on one target."""
+
+    direction: str
+    problem_class: ProblemClass
+    problems: tuple[Problem, ...]
+    target: Target
+    space_override: Space | None = None  # a narrower space (the bench: the knob values a table covers)
+
+    @property
+    def space(self) -> Space:
+        return self.space_override or get_space(self.direction)
+
+    @property
+    def name(self) -> str:
+        return study_name(self.direction, self.problem_class, self.target)
+
+    def labels(self) -> list[str]:
+        return [p.label for p in self.problems]
+
+    def user_attrs(self) -> dict:
+        """The study's own attributes (see search.storing.schema)."""
+        return {
+            schema.DIRECTION: self.direction,
+            schema.PROBLEM_CLASS: self.problem_class.name,
+            schema.TARGET: self.target.name,
+            schema.SPACE_SIGNATURE: self.space.signature(self.target),
+            schema.SPACE: self.space.describe(self.target),
+            schema.PROBLEMS: self.labels(),
+            schema.OBJECTIVE: OBJECTIVE,
+        }
+
+
+def study_name(direction: str, problem_class: ProblemClass, target: Target) -> str:
+    """e.g. 'fwd:d128-causal-bf16:sm120'."""
+    return f"{direction}:{problem_class.name}:{target.name}"
+
+
+def specs_for(problems: list[Problem], directions: list[str], target: Target, classes: list[str] | None = None) -> list[StudySpec]:
+    """One spec per direction and problem class of the problems (backward: problems that need a backward)."""
+    specs = []
+    for direction in directions:
+        get_space(direction)
+        chosen = [p for p in problems if direction == "fwd" or p.backward]
+        by_class: dict[str, list[Problem]] = {}
+        for p in chosen:
+            by_class.setdefault(p.problem_class.name, []).append(p)
+        for name, members in by_class.items():
+            if classes and name not in classes:
+                continue
+            specs.append(StudySpec(direction, members[0].problem_class, tuple(members), target))
+    if classes:
+        unknown = sorted(set(classes) - {s.problem_class.name for s in specs})
+        if unknown:
+            have = sorted({p.problem_class.name for p in problems if any(d == "fwd" or p.backward for d in directions)})
+            raise ConfigError("problem_class", f"problem class {unknown[0]!r} has no problems in the suite for {', '.join(directions)} "
+                                               f"(classes: {', '.join(have) or 'none'})")
+    return specs
+
+
+def check_existing(storage, specs: list[StudySpec]) -> None:
+    """Reads only: refuses a study that exists with another space or other problems."""
+    existing = set(optuna.study.get_all_study_names(storage))
+    for spec in specs:
+        if spec.name not in existing:
+            continue
+        stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs
+        signature = spec.space.signature(spec.target)
+        if stored.get(schema.SPACE_SIGNATURE) != signature:
+            raise ConfigError(
+                "study_space",
+                f"study {spec.name!r} exists with another search space (signature {stored.get(schema.SPACE_SIGNATURE)}, "
+                f"this run's is {signature}); use another --storage or delete the study",
+            )
+        if stored.get(schema.PROBLEMS) != spec.labels():
+            raise ConfigError(
+                "study_problems",
+                f"study {spec.name!r} was measured on other problems ({', '.join(stored.get(schema.PROBLEMS) or [])}); "
+                f"this run has {', '.join(spec.labels())}",
+            )
+
+
+def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
+    """Creates the study (and its attributes) or loads it; call check_existing first."""
+    study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner(),
+                                direction="maximize", load_if_exists=True)
+    if schema.SPACE_SIGNATURE not in study.user_attrs:
+        for key, value in spec.user_attrs().items():
+            study.set_user_attr(key, value)
+    return study
+
+
+def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
+    """A new study starts with upstream's default config: the baseline every winner is compared with."""
+    if study.get_trials(deepcopy=False):
+        return False
+    study.enqueue_trial(spec.space.params(spec.space.upstream(spec.problem_class)), user_attrs={schema.PROPOSER: BASELINE})
+    return True
+
+
+def close_interrupted(study: optuna.Study) -> list[int]:
+    """Closes trials left RUNNING by a killed run as FAIL and enqueues their params again; their numbers."""
+    closed = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        requeue(study, trial)
+        closed.append(trial.number)
+    return closed
+
+
+def requeue_params(trial: FrozenTrial) -> dict:
+    """The params a killed trial is queued again with: those it was enqueued with (a proposer's full config,
+    even when the kill came before every param was suggested), then those it had suggested."""
+    return {**trial.params, **trial.system_attrs.get(schema.FIXED_PARAMS, {})}
+
+
+def requeue(study: optuna.Study, trial: FrozenTrial) -> bool:
+    """Enqueues a killed trial's params again with its proposer's attributes and `requeued_from`.
+    A trial killed before it had any param (nothing was evaluated) is not queued again."""
+    params = requeue_params(trial)
+    if not params:
+        return False
+    kept = {k: trial.user_attrs[k] for k in PROPOSER_ATTRS if k in trial.user_attrs}
+    study.enqueue_trial(params, user_attrs={**kept, schema.REQUEUED_FROM: trial.number})
+    return True
+
+
+def waiting(study: optuna.Study) -> list:
+    """Enqueued trials that no run has started yet."""
+    return study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
