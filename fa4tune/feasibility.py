@@ -146,8 +146,32 @@ def _limits(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
     return OK
 
 
-def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target) -> Verdict:
-    """All static rules for a backward config."""
+# Rules whose configs compile but compute a wrong result (found by gating them on the GPU, see
+# docs/measurements/*-bwd-census.md); `check_backward(..., skip=GATE_RULES)` lets the census and the sweep measure them.
+GATE_RULES: frozenset[str] = frozenset({"SdP_swapAB_lse_columns", "dKV_swapAB_transposed", "dQ_swapAB_sm120_postprocess"})
+
+
+def _padded(head_dim: int) -> int:
+    """Upstream's backward pads head dims to a multiple of 32 (flash_bwd.py, hdim_multiple_of)."""
+    return -(-head_dim // 32) * 32
+
+
+def _mma_tile(rule: str, gemm: str, rows: tuple[str, int], cols: tuple[str, int], atoms: tuple[str, int], warps: int) -> Verdict:
+    """A tiled MMA of `atoms` warps down the rows and warps/atoms across, each warp 16x16, must tile the gemm's
+    rows x cols (upstream's _get_tiled_mma: permutation (atoms*16, warps/atoms*16, 16)). With the swap the
+    atom layout and the gemm are both transposed, so the condition is the same."""
+    (row_name, row), (col_name, col), (atom_name, atom) = rows, cols, atoms
+    tile_rows, tile_cols = atom * 16, warps // atom * 16
+    if row % tile_rows or col % tile_cols:
+        return _fail(rule, f"the {gemm} MMA ({atom_name}={atom} of {warps} warps: a {tile_rows}x{tile_cols} tile) must tile "
+                           f"{row_name} x {col_name} = {row}x{col}")
+    return OK
+
+
+def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: frozenset[str] = frozenset()) -> Verdict:
+    """All static rules for a backward config (upstream's can_implement, then the ones its kernel needs but
+    does not check: each named, each found by compiling or gating, docs/measurements/*-bwd-census.md).
+    `skip`: rule names not applied (the census and the sweep measure GATE_RULES' configs)."""
     if not (verdict := _sizes(cfg, "m_block_size", "n_block_size")):
         return verdict
     for name in ("num_stages_Q", "num_stages_dO"):
@@ -173,7 +197,51 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target) -> Ver
         value = getattr(cfg, name)
         if value <= 0 or warps % value:
             return _fail(f"{name}_divides_warps", f"{name}={value} must divide the {warps} MMA warps of num_threads={cfg.num_threads}")
+    for verdict in _backward_mma_rules(cfg, pc, warps):
+        if not verdict and verdict.rule not in skip:
+            return verdict
     return OK
+
+
+def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
+    """The three tiled MMAs of upstream's Sm80 backward (flash_bwd.py) against the blocks they compute, in the
+    order the kernel traces them; a generator of verdicts (the first failing one not skipped is the answer)."""
+    m, n, hd, hdv = cfg.m_block_size, cfg.n_block_size, _padded(pc.head_dim), _padded(pc.head_dim_v)
+    a_sdp, a_dkv, a_dq = cfg.AtomLayoutMSdP, cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ
+    # S = Q K^T and dP = dO V^T: an m x n block
+    yield _mma_tile("SdP_mma_tile", "S/dP", ("m_block_size", m), ("n_block_size", n), ("AtomLayoutMSdP", a_sdp), warps)
+    if cfg.SdP_swapAB:
+        # P and dS are stored to shared memory (m x n) through the swapped MMA's own C layout (n x m)
+        yield _mma_tile("SdP_swapAB_P_store", "S/dP (swapped, P store)", ("m_block_size", m), ("n_block_size", n),
+                        ("num_threads/32/AtomLayoutMSdP", warps // a_sdp), warps)
+        # exp(S - LSE) subtracts LSE[r] from row r of the accumulator; swapped, rows are n and LSE runs along m:
+        # the kernel asserts rows per thread (n/(8*warps/AtomLayoutMSdP)) == LSE values per thread (m/(4*AtomLayoutMSdP))
+        if n * a_sdp * a_sdp != 2 * warps * m:
+            yield _fail("SdP_swapAB_lse_rows",
+                        f"SdP_swapAB needs n_block_size*AtomLayoutMSdP^2 == 2*warps*m_block_size (the LSE per row), got "
+                        f"{n}*{a_sdp}^2 = {n * a_sdp * a_sdp} vs 2*{warps}*{m} = {2 * warps * m}")
+        yield _fail("SdP_swapAB_lse_columns", "SdP_swapAB subtracts the LSE of column r from row r of S^T (flash_bwd.py, "
+                                              "acc_S_mn[r] - tLSErLSE[r]): where it compiles, dS comes out wrong")
+    # dV = P^T dO (n x hdv) and dK = dS^T Q (n x hd)
+    yield _mma_tile("dKV_mma_tile", "dK/dV", ("n_block_size", n), ("head_dim (padded to 32)", min(hd, hdv)),
+                    ("AtomLayoutNdKV", a_dkv), warps)
+    yield _mma_tile("dKV_mma_tile", "dK/dV", ("n_block_size", n), ("head_dim (padded to 32)", max(hd, hdv)),
+                    ("AtomLayoutNdKV", a_dkv), warps)
+    if cfg.dKV_swapAB:
+        # the dK/dV accumulators are sized (n_block_size, head_dim) without the swap (flash_bwd.py, acc_shape_dK):
+        # the swapped gemm's head_dim x n_block_size result only fits when both are equal
+        if not n == hd == hdv:
+            yield _fail("dKV_swapAB_accumulator",
+                        f"dKV_swapAB: upstream sizes the dK/dV accumulators n_block_size x head_dim = {n}x{hd} without the swap, "
+                        f"so the swapped gemm ({hd}x{n}) fits only when n_block_size == head_dim (padded to 32)")
+        yield _fail("dKV_swapAB_transposed", "dKV_swapAB: the swapped gemm's head_dim x n_block_size result is stored as "
+                                             "n_block_size x head_dim (flash_bwd.py epilogue): dK and dV come out transposed")
+    # dQ = dS K: an m x hd block
+    yield _mma_tile("dQ_mma_tile", "dQ", ("m_block_size", m), ("head_dim (padded to 32)", hd), ("AtomLayoutMdQ", a_dq), warps)
+    if cfg.dQ_swapAB:
+        yield _fail("dQ_swapAB_sm120_postprocess",
+                    "dQ_swapAB: the dQ postprocess for arch 12x stores the swapped accumulator with a transposing stmatrix "
+                    "into a transposed view of sdQ (flash_bwd_postprocess.py, get_smem_store_atom): dQ comes out wrong")
 
 
 def upstream_can_implement_forward(cfg: ForwardConfig, pc: ProblemClass, is_causal: bool | None = None) -> bool:

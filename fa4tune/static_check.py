@@ -184,9 +184,10 @@ class FactsCache:
                 f.write(json.dumps({"key": key, "facts": {**facts.to_dict(), "cached": False}}) + "\n")
 
 
-def known_facts(job: StaticJob, target: Target, cache: FactsCache, key: str) -> StaticFacts | None:
-    """The job's facts without a compile: infeasible by the static rules, or from the cache; None when it must compile."""
-    check = verdict(job, target)
+def known_facts(job: StaticJob, target: Target, cache: FactsCache, key: str, rules: bool = True) -> StaticFacts | None:
+    """The job's facts without a compile: infeasible by the static rules (unless `rules` is False), or from the
+    cache; None when it must compile."""
+    check = verdict(job, target) if rules else True
     if not check:
         return facts_from_compile(job, target, "infeasible", str(check))
     return cache.get(key)
@@ -257,14 +258,15 @@ class StaticChecker:
         self.slots = []
         shutil.rmtree(self._tmp_root, ignore_errors=True)
 
-    def check(self, jobs: Iterable[StaticJob], on_result=None) -> list[StaticFacts]:
-        """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel."""
+    def check(self, jobs: Iterable[StaticJob], on_result=None, rules: bool = True) -> list[StaticFacts]:
+        """Static facts for every job, in job order: infeasible ones without compiling, the rest compiled in parallel.
+        `rules=False` compiles what the static rules reject too (the backward census measures the rules)."""
         jobs, target = list(jobs), self.target
         results: dict[int, StaticFacts] = {}
         pending: list[tuple[int, str]] = []
         for i, job in enumerate(jobs):
             key = cache_key(job, target, self.experiment_path)
-            known = known_facts(job, target, self.cache, key)
+            known = known_facts(job, target, self.cache, key, rules)
             if known is None:
                 pending.append((i, key))
                 continue

@@ -3,8 +3,10 @@ import random
 
 import pytest
 
+from fa4tune.census import COMPILE_RULES
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.feasibility import (
+    GATE_RULES,
     check_backward,
     check_forward,
     forward_smem_bytes,
@@ -26,7 +28,7 @@ UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "sm
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
 OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
                        "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two", "pack_gqa_tile_m_le_num_threads"}
-OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "AtomLayoutMSdP_divides_warps", "AtomLayoutNdKV_divides_warps", "AtomLayoutMdQ_divides_warps"}
+OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", *COMPILE_RULES, *GATE_RULES}
 
 
 def _wide_forward_candidates():
