@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa4tune.census import census_sample, classify, contradictions, entry, summary_rows  # noqa: E402
+from fa4tune.census import census_sample, classify, conservative, contradictions, entry, summary_rows  # noqa: E402
 from fa4tune.config import BackwardConfig, ProblemClass  # noqa: E402
 from fa4tune.feasibility import check_backward  # noqa: E402
 from fa4tune.suites import load_suite, problem_classes  # noqa: E402
@@ -58,7 +58,7 @@ def main() -> None:
         for name in names:
             print(json.dumps(summary_rows(classify(ProblemClass.parse(name), target), entries)))
         problems = contradictions(entries, target)
-        print(f"{len(entries)} compiles, {len(problems)} contradictions")
+        print(f"{len(entries)} compiles, {len(problems)} contradictions; rejected by a compile rule yet compiled: {dict(conservative(entries))}")
         for line in problems:
             print("  " + line)
         raise SystemExit(1 if problems else 0)

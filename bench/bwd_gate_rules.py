@@ -26,7 +26,8 @@ from fa4tune.config import Problem, ProblemClass  # noqa: E402
 from fa4tune.feasibility import GATE_RULES, check_backward  # noqa: E402
 from fa4tune.targets import get_target  # noqa: E402
 
-KNOB = {"SdP_swapAB_lse_columns": "SdP_swapAB", "dKV_swapAB_transposed": "dKV_swapAB", "dQ_swapAB_sm120_postprocess": "dQ_swapAB"}
+KNOB = {"SdP_swapAB_lse_columns": "SdP_swapAB", "dKV_swapAB_transposed": "dKV_swapAB",
+        "V_in_regs_wrong_gradients": "V_in_regs"}
 CLASSES = ("d128-causal-bf16", "d64-causal-bf16", "d128-noncausal-bf16")
 
 
@@ -61,6 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-rule", type=int, default=3)
     parser.add_argument("--classes", nargs="*", default=list(CLASSES))
+    parser.add_argument("--rules", nargs="*", default=sorted(KNOB), help="gate rules to check (those of a knob)")
     args = parser.parse_args()
     import experiment
 
@@ -68,7 +70,7 @@ def main() -> None:
     for name in args.classes:
         pc = ProblemClass.parse(name)
         classified = classify(pc, target)
-        for rule in sorted(GATE_RULES):
+        for rule in sorted(set(GATE_RULES) & set(args.rules)):
             configs = classified.only_rule.get(rule, [])
             for cfg in random.Random(f"0-{name}-{rule}").sample(configs, min(args.per_rule, len(configs))):
                 control = dataclasses.replace(cfg, **{KNOB[rule]: False})

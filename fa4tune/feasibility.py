@@ -47,14 +47,28 @@ def forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
 
 
 def backward_smem_bytes(cfg: BackwardConfig, pc: ProblemClass) -> tuple[int, str]:
-    """Shared memory the backward kernel's tiles need (upstream's formula) and a breakdown."""
-    q = cfg.m_block_size * pc.head_dim * cfg.num_stages_Q * BYTES_PER_ELEMENT
-    do = cfg.m_block_size * pc.head_dim_v * cfg.num_stages_dO * BYTES_PER_ELEMENT
-    k = cfg.n_block_size * pc.head_dim * BYTES_PER_ELEMENT
-    v = cfg.n_block_size * pc.head_dim_v * BYTES_PER_ELEMENT
+    """The backward kernel's shared storage as it compiles (flash_bwd.py _get_shared_storage_cls), and a breakdown.
+
+    Upstream's can_implement counts only Q, dO, K and V, and lets V_in_regs share Q's and V's space. The struct
+    also holds LSE and dPsum (fp32) and the P and dS tiles, each tile 1024-byte aligned, the whole rounded up to
+    1024; with V_in_regs its Q field grows to max(Q, V) and sV stays, so nothing is saved. Checked against every
+    compiled backward of the H200 sweep (1,326 configs, docs/measurements/2026-12-01-h200-bwd-sweep.md).
+    """
+    hd, hdv = _padded(pc.head_dim), _padded(pc.head_dim_v)
+    m, n = cfg.m_block_size, cfg.n_block_size
+    k, v = n * hd * BYTES_PER_ELEMENT, n * hdv * BYTES_PER_ELEMENT
+    q = m * hd * cfg.num_stages_Q * BYTES_PER_ELEMENT
+    do = m * hdv * cfg.num_stages_dO * BYTES_PER_ELEMENT
     if cfg.V_in_regs:
-        return max(q, v) + do + k, f"max(Q {q}, V {v}) + dO {do} + K {k} (V_in_regs shares Q and V)"
-    return q + v + do + k, f"Q {q} + V {v} + dO {do} + K {k}"
+        q = max(q, v)
+    lse = (-(-m // 64) * 64 * (cfg.num_stages_Q - 1) + m) * 4
+    p = m * n * BYTES_PER_ELEMENT
+    offset = 0
+    for size, align in ((k, 1024), (v, 1024), (q, 1024), (do, 1024), (lse, 128), (lse, 128), (p, 128), (p, 128)):
+        offset = -(-offset // align) * align + size
+    total = -(-offset // 1024) * 1024
+    what = "max(Q, V)" if cfg.V_in_regs else "Q"
+    return total, f"K {k} + V {v} + {what} {q} + dO {do} + LSE and dPsum {2 * lse} + P and dS {2 * p}, aligned"
 
 
 def _positive_multiple(name: str, value: int, multiple: int, upper: int) -> Verdict:
@@ -148,7 +162,9 @@ def _limits(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
 
 # Rules whose configs compile but compute a wrong result (found by gating them on the GPU, see
 # docs/measurements/*-bwd-census.md); `check_backward(..., skip=GATE_RULES)` lets the census and the sweep measure them.
-GATE_RULES: frozenset[str] = frozenset({"SdP_swapAB_lse_columns", "dKV_swapAB_transposed", "dQ_swapAB_sm120_postprocess"})
+GATE_RULES: frozenset[str] = frozenset({"SdP_swapAB_lse_columns", "dKV_swapAB_transposed",
+                                        "causal_bwd_SdP_warps_along_m", "V_in_regs_wrong_gradients",
+                                        "m_block_32_head_dim_96"})
 
 
 def _padded(head_dim: int) -> int:
@@ -208,6 +224,21 @@ def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
     order the kernel traces them; a generator of verdicts (the first failing one not skipped is the answer)."""
     m, n, hd, hdv = cfg.m_block_size, cfg.n_block_size, _padded(pc.head_dim), _padded(pc.head_dim_v)
     a_sdp, a_dkv, a_dq = cfg.AtomLayoutMSdP, cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ
+    # Measured on the H200 sweep (docs/measurements/2026-12-01-h200-bwd-sweep.md): every causal config whose S/dP
+    # MMA puts warps along n failed the gate on dQ (187 of 187), every one with all warps along m passed (46 of 46)
+    if pc.causal and a_sdp != warps:
+        yield _fail("causal_bwd_SdP_warps_along_m",
+                    f"causal backward needs every warp of the S/dP MMA along m (AtomLayoutMSdP == num_threads/32 = {warps}), "
+                    f"got AtomLayoutMSdP={a_sdp}: with warps along n dQ fails the gate")
+    # Measured: every V_in_regs=True config that compiled failed the gate (303 of 303, causal and not)
+    if cfg.V_in_regs:
+        yield _fail("V_in_regs_wrong_gradients", "V_in_regs=True: upstream's Sm80 backward computes wrong gradients with it "
+                                                 "(303 of 303 configs failed the gate on the H200); its struct keeps sV, so it saves no shared memory either")
+    # Measured: with head_dim 96 every m_block_size=32 config failed the gate on dQ (27 of 27, max error ~900),
+    # m_block_size 64 and 128 passed (58 of 58); head_dim 64 and 128 pass at 32
+    if m == 32 and hd % 64:
+        yield _fail("m_block_32_head_dim_96", f"m_block_size=32 with head_dim {pc.head_dim} (padded {hd}, not a multiple of 64): "
+                                              "dQ fails the gate (27 of 27 measured)")
     # S = Q K^T and dP = dO V^T: an m x n block
     yield _mma_tile("SdP_mma_tile", "S/dP", ("m_block_size", m), ("n_block_size", n), ("AtomLayoutMSdP", a_sdp), warps)
     if cfg.SdP_swapAB:
@@ -238,10 +269,6 @@ def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
                                              "n_block_size x head_dim (flash_bwd.py epilogue): dK and dV come out transposed")
     # dQ = dS K: an m x hd block
     yield _mma_tile("dQ_mma_tile", "dQ", ("m_block_size", m), ("head_dim (padded to 32)", hd), ("AtomLayoutMdQ", a_dq), warps)
-    if cfg.dQ_swapAB:
-        yield _fail("dQ_swapAB_sm120_postprocess",
-                    "dQ_swapAB: the dQ postprocess for arch 12x stores the swapped accumulator with a transposing stmatrix "
-                    "into a transposed view of sdQ (flash_bwd_postprocess.py, get_smem_store_atom): dQ comes out wrong")
 
 
 def upstream_can_implement_forward(cfg: ForwardConfig, pc: ProblemClass, is_causal: bool | None = None) -> bool:

@@ -63,7 +63,8 @@ def _parser() -> CommandParser:
     p.add_argument("--allow-replay", action="store_true", help="also apply winners replayed from a table")
     p.add_argument("--dry-run", action="store_true", help="print the diff, do not write")
     p = sub.add_parser("bench", help="search efficiency of the strategies on a recorded table (CPU only)")
-    p.add_argument("--table", default=None, help="recorded table (default search/data/h200_fwd_sweep.json)")
+    p.add_argument("--table", default=None, help="recorded table (default search/data/h200_sweep.json)")
+    p.add_argument("--direction", choices=("fwd", "bwd"), default="fwd", help="forward or backward studies (default fwd)")
     p.add_argument("--strategies", default="random,tpe,gp,turns,default")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--threshold", type=float, default=0.99)
@@ -177,19 +178,20 @@ def _bench(args) -> int:
 
     path = args.table or bench.DEFAULT_TABLE
     table = load_table(path)
-    unknown = sorted(set(args.problem_classes or ()) - set(table.problem_classes("fwd")))
+    kind, direction = args.direction, {"fwd": "forward", "bwd": "backward"}[args.direction]
+    unknown = sorted(set(args.problem_classes or ()) - set(table.problem_classes(kind)))
     if unknown:
-        raise ConfigError("problem_class", f"table {path!r} has no forward problem class {unknown[0]!r} "
-                                           f"(classes: {', '.join(table.problem_classes('fwd'))})")
-    classes = bench.classes_of(table, classes=args.problem_classes)
+        raise ConfigError("problem_class", f"table {path!r} has no {direction} problem class {unknown[0]!r} "
+                                           f"(classes: {', '.join(table.problem_classes(kind))})")
+    classes = bench.classes_of(table, kind, classes=args.problem_classes)
     if not classes:
-        raise ConfigError("table_file", f"table {path!r} has no problem class with a passing forward config")
+        raise ConfigError("table_file", f"table {path!r} has no problem class with a passing {direction} config")
     sampler = args.sampler or DEFAULT_SAMPLER
     make_sampler(sampler)  # a one-line error for an unknown name
-    print(bench.header(table, classes, args.seeds, args.threshold), flush=True)
+    print(bench.header(table, classes, args.seeds, args.threshold, kind), flush=True)
     for strategy in strategies:  # row by row: a long GP row does not hold back the others
-        runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, jobs=args.jobs, sampler=sampler)
-        print(bench.row(table, bench.label(strategy, sampler), runs), flush=True)
+        runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, kind, jobs=args.jobs, sampler=sampler)
+        print(bench.row(table, bench.label(strategy, sampler), runs, kind), flush=True)
     return 0
 
 

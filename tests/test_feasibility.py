@@ -28,7 +28,7 @@ UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "sm
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
 OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
                        "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two", "pack_gqa_tile_m_le_num_threads"}
-OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", *COMPILE_RULES, *GATE_RULES}
+OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "smem_capacity", *COMPILE_RULES, *GATE_RULES}  # smem: the compiled struct
 
 
 def _wide_forward_candidates():
@@ -125,6 +125,6 @@ def test_rules_found_by_measuring_and_compiling():
     v = check_forward(ForwardConfig(256, 64, 128, 1, False), ProblemClass(128, 128, True, 4), target)
     assert v.rule == "pack_gqa_tile_m_le_num_threads" and "256" in v.message
     assert check_forward(ForwardConfig(256, 64, 256, 1, False), ProblemClass(128, 128, True, 4), target)
-    v = check_backward(BackwardConfig(m_block_size=128, n_block_size=64, num_threads=256), ProblemClass(128, 128, True), target)
-    assert v.rule == "causal_bwd_square_blocks" and "128x64" in v.message
-    assert check_backward(BackwardConfig(m_block_size=128, n_block_size=64, num_threads=256), ProblemClass(128, 128, False), target)
+    v = check_backward(BackwardConfig(m_block_size=64, n_block_size=32, AtomLayoutNdKV=2), ProblemClass(128, 128, True), target)
+    assert v.rule == "causal_bwd_square_blocks" and "64x32" in v.message
+    assert check_backward(BackwardConfig(m_block_size=64, n_block_size=32, AtomLayoutNdKV=2), ProblemClass(128, 128, False), target)

@@ -1,4 +1,4 @@
-"""The search-efficiency benchmark on a small SYNTHETIC table (the real one is search/data/h200_fwd_sweep.json)."""
+"""The search-efficiency benchmark on a small SYNTHETIC table (the real one is search/data/h200_sweep.json)."""
 
 from __future__ import annotations
 

@@ -141,9 +141,9 @@ def test_best_so_far_ends_at_the_study_best_and_colours_each_proposer(studies):
 
 
 def test_figures_name_their_source_and_never_call_emulation_sm120():
-    replayed = "NVIDIA H200 (replayed from h200_fwd_sweep.json)"
+    replayed = "NVIDIA H200 (replayed from h200_sweep.json)"
     assert source_label(replayed, "replay", {"device": "NVIDIA H200", "mode": "emulated"}) == \
-        "SM120 kernels emulated on NVIDIA H200 (replayed from h200_fwd_sweep.json)"
+        "SM120 kernels emulated on NVIDIA H200 (replayed from h200_sweep.json)"
     assert source_label("NVIDIA H200", "emulated") == "SM120 kernels emulated on NVIDIA H200"
     assert source_label("NVIDIA GeForce RTX 5090", "native") == "SM120 hardware: NVIDIA GeForce RTX 5090"
     assert source_label("x (replayed from t.json)", "replay", {"synthetic": True, "mode": "synthetic"}).startswith("SYNTHETIC")

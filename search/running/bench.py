@@ -29,7 +29,7 @@ from search.space import Space
 from search.storing.study import StudySpec
 
 STRATEGIES = ("random", "tpe", "gp", "turns", "default")
-DEFAULT_TABLE = "search/data/h200_fwd_sweep.json"
+DEFAULT_TABLE = "search/data/h200_sweep.json"
 
 
 @dataclass(frozen=True)
