@@ -18,7 +18,7 @@ import hashlib
 import itertools
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
@@ -46,6 +46,10 @@ class Space:
     upstream: Callable[[ProblemClass], Any]
     smem_bytes: Callable[[Any, ProblemClass], tuple[int, str]]
     kernel_knobs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # kernel class name -> its own knobs
+    # Each study searches only the knob values some feasible config of its problem class has (`for_class`): the
+    # backward's rules accept ~0.05 % of its product (36 of 73,728 configs for d128 causal), and samplers drawing
+    # from the whole product proposed infeasible configs until a run stalled.
+    per_class: bool = False
 
     def distributions(self) -> dict[str, BaseDistribution]:
         """One distribution per knob (single-valued knobs included, so params map 1:1): see `distribution`."""
@@ -100,6 +104,19 @@ class Space:
             _FEASIBLE[key] = [c for c in unique.values() if self.check(c, problem_class, target)]
         return _FEASIBLE[key]
 
+    def for_class(self, problem_class: ProblemClass, target: Target) -> "Space":
+        """A per_class space cut to the knob values of the class's feasible configs (each knob keeps its order);
+        unchanged when the space is not per_class or nothing is feasible."""
+        if not self.per_class:
+            return self
+        key = ("for_class", self.signature(target), problem_class.name)
+        if key not in _FEASIBLE:
+            feasible = [c.to_dict() for c in self.feasible(problem_class, target)]
+            domain = {name: tuple(v for v in values if any(v == c.get(name) and type(v) is type(c.get(name)) for c in feasible))
+                      for name, values in self.domain.items()}
+            _FEASIBLE[key] = replace(self, domain=domain, per_class=False) if feasible else replace(self, per_class=False)
+        return _FEASIBLE[key]
+
     def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set):
         """A uniformly drawn feasible config whose to_dict() items are not in `exclude`; None when the space is exhausted."""
         left = [c for c in self.feasible(problem_class, target) if config_key(c.to_dict()) not in exclude]
@@ -132,7 +149,8 @@ def distribution(values: tuple) -> BaseDistribution:
     return CategoricalDistribution(list(values))
 
 
-BACKWARD_SPACE = Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes)
+BACKWARD_SPACE = Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes,
+                       per_class=True)
 _FORWARD_SPACES: dict[int, tuple[dict, Space]] = {}  # id(kernel registry) -> (registry, its space)
 
 

@@ -32,3 +32,23 @@ def test_the_forward_tiles_threads_and_stages_reach_the_sampler_as_ordered_knobs
         assert config.tile_m in space.domain["tile_m"] and config.tile_n in space.domain["tile_n"]
         study.tell(trial, 1.0)
     assert isinstance(study.trials[0].distributions["tile_m"], IntDistribution)
+
+
+def test_a_backward_study_searches_only_its_class_feasible_knob_values():
+    """The backward's rules accept ~0.05 % of its product: a study's space is cut to the values its class's feasible
+    configs have, so random proposals are feasible far more often; the forward space is not cut."""
+    import math
+
+    from fa4tune.config import ProblemClass
+    from search.storing.study import StudySpec
+
+    pc = ProblemClass(128, 128, True)
+    full, spec = get_space("bwd"), StudySpec("bwd", pc, (), TARGET)
+    cut = spec.space
+    feasible = full.feasible(pc, TARGET)
+    assert len(cut.feasible(pc, TARGET)) == len(feasible) > 0
+    assert math.prod(map(len, cut.domain.values())) < math.prod(map(len, full.domain.values())) / 500
+    assert cut.domain["V_in_regs"] == (False,) and cut.domain["num_threads"] == (128,)
+    assert all(cut.in_domain(c) == "" for c in feasible)
+    assert cut.signature(TARGET) != full.signature(TARGET)
+    assert StudySpec("fwd", pc, (), TARGET).space is get_space("fwd")

@@ -111,7 +111,7 @@ def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = 
     if missing:
         raise ConfigError("study_attrs", f"study {study.study_name!r} was not made by fa4-tune (no {', '.join(missing)})")
     target = get_target(a[schema.TARGET])
-    space = space_of(a[schema.DIRECTION])
+    space = space_of(a[schema.DIRECTION]).for_class(ProblemClass.parse(a[schema.PROBLEM_CLASS]), target)
     if a[schema.SPACE_SIGNATURE] != space.signature(target):
         raise ConfigError(
             "study_space",

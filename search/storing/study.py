@@ -38,7 +38,8 @@ class StudySpec:
 
     @property
     def space(self) -> Space:
-        return self.space_override or get_space(self.direction)
+        """The direction's space (or the override), cut to this problem class where the space is per_class."""
+        return (self.space_override or get_space(self.direction)).for_class(self.problem_class, self.target)
 
     @property
     def name(self) -> str:
