@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import optuna
 from optuna.trial import TrialState
@@ -19,7 +20,7 @@ from search.storing.study import close_interrupted
 from search_helpers import ROOT, replay_args, run_cli, write_table
 
 STUDY = "fwd:d128-causal-bf16:sm120"
-DELAY = 1.0  # seconds per replayed config: long enough to be caught mid-trial on a loaded machine
+DELAY = 1.5  # seconds per replayed config: long enough to be caught mid-trial on a loaded machine
 
 
 def _start(args) -> subprocess.Popen:
@@ -53,9 +54,12 @@ def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subpro
     deadline = time.time() + 30
     # a fresh load each time: a loaded study caches its trials' states. Wait for a trial under evaluation
     # (its config recorded), not one the sampler is still filling param by param.
+    # It must also have started less than half a replay delay ago: on a loaded machine a load takes long enough
+    # for a trial found running to finish before the signal arrives.
     def evaluating():
         running = optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,))
-        return [t for t in running if schema.CONFIG in t.user_attrs]
+        return [t for t in running if schema.CONFIG in t.user_attrs
+                and (datetime.now() - t.datetime_start).total_seconds() < DELAY / 2]
 
     while not evaluating():
         assert time.time() < deadline and proc.poll() is None

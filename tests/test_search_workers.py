@@ -128,7 +128,7 @@ def test_run_with_two_workers_creates_the_study_records_its_settings_and_both_me
     done = subprocess.run(
         [sys.executable, "-m", "search", "run", "--workers", "2", "--storage", url, "--evaluator", "replay", "--table", str(table),
          "--suite", SUITE, "--direction", "fwd", "--problem-class", CLASS, "--proposer", "none", "--n-trials", "6",
-         "--confirmations", "1", "--replay-delay", "0.2", "--results", str(tmp_path / "results.tsv")],
+         "--confirmations", "1", "--replay-delay", "2.0", "--results", str(tmp_path / "results.tsv")],  # 2 s a config: the slower worker to start still finds work
         cwd=ROOT, capture_output=True, text=True, timeout=180, env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")})
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{STUDY}: 6 evaluated by 2 workers" in done.stdout
