@@ -19,24 +19,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa4tune.census import census_sample, classify, conservative, contradictions, entry, summary_rows  # noqa: E402
+from fa4tune.census import census_sample, classify, conservative, contradictions, entry, read_jsonl, summary_rows  # noqa: E402
 from fa4tune.config import BackwardConfig, ProblemClass  # noqa: E402
 from fa4tune.feasibility import check_backward  # noqa: E402
 from fa4tune.suites import load_suite, problem_classes  # noqa: E402
 from fa4tune.targets import get_target  # noqa: E402
 
 DEFAULT_OUT = ROOT / "search" / "data" / "bwd_census.jsonl"
-
-
-def read_entries(path: Path) -> list[dict]:
-    entries = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line of a killed census
-    return entries
 
 
 def main() -> None:
@@ -53,7 +42,7 @@ def main() -> None:
 
     target = get_target("sm120")
     names = args.classes or [pc.name for pc in problem_classes([p for p in load_suite(args.suite) if p.backward])]
-    entries = read_entries(args.out)
+    entries = read_jsonl(args.out)
     if args.summary:
         for name in names:
             print(json.dumps(summary_rows(classify(ProblemClass.parse(name), target), entries)))

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fa4tune import defaults  # noqa: E402
+from fa4tune.census import read_jsonl  # noqa: E402
 from fa4tune.config import BackwardConfig, ProblemClass  # noqa: E402
 from fa4tune.space import feasible_backward  # noqa: E402
 from fa4tune.suites import load_suite, problem_classes  # noqa: E402
@@ -41,14 +42,7 @@ def representative(name: str, suite: str = "standard"):
 
 
 def read_measurements(out: Path) -> list[dict]:
-    path, found = out / SWEEP_FILE, []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                found.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line of a killed sweep
-    return found
+    return read_jsonl(out / SWEEP_FILE)
 
 
 def sweep_order(classes: list[str], per_class: int, seed: int, done: set) -> list[tuple[ProblemClass, BackwardConfig]]:

@@ -14,9 +14,11 @@ Each entry is one JSON line (search/data/bwd_census.jsonl); `contradictions` is 
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ProblemClass
 from fa4tune.feasibility import GATE_RULES, check_backward
@@ -55,6 +57,18 @@ def classify(pc: ProblemClass, target: Target) -> Classified:
         if (verdict.rule in COMPILE_RULES or verdict.rule in GATE_RULES) and check_backward(cfg, pc, target, skip=frozenset({verdict.rule})):
             out.only_rule.setdefault(verdict.rule, []).append(cfg)
     return out
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a JSON-lines file that a killed writer may have left with a torn last line (skipped)."""
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 def structure(cfg: BackwardConfig) -> tuple:

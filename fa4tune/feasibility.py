@@ -161,7 +161,7 @@ def _limits(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
 
 
 # Rules whose configs compile but compute a wrong result (found by gating them on the GPU, see
-# docs/measurements/*-bwd-census.md); `check_backward(..., skip=GATE_RULES)` lets the census and the sweep measure them.
+# docs/measurements/2026-12-01-h200-bwd-sweep.md); `check_backward(..., skip=GATE_RULES)` lets the census and the sweep measure them.
 GATE_RULES: frozenset[str] = frozenset({"SdP_swapAB_lse_columns", "dKV_swapAB_transposed",
                                         "causal_bwd_SdP_warps_along_m", "V_in_regs_wrong_gradients",
                                         "m_block_32_head_dim_96"})
@@ -186,7 +186,7 @@ def _mma_tile(rule: str, gemm: str, rows: tuple[str, int], cols: tuple[str, int]
 
 def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: frozenset[str] = frozenset()) -> Verdict:
     """All static rules for a backward config (upstream's can_implement, then the ones its kernel needs but
-    does not check: each named, each found by compiling or gating, docs/measurements/*-bwd-census.md).
+    does not check: each named, each found by compiling or gating, docs/measurements/2026-12-01-h200-bwd-sweep.md).
     `skip`: rule names not applied (the census and the sweep measure GATE_RULES' configs)."""
     if not (verdict := _sizes(cfg, "m_block_size", "n_block_size")):
         return verdict
@@ -220,8 +220,8 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: 
 
 
 def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
-    """The three tiled MMAs of upstream's Sm80 backward (flash_bwd.py) against the blocks they compute, in the
-    order the kernel traces them; a generator of verdicts (the first failing one not skipped is the answer)."""
+    """The rules measured on the gate, then the three tiled MMAs of upstream's Sm80 backward (flash_bwd.py) against
+    the blocks they compute; a generator of verdicts (the first failing one not skipped is the answer)."""
     m, n, hd, hdv = cfg.m_block_size, cfg.n_block_size, _padded(pc.head_dim), _padded(pc.head_dim_v)
     a_sdp, a_dkv, a_dq = cfg.AtomLayoutMSdP, cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ
     # Measured on the H200 sweep (docs/measurements/2026-12-01-h200-bwd-sweep.md): every causal config whose S/dP

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4tune.census import contradictions
+from fa4tune.census import contradictions, read_jsonl
 from fa4tune.config import BackwardConfig, ProblemClass
 from fa4tune.feasibility import GATE_RULES, backward_smem_bytes, check_backward
 from fa4tune.targets import get_target
@@ -17,7 +17,7 @@ TARGET = get_target("sm120")
 
 
 def _census() -> list[dict]:
-    return [json.loads(line) for line in (ROOT / "search/data/bwd_census.jsonl").read_text().splitlines() if line.strip()]
+    return read_jsonl(ROOT / "search/data/bwd_census.jsonl")
 
 
 def _sweep() -> list[dict]:
