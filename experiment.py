@@ -69,7 +69,7 @@ class TunedBackwardSm120(FlashAttentionBackwardSm120):
 # upstream's combine kernel (flash_attn.cute.flash_fwd_combine, cp.async + fp32 math, nothing SM120 lacks) merges
 # the fp32 partial outputs by their LSEs.
 
-SPLITS_DOMAIN = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # 0: split_kv_heuristic; combine allows <= 256
+SPLITS_DOMAIN = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # 0: split_kv_heuristic; upstream's combine takes up to 256
 MIN_BLOCKS_PER_SPLIT = 2  # below this a split's prologue (Q load, pipeline fill) and its partial write dominate
 ASSUMED_REGISTERS = 255  # registers per thread before compiling (the SM120 forwards compile at 226-255)
 

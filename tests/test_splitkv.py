@@ -102,7 +102,7 @@ def test_num_splits_for_decode_prefill_and_an_explicit_knob():
     assert SplitKvForwardSm120.num_splits_for(cfg, decode(batch=8, seqlen_k=65536), 170) == 5
     prefill = Problem(1, 8192, 8192, 32, 8, 128, 128, True, backward=False)
     assert SplitKvForwardSm120.num_splits_for(split_config(128, 64, 128), prefill, 170) == 1
-    assert SplitKvForwardSm120.num_splits_for(split_config(num_splits=12), decode(), 170) == 12
+    assert SplitKvForwardSm120.num_splits_for(split_config(num_splits=16), decode(), 170) == 16
 
 
 # ---- bad input: the named rule before any compile ----
