@@ -3,6 +3,7 @@ search space, its split heuristic, its per-problem rules (named, with the number
 path's split hooks, and (compile-marked) sm_120a compiles of decode and chunked-prefill shapes that run split, with
 their shared storage equal to the declared formula and no spills."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -185,3 +186,39 @@ def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
         assert facts["dynamic_smem_bytes"] == facts["declared_smem_bytes"] > 0
         assert facts["spill_store_bytes"] == 0 and facts["stack_bytes"] == 0
         assert facts["registers"] <= 255
+
+
+# ---- bench/gpu_splitkv.py's CPU parts ----
+
+def load_gpu_bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_splitkv", ROOT / "bench" / "gpu_splitkv.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_bench_matrix_covers_the_issue_axes_with_partial_last_blocks():
+    bench = load_gpu_bench()
+    problems = bench.matrix_problems()
+    for axis, values in (("seqlen_q", {1, 2, 8, 64, 512}), ("head_dim", {64, 96, 128}), ("batch", {1, 8})):
+        for causal in (False, True):
+            assert {getattr(p, axis) for p in problems if p.causal == causal} == values, (axis, causal)
+    assert {p.problem_class.qhead_per_kvhead for p in problems} == {1, 4, 8}
+    assert all(p.seqlen_k % 16 for p in problems)  # never a whole number of KV blocks for any tile_n
+    assert all(p.seqlen_q < p.seqlen_k for p in problems if p.causal)
+    configs = bench.parse_configs(bench.DEFAULT_CONFIGS)
+    for cfg in configs + [dataclasses.replace(c, extra={"num_splits": bench.FORCED_SPLITS}) for c in configs]:
+        for p in problems:  # every matrix row is a problem the rules accept: the gate, not a refusal, decides
+            assert check_forward_problem(cfg, p, TARGET, forward_kernels(experiment)), (cfg, p)
+
+
+def test_gpu_bench_hbm_bound_reads_k_and_v_once():
+    bench = load_gpu_bench()
+    decode_4k = load_suite("decode")[0]
+    ms, tflops = bench.hbm_bound(decode_4k, 4.8e12)
+    kv_bytes = 2 * 4096 * 8 * 128 * 2  # K and V: seqlen_k x KV heads x head_dim x 2 bytes each
+    qo_bytes = 2 * 32 * 128 * 2
+    assert ms == pytest.approx((kv_bytes + qo_bytes) / 4.8e12 * 1e3)
+    assert tflops == pytest.approx(4 * 32 * 4096 * 128 / ((kv_bytes + qo_bytes) / 4.8e12) / 1e12)
