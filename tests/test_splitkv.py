@@ -222,3 +222,24 @@ def test_gpu_bench_hbm_bound_reads_k_and_v_once():
     qo_bytes = 2 * 32 * 128 * 2
     assert ms == pytest.approx((kv_bytes + qo_bytes) / 4.8e12 * 1e3)
     assert tflops == pytest.approx(4 * 32 * 4096 * 128 / ((kv_bytes + qo_bytes) / 4.8e12) / 1e12)
+
+
+def test_host_hook_builds_the_problem_and_refuses_splits_the_combine_cannot_take():
+    import torch
+
+    from fa4tune.sm120_interface import build
+
+    hook = build(experiment.kernel_class).flash_attn_fwd.__globals__["_fa4tune_num_splits"]
+    # (config, batch, seqlen_q, seqlen_k, heads, kv heads, head_dim, head_dim_v, causal, dtype, SMs), as the host calls it
+    assert hook(split_config(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170) == 32
+    assert hook(split_config(), 8, 1, 65536, 32, 8, 128, 128, False, torch.float16, 170) == 5
+    assert hook(ForwardConfig(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170) == 1  # sm120 never splits
+
+    class NoSplits(SplitKvForwardSm120):
+        @classmethod
+        def num_splits_for(cls, config, problem, num_sms):
+            return 0
+
+    bad_hook = build(lambda config: NoSplits).flash_attn_fwd.__globals__["_fa4tune_num_splits"]
+    with pytest.raises(ValueError, match="num_splits_domain: NoSplits.num_splits_for gave 0 splits"):
+        bad_hook(split_config(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170)
