@@ -54,8 +54,12 @@ class KernelFacts:
         return {name: value for name, value in asdict(self).items() if name in RESOURCES}
 
 
-def static_shape(pc: ProblemClass) -> Problem:
-    """The one shape the static check compiles a problem class for."""
+def static_shape(pc: ProblemClass, kernel: type | None = None) -> Problem:
+    """The one shape the static check compiles a problem class for: the forward kernel class's own
+    (`static_problem`, e.g. a split-KV class's decode shape, which only splits for such shapes) or this one."""
+    own = kernel.static_problem(pc) if kernel is not None and hasattr(kernel, "static_problem") else None
+    if own is not None:
+        return own
     return Problem(1, STATIC_SEQLEN, STATIC_SEQLEN, STATIC_HEADS_KV * pc.qhead_per_kvhead, STATIC_HEADS_KV, pc.head_dim,
                    pc.head_dim_v, pc.causal, pc.dtype)
 

@@ -115,7 +115,8 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target, kernels:
 
 
 def check_forward_problem(cfg: ForwardConfig, problem: Problem, target: Target, kernels: dict[str, type] | None = None) -> Verdict:
-    """check_forward for the problem's class, then the kernel class's sequence-length limits for this problem."""
+    """check_forward for the problem's class, then the kernel class's sequence-length limits and its own rules for
+    this problem (can_implement_problem)."""
     kernels = forward_kernels() if kernels is None else kernels
     verdict = check_forward(cfg, problem.problem_class, target, kernels)
     if not verdict:
@@ -125,7 +126,7 @@ def check_forward_problem(cfg: ForwardConfig, problem: Problem, target: Target, 
         low, high = getattr(limits, name)
         if value < low or (high is not None and value > high):
             return _fail(f"{name}_domain", f"kernel {cfg.kernel!r} runs {name} in [{low}, {high if high is not None else 'any'}], got {value}")
-    return OK
+    return kernels[cfg.kernel].can_implement_problem(cfg, problem, target)
 
 
 def _kernel_knobs(cfg: ForwardConfig, cls: type) -> Verdict:

@@ -8,7 +8,12 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - `smem_bytes(config, problem_class)`: its shared storage in bytes, with a breakdown; the static check rejects a
     class whose compiled storage is larger (`smem_understated`);
   - `can_implement(config, problem_class, target)`: every other rule, as a fa4tune.feasibility Verdict;
-  - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface.
+  - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
+  - optionally, per problem (defaults: OK, 1, None): `can_implement_problem(config, problem, target)`, rules that need
+    the sequence lengths (fa4tune.feasibility.check_forward_problem runs it before any compile);
+    `num_splits_for(config, problem, num_sms)`, the KV splits it runs a problem with (above 1 the host path
+    allocates fp32 partial O/LSE with a leading split mode and merges them with upstream's combine kernel);
+    `static_problem(problem_class)`, the shape the static check compiles it for (None: fa4tune.fake_compile's).
 fa4tune.feasibility, the search space, the static check, the host path and export read these, never a name.
 
 The registry: our classes in kernels/ (one per file), then the ones experiment.py defines, each under the `name`
@@ -64,6 +69,23 @@ class ForwardKernel:
         from fa4tune.feasibility import OK
 
         return OK
+
+    @classmethod
+    def can_implement_problem(cls, config: ForwardConfig, problem, target):
+        """The class's rules for one problem (its sequence lengths): fa4tune.feasibility.OK or the failing Verdict."""
+        from fa4tune.feasibility import OK
+
+        return OK
+
+    @classmethod
+    def num_splits_for(cls, config: ForwardConfig, problem, num_sms: int) -> int:
+        """How many KV splits the class runs `problem` with on `num_sms` SMs; 1: no split-KV (upstream's path)."""
+        return 1
+
+    @classmethod
+    def static_problem(cls, problem_class):
+        """The Problem the static check compiles the class for (None: fa4tune.fake_compile.static_shape's)."""
+        return None
 
 
 def upstream_class(cls: type) -> type | None:

@@ -11,7 +11,11 @@ The edits: a `sm120_config` argument; the config's knobs replace the hard-coded 
 own knobs (`extra`) join the constructor's arguments; the kernel class comes from the config
 (`kernel_class(config)`); our key (config + class) leads every compile key; the
 postprocess uses the main kernel's thread count; the arch is always SM120 (SM80 `mma.sync` code,
-compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so).
+compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so). Split-KV: the number of
+splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits); above 1,
+upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
+(splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`), and the SM120
+assertion against split-KV only holds for classes that do not split.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from fa4tune.config import BackwardConfig
+from fa4tune.config import BackwardConfig, Problem
 
 PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
 SM120_ARCH = 120
+MAX_SPLITS = 256  # upstream's combine kernel (interface._flash_attn_fwd_combine asserts num_splits <= 256)
+TORCH_DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 class UpstreamMismatch(RuntimeError):
@@ -74,6 +80,17 @@ FORWARD_EDITS = [
         "    compile_key = (\n        mla_1cta,\n",
         "    compile_key = (\n        _fa4tune_key(sm120_config),\n        mla_1cta,\n",
         "forward compile key",
+    ),
+    (
+        "    num_splits = fwd_cfg.num_splits\n",
+        "    num_splits = _fa4tune_num_splits(sm120_config, batch_size, max_seqlen_q, max_seqlen_k, num_head, num_head_kv,\n"
+        "                                     head_dim, head_dim_v, causal, q_dtype, num_sms)\n",
+        "forward num_splits",
+    ),
+    (
+        '            assert not is_split_kv, "SplitKV not supported on SM 12.0 in this PR"\n',
+        "            pass  # split-KV: the kernel class chose it (num_splits_for), the class runs it\n",
+        "forward SM120 split-KV assertion",
     ),
     (
         UPSTREAM_FWD_CONSTRUCTOR,
@@ -183,9 +200,19 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
             cls = class_for(config)
             return (config.key(), f"{cls.__module__}.{cls.__qualname__}")
 
+        def num_splits(config, batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal, dtype, num_sms):
+            problem = Problem(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal,
+                              TORCH_DTYPE_NAMES.get(str(dtype), "bf16"), backward=False)
+            splits = class_for(config).num_splits_for(config, problem, num_sms)
+            if not 1 <= splits <= MAX_SPLITS:
+                raise ValueError(f"num_splits_domain: {class_for(config).__name__}.num_splits_for gave {splits} splits, "
+                                 f"the combine kernel takes 1 to {MAX_SPLITS}")
+            return splits
+
         namespace = dict(vars(interface))
         namespace["_fa4tune_key"] = key
         namespace["_fa4tune_class"] = class_for
+        namespace["_fa4tune_num_splits"] = num_splits
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)

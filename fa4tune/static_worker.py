@@ -25,7 +25,8 @@ def compile_job(spec: dict) -> dict:
         from fa4tune.harness.candidates import load_experiment
 
         experiment = load_experiment(spec["experiment_path"])
-        facts = compile_shapes(experiment, job.kind, job.config, [static_shape(job.problem_class)])
+        kernel = experiment.kernel_class(job.config) if job.kind == "fwd" else None
+        facts = compile_shapes(experiment, job.kind, job.config, [static_shape(job.problem_class, kernel)])
     except Exception as err:  # a compile error is a result, not a crash
         return {"status": "compile_error", "reason": error_reason(err)}
     if facts.cubin_error:

@@ -91,20 +91,25 @@ def agent(tmp_path_factory):
 
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
-    assert forward_kernels(experiment) == {"sm120": TunedForwardSm120, "sm120_tma": TmaForwardSm120}
+    # experiment.py's own split-KV class (issue #13) joins ours
+    assert forward_kernels(experiment) == {"sm120": TunedForwardSm120, "sm120_tma": TmaForwardSm120,
+                                           "sm120_splitkv": experiment.SplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_tma", "sm120_spare"] and registry["sm120_spare"] is agent.SpareForwardSm120
+    assert list(registry) == ["sm120", "sm120_tma", "sm120_splitkv", "sm120_spare"]
+    assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
 
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)
     own = [c for c in feasible if c.kernel == "sm120_spare"]
     assert {c.extra_knobs["spare_kb"] for c in own} == {1, 2} and {(c.num_stages, c.Q_in_regs) for c in own} == {(1, False)}
-    assert all(c.extra == () for c in feasible if c.kernel != "sm120_spare")  # the knob applies to its class only
+    # the knob applies to its class only (experiment.py's split-KV class carries its own num_splits)
+    assert all(c.extra == () for c in feasible if c.kernel in ("sm120", "sm120_tma"))
+    assert all(dict(c.extra).keys() == {"num_splits"} for c in feasible if c.kernel == "sm120_splitkv")
     assert not [c for c in space.feasible(D64_CAUSAL, TARGET) if c.kernel == "sm120_spare"]
     # Optuna's params carry every knob; a config takes its own class's
     assert space.config(space.params(spare())) == spare()
