@@ -23,7 +23,9 @@ on an H200, with 228 KB per SM, it under-fills by up to 2x; --configs with expli
 import argparse
 import dataclasses
 import itertools
+import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,16 +107,87 @@ def config_name(cfg: ForwardConfig) -> str:
     return f"{cfg.kernel} {cfg.tile_m}x{cfg.tile_n} t{cfg.num_threads} s{cfg.num_stages}{splits}"
 
 
+def matrix_configs(configs: list[ForwardConfig]) -> list[ForwardConfig]:
+    """The configs as given, then each forced to FORCED_SPLITS (unless it already has them)."""
+    return configs + [dataclasses.replace(c, extra={"num_splits": FORCED_SPLITS}) for c in configs
+                      if c.extra_knobs["num_splits"] != FORCED_SPLITS]
+
+
+def timing_configs(configs: list[ForwardConfig], experiment, problem: Problem) -> list[tuple[str, ForwardConfig]]:
+    """Part 2's SM120 candidates for one problem: the split configs, the dispatch table's, upstream's defaults."""
+    from fa4tune import defaults
+
+    pc = problem.problem_class
+    named = [(config_name(c), c) for c in configs]
+    return named + [(f"dispatch table: {config_name(experiment.forward_config(pc))}", experiment.forward_config(pc)),
+                    (f"upstream sm120 defaults: {config_name(defaults.upstream_forward(pc))}", defaults.upstream_forward(pc))]
+
+
+def compile_jobs(configs, experiment, args) -> list[tuple[ForwardConfig, list[Problem]]]:
+    """(config, problems) for every kernel the parts will run, one job per config and (head_dim, GQA) group, so that
+    jobs sharing a compile key rarely run at once."""
+    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.targets import get_target
+
+    pairs = []
+    if args.part in ("matrix", "both"):
+        problems = [p for p in matrix_problems() if args.only in p.label]
+        pairs += [(c, p) for c in matrix_configs(configs) for p in problems]
+    if args.part in ("timing", "both"):
+        for p in [p for p in load_suite(args.suite) if args.only in p.label]:
+            pairs += [(c, p) for _, c in timing_configs(configs, experiment, p) if check_forward_problem(c, p, get_target())]
+    groups: dict = {}
+    for cfg, p in pairs:
+        groups.setdefault((repr(cfg), p.head_dim, p.num_heads // p.num_heads_kv), (cfg, []))[1].append(p)
+    return list(groups.values())
+
+
+def use_kernel_cache() -> None:
+    """This process loads kernels from the compile pipeline's disk cache (set before the kernel classes are built)."""
+    from fa4tune.harness import gpu
+    from fa4tune.targets import get_target
+    from search.evaluating.gpu_pipeline import DEFAULT_CACHE, shared_env
+
+    os.environ.update(shared_env(get_target(), gpu.read_device().num_sms, DEFAULT_CACHE))
+
+
+def precompile(jobs: list[tuple[ForwardConfig, list[Problem]]], settings, workers: int) -> None:
+    """Every kernel of the run compiled ahead in `workers` CPU processes into the on-disk kernel cache (the compile
+    pipeline of `search run`), so that this process loads them (its environment names the cache: use_kernel_cache).
+    A job that fails to compile is printed; its rows fail in the parts."""
+    from fa4tune.harness import gpu
+    from fa4tune.harness.settings import EXPERIMENT_PATH
+    from fa4tune.kernel_cache import device_arch
+    from fa4tune.targets import get_target
+    from search.evaluating.gpu_pipeline import COMPILE_FUNCTION, DEFAULT_CACHE, compile_env, compile_job
+    from search.evaluating.pipeline import CompilePool
+
+    info, target = gpu.read_device(), get_target()
+    start = time.perf_counter()
+    pool = CompilePool(COMPILE_FUNCTION, workers, env=compile_env(target, info.capability, info.num_sms, DEFAULT_CACHE))
+    try:
+        futures = [pool.submit(compile_job("fwd", cfg, problems, target, str(EXPERIMENT_PATH), settings.gate_seed,
+                                           settings.gate_random_problems, device_arch(*info.capability)))
+                   for cfg, problems in jobs]
+        replies = [f.result() for f in futures]
+    finally:
+        pool.close()
+    compiled = sum(r.get("kernels_compiled") or 0 for r in replies)
+    print(f"precompiled {len(jobs)} jobs ({compiled} kernels) in {time.perf_counter() - start:.0f} s with {workers} processes", flush=True)
+    for (cfg, problems), reply in zip(jobs, replies):
+        if reply["status"] != "ok":
+            print(f"  {config_name(cfg)} d{problems[0].head_dim}: {reply['status']}: {reply.get('reason', '')[:300]}", flush=True)
+
+
 def run_matrix(configs, experiment, settings, only: str) -> int:
     """Part 1: the gate over the matrix for every config (its num_splits, then forced); the number of failures."""
     from fa4tune.harness import evaluation
 
     gate_settings = dataclasses.replace(settings, rounds=1, warmup=1)
-    forced = [dataclasses.replace(c, extra={"num_splits": FORCED_SPLITS}) for c in configs if c.extra_knobs["num_splits"] != FORCED_SPLITS]
     failures = 0
-    print(f"\n== correctness matrix: {len(configs) + len(forced)} configs x {len(matrix_problems())} problems (gate) ==")
+    print(f"\n== correctness matrix: {len(matrix_configs(configs))} configs x {len(matrix_problems())} problems (gate) ==")
     print_row(COLUMNS)
-    for cfg in configs + forced:
+    for cfg in matrix_configs(configs):
         problems = [p for p in matrix_problems() if only in p.label]
         m = evaluation.evaluate("fwd", cfg, problems, experiment, settings=gate_settings)
         for problem, result in zip(problems, m.results):
@@ -128,7 +201,6 @@ def run_timing(configs, experiment, settings, suite: str, only: str) -> None:
     """Part 2: every candidate gated and timed interleaved per problem; TFLOPS and the share of the HBM bound."""
     import torch
 
-    from fa4tune import defaults
     from fa4tune.feasibility import check_forward_problem
     from fa4tune.harness import gpu
     from fa4tune.harness.candidates import experiment_candidate, fa4_candidate, sdpa_candidate
@@ -143,13 +215,9 @@ def run_timing(configs, experiment, settings, suite: str, only: str) -> None:
     print_row(COLUMNS)
     flusher = make_flusher(device)
     for problem in [p for p in load_suite(suite) if only in p.label]:
-        pc = problem.problem_class
-        bwd = experiment.backward_config(pc)
-        named = [(config_name(c), c) for c in configs]
-        named += [(f"dispatch table: {config_name(experiment.forward_config(pc))}", experiment.forward_config(pc)),
-                  (f"upstream sm120 defaults: {config_name(defaults.upstream_forward(pc))}", defaults.upstream_forward(pc))]
+        bwd = experiment.backward_config(problem.problem_class)
         candidates, skipped = [], []
-        for label, cfg in named:
+        for label, cfg in timing_configs(configs, experiment, problem):
             verdict = check_forward_problem(cfg, problem, target)
             if verdict:
                 candidates.append(experiment_candidate(experiment, cfg, bwd, name=label))
@@ -176,16 +244,22 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", default="decode")
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: fa4tune.harness.settings.TIMED_ROUNDS)")
+    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs)
 
-    from fa4tune.harness.settings import Settings, new_gate_seed
-
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
 
     settings = Settings(gate_seed=new_gate_seed())
     if args.rounds:
         settings = dataclasses.replace(settings, rounds=args.rounds)
+    if args.compile_jobs:
+        use_kernel_cache()
+        precompile(compile_jobs(configs, load_experiment(EXPERIMENT_PATH), args), settings, args.compile_jobs)
+
+    import experiment
     print(f"gate seed {settings.gate_seed}; split configs: {', '.join(config_name(c) for c in configs)}", flush=True)
     failures = run_matrix(configs, experiment, settings, args.only) if args.part in ("matrix", "both") else 0
     if args.part in ("timing", "both"):
