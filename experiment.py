@@ -45,7 +45,7 @@ from flash_attn.cute.utils import AuxData
 from quack import layout_utils
 
 from fa4tune import defaults
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass, regime_of
 from fa4tune.feasibility import OK, Verdict
 from fa4tune.kernel_class import Limits, forward_kernel
 from fa4tune.sm120_interface import build
@@ -506,6 +506,11 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d64-causal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
     "d128-causal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     "d128-noncausal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
+    # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV, its heuristic's split count
+    # (docs/measurements/2026-12-01-h200-splitkv.md: 3.9-23x upstream's SM120 path, on par with SDPA).
+    **{f"d{hd}-{mask}{gqa}-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2,
+                                                        kernel="sm120_splitkv", extra={"num_splits": 0})
+       for hd in (64, 96, 128) for mask in ("noncausal", "causal") for gqa in ("", "-gqa4", "-gqa8")},
 }
 
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
@@ -542,7 +547,8 @@ def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
     if q.dtype not in _DTYPE_NAMES:
         raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
-    return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype])
+    return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
+                        regime_of(q.shape[-3]))
 
 
 class _Attention(torch.autograd.Function):

@@ -12,6 +12,16 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 DTYPES = ("bf16", "fp16")
+# A problem with at most this many query tokens per sequence is a decode (one token, or a speculative draft's few):
+# its class is the decode regime's. Issue #13's matrix gates split-KV at 1, 2 and 8 tokens; at 64 and more the
+# query tiles alone fill the GPU and the prefill classes' configs apply.
+DECODE_MAX_SEQLEN_Q = 16
+REGIMES = ("prefill", "decode")
+
+
+def regime_of(seqlen_q: int) -> str:
+    """'decode' for at most DECODE_MAX_SEQLEN_Q query tokens, else 'prefill'."""
+    return "decode" if seqlen_q <= DECODE_MAX_SEQLEN_Q else "prefill"
 
 
 class ConfigError(ValueError):
@@ -152,13 +162,16 @@ class BackwardConfig(_Record):
 
 @dataclass(frozen=True)
 class ProblemClass(_Record):
-    """What a config is tuned for: kernels specialise on these, not on batch or sequence length."""
+    """What a config is tuned for: kernels specialise on these, not on batch or sequence length, except for one
+    line: a decode (at most DECODE_MAX_SEQLEN_Q query tokens) is a class of its own, since one query token over a
+    long KV wants another kernel (split-KV) than a prefill does."""
 
     head_dim: int
     head_dim_v: int
     causal: bool
     qhead_per_kvhead: int = 1
     dtype: str = "bf16"
+    regime: str = "prefill"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -169,13 +182,16 @@ class ProblemClass(_Record):
                 raise ConfigError("head_dim_multiple_of_8", f"{name} must be a positive multiple of 8, got {value!r}")
         if self.qhead_per_kvhead < 1:
             raise ConfigError("gqa_ratio", f"qhead_per_kvhead must be >= 1, got {self.qhead_per_kvhead}")
+        if self.regime not in REGIMES:
+            raise ConfigError("regime", f"regime must be one of {', '.join(REGIMES)}, got {self.regime!r}")
 
     @property
     def name(self) -> str:
-        """Stable text id, e.g. 'd128-causal-gqa4-bf16' (used as a study name and a table key)."""
+        """Stable text id, e.g. 'd128-causal-gqa4-bf16', 'd128-noncausal-gqa4-decode-bf16' (a study name and a table key)."""
         hd = f"d{self.head_dim}" if self.head_dim == self.head_dim_v else f"d{self.head_dim}v{self.head_dim_v}"
         gqa = f"-gqa{self.qhead_per_kvhead}" if self.qhead_per_kvhead > 1 else ""
-        return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}-{self.dtype}"
+        regime = "" if self.regime == "prefill" else f"-{self.regime}"
+        return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}{regime}-{self.dtype}"
 
     @classmethod
     def parse(cls, name: str) -> "ProblemClass":
@@ -186,10 +202,11 @@ class ProblemClass(_Record):
             head_dim, head_dim_v = (int(x) for x in hd.split("v")) if "v" in hd else (int(hd), int(hd))
             causal = {"causal": True, "noncausal": False}[parts[1]]
             gqa = int(parts[2][3:]) if parts[2].startswith("gqa") else 1
+            regime = parts[-2] if parts[-2] in REGIMES else "prefill"
             dtype = parts[-1]
         except (IndexError, KeyError, ValueError):
             raise ConfigError("problem_class_name", f"cannot parse problem class {name!r} (expected e.g. d128-causal-gqa4-bf16)")
-        return cls(head_dim, head_dim_v, causal, gqa, dtype)
+        return cls(head_dim, head_dim_v, causal, gqa, dtype, regime)
 
 
 @dataclass(frozen=True)
@@ -219,7 +236,8 @@ class Problem(_Record):
     @property
     def problem_class(self) -> ProblemClass:
         """The class this problem dispatches on."""
-        return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype)
+        return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype,
+                            regime_of(self.seqlen_q))
 
     @property
     def label(self) -> str:

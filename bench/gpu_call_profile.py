@@ -1,0 +1,101 @@
+"""Where one attention call's time goes on a GPU: each kernel's duration, the gaps between them, and the call's span.
+
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_call_profile.py \
+        [--suite decode] [--only "b1 4k"] [--configs 32x64x64x2:0,...] [--calls 20]
+
+For each problem and config (gpu_splitkv.py's notation; "dispatch" for the dispatch table's config, "sdpa" for
+torch SDPA): warm-up calls (the compile), then `--calls` calls under torch.profiler, one at a time with a
+synchronize between them. Prints, per call on average: each kernel's GPU time, the GPU-idle gaps between the
+first kernel's start and the last kernel's end, and the host time of the call. A short call whose span is far
+above its kernels' sum is bound by the host path between launches, not by the kernels.
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def call_of(problem, spec: str, experiment):
+    """(label, fn) running one forward of `problem` with config `spec`."""
+    import torch
+    import torch.nn.functional as F
+
+    from gpu_splitkv import config_name, parse_configs
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = lambda s, h, d: (problem.batch, s, h, d)  # noqa: E731
+    q = torch.randn(shape(problem.seqlen_q, problem.num_heads, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
+    v = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v), device="cuda", dtype=torch.bfloat16, generator=gen)
+    if spec == "sdpa":
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        return "torch sdpa", lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=problem.causal, enable_gqa=True)
+    cfg = experiment.forward_config(problem.problem_class) if spec == "dispatch" else parse_configs(spec)[0]
+    return config_name(cfg), lambda: experiment.attention(q, k, v, causal=problem.causal, fwd_config=cfg)
+
+
+def profile(fn, calls: int) -> tuple[dict, float, float]:
+    """({kernel name: mean µs per call}, mean span µs, mean host µs per call) over `calls` profiled calls."""
+    import time
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    host = 0.0
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            start = time.perf_counter()
+            fn()
+            host += time.perf_counter() - start
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0),
+                     key=lambda e: e.time_range.start)
+    per_kernel: dict = defaultdict(float)
+    for e in kernels:
+        per_kernel[e.name[:90]] += e.device_time_total / calls
+    # calls are separated by a synchronize: a gap longer than any within a call splits them
+    spans, group = [], [kernels[0]] if kernels else []
+    for prev, e in zip(kernels, kernels[1:]):
+        if e.time_range.start - prev.time_range.end > 200:  # µs: the host's synchronize and next call
+            spans.append(group[-1].time_range.end - group[0].time_range.start)
+            group = []
+        group.append(e)
+    if group:
+        spans.append(group[-1].time_range.end - group[0].time_range.start)
+    return dict(per_kernel), sum(spans) / max(1, len(spans)), host / calls * 1e6
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="decode")
+    parser.add_argument("--only", default="")
+    parser.add_argument("--configs", default="32x64x64x2:0,dispatch,sdpa")
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args(argv)
+
+    from fa4tune.suites import load_suite
+
+    import experiment
+
+    for problem in [p for p in load_suite(args.suite) if args.only in p.label]:
+        for spec in args.configs.split(","):
+            label, fn = call_of(problem, spec, experiment)
+            kernels, span, host = profile(fn, args.calls)
+            busy = sum(kernels.values())
+            print(f"\n{problem.label} | {label}: span {span:.1f} µs, kernels {busy:.1f} µs, idle inside the span "
+                  f"{max(0.0, span - busy):.1f} µs, host {host:.1f} µs per call", flush=True)
+            for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
+                print(f"    {us:8.1f} µs  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
