@@ -498,28 +498,94 @@ def kernel_class(config) -> type:
 # ---------------------------------------------------------------------------------------------
 
 FORWARD_DISPATCH: dict[str, ForwardConfig] = {
-    "d128-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d128-causal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d96-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d96-causal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d64-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d64-causal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d128-causal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
+    "d128-noncausal-bf16": ForwardConfig(
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
+        extra={"num_splits": 0},
+    ),
+    "d128-causal-bf16": ForwardConfig(
+        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
+    "d96-noncausal-bf16": ForwardConfig(
+        tile_m=128, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
+    "d96-causal-bf16": ForwardConfig(
+        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
+    "d64-noncausal-bf16": ForwardConfig(
+        tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
+    "d64-causal-bf16": ForwardConfig(
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+    ),
+    "d128-causal-gqa4-bf16": ForwardConfig(
+        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
     "d128-noncausal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV, its heuristic's split count
-    # (docs/measurements/2026-12-01-h200-splitkv.md: 3.9-23x upstream's SM120 path, on par with SDPA).
-    **{f"d{hd}-{mask}{gqa}-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2,
-                                                        kernel="sm120_splitkv", extra={"num_splits": 0})
-       for hd in (64, 96, 128) for mask in ("noncausal", "causal") for gqa in ("", "-gqa4", "-gqa8")},
+    # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV with its heuristic's split count
+    # (docs/measurements/2026-12-01-h200-splitkv.md: 3.0-22x upstream's SM120 path, on par with SDPA).
+    "d64-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                               kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                            kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                               kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                            kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d96-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                             kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d128-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
 }
 
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
-    "d128-noncausal-bf16": defaults.upstream_backward(ProblemClass(128, 128, False)),
-    "d128-causal-bf16": defaults.upstream_backward(ProblemClass(128, 128, True)),
-    "d96-noncausal-bf16": defaults.upstream_backward(ProblemClass(96, 96, False)),
-    "d96-causal-bf16": defaults.upstream_backward(ProblemClass(96, 96, True)),
-    "d64-noncausal-bf16": defaults.upstream_backward(ProblemClass(64, 64, False)),
-    "d64-causal-bf16": defaults.upstream_backward(ProblemClass(64, 64, True)),
+    "d128-noncausal-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
+    ),
+    "d128-causal-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
+    ),
+    "d96-noncausal-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
+    ),
+    "d96-causal-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
+    ),
+    "d64-noncausal-bf16": BackwardConfig(
+        m_block_size=128, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=4, AtomLayoutMdQ=4, V_in_regs=False,
+    ),
+    "d64-causal-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
+    ),
     "d128-causal-gqa4-bf16": defaults.upstream_backward(ProblemClass(128, 128, True, 4)),
 }
 

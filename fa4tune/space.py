@@ -22,6 +22,17 @@ FORWARD_DOMAIN: dict[str, tuple] = {
     "Q_in_regs": (False, True),
 }  # upstream's knobs, every kernel class's; forward_domain() adds `kernel` and the classes' own
 
+# A decode class's (fa4tune.config.DECODE_MAX_SEQLEN_Q) values of upstream's knobs: a few query rows per KV head
+# (GQA packed into M), so small tiles on one to eight warps, and deeper K/V pipelines; split-KV runs there. Only the
+# values some feasible config of the class has are searched (search.space.Space.for_class).
+DECODE_FORWARD_DOMAIN: dict[str, tuple] = {
+    "tile_m": (16, 32, 64, 128),
+    "tile_n": (32, 64, 96, 128),
+    "num_threads": (32, 64, 128, 256),
+    "num_stages": (1, 2, 3, 4),
+    "Q_in_regs": (False, True),
+}
+
 BACKWARD_DOMAIN: dict[str, tuple] = {
     "m_block_size": (32, 64, 128),
     "n_block_size": (32, 64, 128),

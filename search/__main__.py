@@ -144,10 +144,10 @@ def _apply(args) -> int:
     if not path.exists():
         raise ConfigError("experiment_file", f"{args.experiment!r} does not exist")
     print(f"storage: {describe(url)}")
-    decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target)
+    old = path.read_text()
+    decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target, source=old)
     if not decisions:
         raise ConfigError("storage_empty", f"no search studies for target {args.target} in {describe(url)}: run `python -m search run` first")
-    old = path.read_text()
     new = apply.apply(old, decisions)
     for d in decisions:
         if d.refusal:

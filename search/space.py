@@ -27,7 +27,7 @@ from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward, forward_smem_bytes
 from fa4tune.kernel_class import forward_kernels
-from fa4tune.space import BACKWARD_DOMAIN, forward_domain
+from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
 from search.storing.history import config_key
 
@@ -50,6 +50,9 @@ class Space:
     # backward's rules accept ~0.05 % of its product (36 of 73,728 configs for d128 causal), and samplers drawing
     # from the whole product proposed infeasible configs until a run stalled.
     per_class: bool = False
+    # Knob domains a problem class's regime replaces (the forward's decode classes: small tiles, few warps); such a
+    # class's space is cut per class as well.
+    regime_domain: dict[str, dict[str, tuple]] = field(default_factory=dict)
 
     def distributions(self) -> dict[str, BaseDistribution]:
         """One distribution per knob (single-valued knobs included, so params map 1:1): see `distribution`."""
@@ -106,7 +109,11 @@ class Space:
 
     def for_class(self, problem_class: ProblemClass, target: Target) -> "Space":
         """A per_class space cut to the knob values of the class's feasible configs (each knob keeps its order);
-        unchanged when the space is not per_class or nothing is feasible."""
+        unchanged when the space is not per_class or nothing is feasible. A regime with a domain of its own
+        (regime_domain) swaps it in first, and is cut per class."""
+        override = self.regime_domain.get(problem_class.regime)
+        if override:
+            return replace(self, domain={**self.domain, **override}, regime_domain={}, per_class=True).for_class(problem_class, target)
         if not self.per_class:
             return self
         key = ("for_class", self.signature(target), problem_class.name)
@@ -160,7 +167,7 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
     known = _FORWARD_SPACES.get(id(kernels))
     if known is None or known[0] is not kernels:
         space = Space("fwd", forward_domain(kernels), ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes,
-                      {name: tuple(cls.knobs) for name, cls in kernels.items()})
+                      {name: tuple(cls.knobs) for name, cls in kernels.items()}, regime_domain={"decode": DECODE_FORWARD_DOMAIN})
         known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]
 

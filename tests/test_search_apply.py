@@ -8,7 +8,8 @@ import shutil
 import optuna
 import pytest
 
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune import defaults
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from search.reviewing import apply as apply_module
 from search.storing.history import records, winner
 from search.storing.storage import open_storage
@@ -23,10 +24,19 @@ def _dispatch_entry(path, table: str, key: str) -> dict:
 
 
 @pytest.fixture
-def experiment_copy(tmp_path):
+def tuned_copy(tmp_path):
+    """experiment.py as shipped (its CLASS entry tuned on the GPU: not upstream's default)."""
     path = tmp_path / "experiment.py"
     shutil.copy(ROOT / "experiment.py", path)
     return path
+
+
+@pytest.fixture
+def experiment_copy(tuned_copy):
+    """experiment.py with its CLASS entry back at upstream's default: a table no study has tuned yet."""
+    pc = ProblemClass.parse(CLASS)
+    tuned_copy.write_text(apply_module.edit_dispatch(tuned_copy.read_text(), "fwd", CLASS, defaults.upstream_forward(pc)))
+    return tuned_copy
 
 
 def _search(tmp_path, confirmations: int) -> str:
@@ -60,6 +70,19 @@ def test_apply_refuses_a_replayed_winner_unless_allowed(confirmed_url, experimen
     (refusal,) = done.stderr.splitlines()
     assert refusal.startswith("error: replayed_winner: ") and "was replayed from a table, not measured by the harness" in refusal
     assert experiment_copy.read_text() == before
+
+
+def test_apply_refuses_to_replace_an_entry_its_study_never_measured(confirmed_url, tuned_copy):
+    # the shipped entry was measured on the GPU; a study that never measured it cannot say its winner is faster
+    entry = _dispatch_entry(tuned_copy, "FORWARD_DISPATCH", CLASS)
+    assert ForwardConfig.from_dict(entry) != defaults.upstream_forward(ProblemClass.parse(CLASS))
+    before = tuned_copy.read_text()
+    done = run_cli("apply", "--storage", confirmed_url, "--experiment", tuned_copy, "--allow-replay")
+    assert done.returncode == 2
+    (refusal,) = done.stderr.splitlines()
+    assert refusal.startswith(f"error: unmeasured_table_entry: {STUDY}: FORWARD_DISPATCH['{CLASS}'] holds ")
+    assert "never measured it" in refusal and "search run enqueues it after the baseline" in refusal
+    assert tuned_copy.read_text() == before
 
 
 def test_apply_writes_a_confirmed_winner_and_prints_the_diff(confirmed_url, experiment_copy):

@@ -52,3 +52,39 @@ def test_a_backward_study_searches_only_its_class_feasible_knob_values():
     assert all(cut.in_domain(c) == "" for c in feasible)
     assert cut.signature(TARGET) != full.signature(TARGET)
     assert StudySpec("fwd", pc, (), TARGET).space is get_space("fwd")
+
+
+def test_a_decode_study_searches_small_tiles_and_few_warps():
+    """A decode class (at most 16 query tokens) swaps in the decode domain (tiles of 16 and 32 rows on one or two
+    warps, where split-KV runs), cut to its feasible values; the dispatch table's decode entry lies in it."""
+    from fa4tune.config import ForwardConfig, Problem, ProblemClass
+    from search.storing.study import StudySpec
+
+    decode = Problem(1, 1, 4096, 32, 8, 128, 128, False, backward=False).problem_class
+    assert decode == ProblemClass(128, 128, False, 4, regime="decode") and decode.name == "d128-noncausal-gqa4-decode-bf16"
+    space = StudySpec("fwd", decode, (), TARGET).space
+    assert space.per_class is False and space is not get_space("fwd")
+    assert {16, 32} <= set(space.domain["tile_m"]) and {32, 64} <= set(space.domain["num_threads"])
+    entry = ForwardConfig(32, 64, 64, 2, kernel="sm120_splitkv", extra={"num_splits": 0})
+    assert space.in_domain(entry) == "" and get_space("fwd").in_domain(entry) != ""
+    assert space.in_domain(space.upstream(decode)) == ""  # the baseline is in it too
+    assert all(space.check(c, decode, TARGET) for c in space.feasible(decode, TARGET))
+
+
+def test_a_new_study_measures_the_dispatch_table_entry_after_the_baseline():
+    """search run enqueues the table's entry (when it is not upstream's default) right after upstream's default, so
+    `search apply` can tell whether a winner beats what users run today."""
+    from fa4tune.config import ProblemClass
+    from search.storing import schema
+    from search.storing.study import StudySpec, enqueue_baseline
+
+    pc = ProblemClass(128, 128, True)
+    entry = {"tile_m": 64, "tile_n": 64, "num_threads": 128, "num_stages": 1, "Q_in_regs": False, "kernel": "sm120_tma"}
+    for incumbent, proposers in ((entry, ["baseline", "incumbent"]), (get_space("fwd").upstream(pc).to_dict(), ["baseline"]), (None, ["baseline"])):
+        study = optuna.create_study(direction="maximize")
+        spec = StudySpec("fwd", pc, (), TARGET, incumbent=incumbent)
+        assert enqueue_baseline(study, spec) and not enqueue_baseline(study, spec)  # only into a new study
+        waiting = study.get_trials(deepcopy=False)
+        assert [t.user_attrs[schema.PROPOSER] for t in waiting] == proposers
+        queued = waiting[-1].system_attrs[schema.FIXED_PARAMS]  # a waiting trial holds its params here
+        assert spec.space.config(queued) == spec.space.config(incumbent or spec.space.upstream(pc).to_dict())

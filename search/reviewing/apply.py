@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import ast
 import difflib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import optuna
 
-from fa4tune.config import ConfigError
+from fa4tune.config import ConfigError, ProblemClass
 from search.space import get_space
 from search.storing import schema
-from search.storing.history import confirmations, records, short_config, winner
+from search.storing.history import config_key, confirmations, measured, records, short_config, winner
 
 DISPATCH = {"fwd": "FORWARD_DISPATCH", "bwd": "BACKWARD_DISPATCH"}
 MAX_LINE = 120
@@ -34,16 +34,37 @@ class Decision:
     note: str = ""
 
 
-def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | None = None) -> list[Decision]:
-    """One decision per search study in the storage (of one target when given)."""
+def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | None = None, source: str | None = None) -> list[Decision]:
+    """One decision per search study in the storage (of one target when given). With experiment.py's `source`, a
+    study whose class's entry is not upstream's default and was never measured by that study is refused: its
+    winner beat upstream's default, not necessarily what the table holds."""
     decisions = []
     for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
         meta = summary.user_attrs
         if schema.DIRECTION not in meta or (target and meta.get(schema.TARGET) != target):
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        decisions.append(_decide(summary.study_name, meta, records(study), needed, allow_replay))
+        decision = _decide(summary.study_name, meta, records(study), needed, allow_replay)
+        if source is not None and decision.config is not None:
+            decision = _check_incumbent(decision, source, records(study))
+        decisions.append(decision)
     return decisions
+
+
+def _check_incumbent(decision: Decision, source: str, history) -> Decision:
+    """The decision, or a refusal when the table's entry (not upstream's default) is not among the study's measured configs."""
+    space = get_space(decision.direction)
+    written = entry_config(source, decision.direction, decision.problem_class)
+    if written is None:
+        return decision
+    entry = space.config(written)
+    if entry == space.upstream(ProblemClass.parse(decision.problem_class)) or config_key(entry.to_dict()) in measured(history):
+        return decision
+    return replace(decision, config=None, refusal=(
+        f"unmeasured_table_entry: {decision.study}: {DISPATCH[decision.direction]}[{decision.problem_class!r}] holds "
+        f"{short_config(entry.to_dict())}, not upstream's default, and this study never measured it, so its winner "
+        f"({decision.note.split(', confirmed')[0]}) may be slower than what the table runs; a new study measures the "
+        "entry first (search run enqueues it after the baseline), or edit the entry by hand"))
 
 
 def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> Decision:
@@ -118,10 +139,12 @@ def _dispatch_node(source: str, name: str) -> ast.Dict:
 
 
 def entry_config(source: str, direction: str, key: str) -> dict | None:
-    """The knob values written in a dispatch entry, read back from the source (None if absent or not literal)."""
+    """The knob values written in a dispatch entry, read back from the source (None if absent or not a literal
+    ForwardConfig(...) / BackwardConfig(...), e.g. `defaults.upstream_backward(...)`)."""
     table = _dispatch_node(source, DISPATCH[direction])
     for k, v in zip(table.keys, table.values):
-        if isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call):
+        if (isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+                and v.func.id in ("ForwardConfig", "BackwardConfig")):
             try:
                 knobs = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
             except ValueError:

@@ -21,6 +21,7 @@ from search.storing import schema
 OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible or failed configs get 0 and a constraint > 0"
 # Attributes a proposer sets when it enqueues; a requeued trial keeps them.
 BASELINE = "baseline"  # the proposer name of the enqueued upstream default
+INCUMBENT = "incumbent"  # the proposer name of the enqueued dispatch-table entry, where it is not upstream's default
 PROPOSER_ATTRS = (schema.PROPOSER, schema.RATIONALE, schema.CONFIRMATION_OF)
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -35,6 +36,7 @@ class StudySpec:
     problems: tuple[Problem, ...]
     target: Target
     space_override: Space | None = None  # a narrower space (the bench: the knob values a table covers)
+    incumbent: dict | None = None  # experiment.py's dispatch entry for the class (search run on the GPU sets it)
 
     @property
     def space(self) -> Space:
@@ -121,10 +123,17 @@ def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, p
 
 
 def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
-    """A new study starts with upstream's default config: the baseline every winner is compared with."""
+    """A new study starts with upstream's default config: the baseline every winner is compared with; then, where
+    the dispatch table holds another config (spec.incumbent), that one, so that a winner is known to beat what
+    users run today (`search apply` refuses to replace an entry its study never measured)."""
     if study.get_trials(deepcopy=False):
         return False
-    study.enqueue_trial(spec.space.params(spec.space.upstream(spec.problem_class)), user_attrs={schema.PROPOSER: BASELINE})
+    upstream = spec.space.upstream(spec.problem_class)
+    study.enqueue_trial(spec.space.params(upstream), user_attrs={schema.PROPOSER: BASELINE})
+    if spec.incumbent is not None:
+        incumbent = spec.space.config(spec.incumbent)
+        if incumbent != upstream:
+            study.enqueue_trial(spec.space.params(incumbent), user_attrs={schema.PROPOSER: INCUMBENT})
     return True
 
 
