@@ -37,10 +37,12 @@ def trials(url: str, name: str = STUDY) -> list[optuna.trial.FrozenTrial]:
 
 
 def sampled_only(url: str) -> bool:
-    """Every trial of the study finished with its value: upstream's default, then the sampler's (none is claude's)."""
+    """Every trial of the study finished with its value: upstream's default, then the sampler's or the loop's own
+    explore turns (taken when the sampler repeats itself), none of them claude's."""
     kept = trials(url)
+    proposers = [t.user_attrs[schema.PROPOSER] for t in kept]
     return (len(kept) > 1 and all(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None for t in kept)
-            and [t.user_attrs[schema.PROPOSER] for t in kept] == ["baseline"] + ["tpe"] * (len(kept) - 1))
+            and proposers[0] == "baseline" and "tpe" in proposers and set(proposers[1:]) <= {"tpe", "explore"})
 
 
 def printed_trials(stdout: str) -> int:
