@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fa4tune import cli, defaults, static_check
+from fa4tune.config import ForwardConfig
 from fa4tune.static_check import StaticFacts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,8 +62,11 @@ def test_malformed_suite_file(tmp_path):
 
 
 def _edited_copy(tmp_path, *edits):
-    """experiment.py with (old, new) text replacements, next to a one-problem suite; the copy's command line."""
-    source = (ROOT / "experiment.py").read_text()
+    """experiment.py with its d64 non-causal entry written as D64 (the shipped entry is whatever the last `search apply`
+    wrote), then (old, new) text replacements, next to a one-problem suite; the copy's command line."""
+    from search.reviewing.apply import edit_dispatch
+
+    source = edit_dispatch((ROOT / "experiment.py").read_text(), "fwd", "d64-noncausal-bf16", ForwardConfig(128, 128, 128, 1))
     for old, new in edits:
         assert old in source, old
         source = source.replace(old, new)

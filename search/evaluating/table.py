@@ -58,7 +58,10 @@ class ReplayTable:
                 for name, value in space.config(m.config).to_dict().items():
                     if name in seen:
                         seen[name].add(value)
-        return replace(space, domain={name: tuple(v for v in values if v in seen[name]) for name, values in space.domain.items()})
+        # a knob the table never set (the own knob of a kernel class it did not measure) keeps one value: a domain
+        # must not be empty, and the configs of the table's classes drop it anyway
+        return replace(space, domain={name: tuple(v for v in values if v in seen[name]) or values[:1]
+                                      for name, values in space.domain.items()})
 
     def lookup(self, kind: str, problem_class: str, config) -> Measurement | None:
         """The recorded measurement of a config, or None."""
