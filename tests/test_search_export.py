@@ -302,6 +302,11 @@ def test_a_tma_winner_is_carried_as_a_new_upstream_file_with_its_test_and_split_
     assert "fa_fwd = (FlashAttentionForwardSm120Tma if use_tma else FlashAttentionForwardSm120)(" in interface
     for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_tma.py", "tests/cute/test_flash_attn_sm120_tma.py"):
         compile((checkout / path).read_text(), path, "exec")
+    # the upstream test runs in the patched tree: can_implement's cases pass here, the outputs need an SM120 GPU
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    upstream_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "can_implement",
+                                    "tests/cute/test_flash_attn_sm120_tma.py"], cwd=checkout, env=env, capture_output=True, text=True)
+    assert upstream_test.returncode == 0 and "10 passed" in upstream_test.stdout, upstream_test.stdout[-2000:]
     # the split-KV study exports its best trial of upstream's kernel, and says so
     prose = " ".join(text.split("\n---\n", 1)[0].split())
     assert f"fwd {SPLITKV_CLASS}: the winner #" in prose and "'sm120_splitkv'" in prose and "which the patch cannot carry" in prose
