@@ -3,7 +3,10 @@ sources, compiles for sm_120a, and makes the interface pick each exported config
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -11,14 +14,18 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
+import cutlass
 import pytest
 
-from fa4tune.config import BackwardConfig, ProblemClass
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+from fa4tune.feasibility import check_forward
+from fa4tune.space import forward_candidates
 from fa4tune.defaults import upstream_forward
 from fa4tune.targets import get_target
 from review_studies import (BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, FailingConfirmations,
                             backward_table, forward_table, run_study)
 from search.proposing.samplers import make_sampler
+from search.reviewing import carry
 from search.reviewing import export as exporter
 from search.reviewing.evidence import load_studies
 from search.storing.storage import open_storage
@@ -82,6 +89,9 @@ def test_the_patch_applies_with_git_to_a_pristine_copy_of_the_pinned_wheel(winne
     done = _export(winners_url, "--allow-replay", out=patch)
     assert done.returncode == 0, done.stderr
     assert "wrote" in done.stdout and patch.exists()
+    # the base the patch names is the installed file, byte for byte
+    assert exporter._blob_id(exporter.pristine_interface()) == exporter.UPSTREAM_INTERFACE_BLOB
+    assert "flash_fwd_sm120_tma.py" not in patch.read_text()  # no winner of ours: nothing to carry
     checkout = _pristine_checkout(tmp_path / "flash-attention")
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=checkout, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
@@ -121,6 +131,25 @@ def test_the_patched_package_compiles_each_exported_config_for_sm120a_and_picks_
     assert bwd["postprocess_threads"] == [BWD.num_threads]
     assert untuned_fwd["config"] == fwd_knobs(upstream_forward(ProblemClass(64, 64, False)))
     assert untuned_bwd["config"] == BackwardConfig().to_dict()  # 64x64, 1 stage for d128, 128 threads
+
+
+@pytest.mark.compile
+def test_the_patched_package_compiles_the_carried_tma_class_for_sm120a_and_picks_it(tma_url, tmp_path):
+    patch = tmp_path / "sm120-tuned.patch"
+    assert _export(tma_url, "--allow-replay", out=patch).returncode == 0
+    checkout = _pristine_checkout(tmp_path / "flash-attention")
+    subprocess.run(["git", "apply", str(patch)], cwd=checkout, check=True)
+    jobs = [{"kind": "fwd", "head_dim": 64, "causal": False, "qhead_per_kvhead": 1},
+            {"kind": "fwd", "head_dim": 128, "causal": True, "qhead_per_kvhead": 1}]  # not tuned here: upstream's class
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(ROOT)]), "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "0"}
+    done = subprocess.run([sys.executable, str(ROOT / "tests/patched_interface_probe.py")], input=json.dumps(jobs),
+                          capture_output=True, text=True, env=env, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("PROBE "))[len("PROBE "):])
+    tma, untuned = report["jobs"]
+    assert tma["compiled"] == ["FlashAttentionForwardSm120Tma"]
+    assert tma["kernel"] == {k: v for k, v in FWD_TMA.to_dict().items() if k != "kernel"}
+    assert untuned["compiled"] == ["FlashAttentionForwardSm120"]
 
 
 def _pristine_checkout(path: Path) -> Path:
@@ -216,3 +245,155 @@ def test_a_replayed_export_never_says_its_winners_were_measured(winners_url):
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "each winner was replayed from the table (not measured by the harness) 2 times" in text and "re-measured" not in text
+
+
+# -- carrying our TMA class ----------------------------------------------------------------------------
+
+TMA_CLASS, SPLITKV_CLASS = "d64-noncausal-bf16", "d128-noncausal-bf16"
+FWD_TMA = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False, kernel="sm120_tma")
+FWD_TMA_UPSTREAM = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False)  # its runner-up
+FWD_SPLITKV = ForwardConfig.from_dict({"tile_m": 64, "tile_n": 32, "num_threads": 128, "num_stages": 1, "Q_in_regs": False,
+                                       "kernel": "sm120_splitkv", "num_splits": 0})
+
+
+def _boosted_table(tmp: Path) -> Path:
+    """The synthetic forward table, with FWD_TMA and FWD_SPLITKV made the fastest of their classes."""
+    path = forward_table(tmp)
+    data = json.loads(path.read_text())
+    for m in data["measurements"]:
+        boost = {(TMA_CLASS, FWD_TMA.key()): 1.6, (TMA_CLASS, FWD_TMA_UPSTREAM.key()): 1.4,
+                 (SPLITKV_CLASS, FWD_SPLITKV.key()): 2.5}.get((m["problem_class"], ForwardConfig.from_dict(m["config"]).key()))
+        for r in m["results"] if boost else []:
+            r["tflops"] = r["tflops"] * boost
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tma_url(tmp_path_factory) -> str:
+    """Two forward studies: one won by our TMA class (its runner-up uses upstream's), one won by split-KV."""
+    tmp = tmp_path_factory.mktemp("export-tma")
+    url = f"sqlite:///{tmp / 'search.db'}"
+    table = _boosted_table(tmp)
+    run_study(url, "fwd", TMA_CLASS, table, [FWD_TMA, FWD_TMA_UPSTREAM])
+    run_study(url, "fwd", SPLITKV_CLASS, table, [FWD_SPLITKV, FWD_MHA_RUNNER_UP])
+    return url
+
+
+def test_a_tma_winner_is_carried_as_a_new_upstream_file_with_its_test_and_split_kv_falls_back(tma_url, tmp_path):
+    patch = tmp_path / "sm120-tuned.patch"
+    done = _export(tma_url, "--allow-replay", out=patch)
+    assert done.returncode == 0, done.stderr
+    text = patch.read_text()
+    assert "Subject: [PATCH] cute: tune SM120 forward and backward defaults per head_dim, causal and GQA; add a TMA-fed" in text
+    assert "new file mode 100644\nindex 0000000000000.." in text and "--- /dev/null\n+++ b/flash_attn/cute/flash_fwd_sm120_tma.py" in text
+    assert " 3 files changed" in text and " create mode 100644 tests/cute/test_flash_attn_sm120_tma.py" in text
+    checkout = _pristine_checkout(tmp_path / "flash-attention")
+    check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=checkout, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "am", "-q", str(patch)], cwd=checkout, check=True)
+    new = (checkout / "flash_attn/cute/flash_fwd_sm120_tma.py").read_text()
+    assert new == carry.upstream_source(carry.TMA)
+    assert "fa4tune" not in new and "kernels." not in new and "class FlashAttentionForwardSm120Tma(FlashAttentionForwardSm120):" in new
+    assert (checkout / "tests/cute/test_flash_attn_sm120_tma.py").read_text() == carry.upstream_test(carry.TMA)
+    interface = (checkout / "flash_attn/cute/interface.py").read_text()
+    assert "from flash_attn.cute.flash_fwd_sm120_tma import FlashAttentionForwardSm120Tma\n" in interface
+    assert ("return FwdConfig(64, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)" in interface)
+    assert "fa_fwd = (FlashAttentionForwardSm120Tma if use_tma else FlashAttentionForwardSm120)(" in interface
+    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_tma.py", "tests/cute/test_flash_attn_sm120_tma.py"):
+        compile((checkout / path).read_text(), path, "exec")
+    # the upstream test runs in the patched tree: can_implement's cases pass here, the outputs need an SM120 GPU
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    upstream_test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "can_implement",
+                                    "tests/cute/test_flash_attn_sm120_tma.py"], cwd=checkout, env=env, capture_output=True, text=True)
+    assert upstream_test.returncode == 0 and "10 passed" in upstream_test.stdout, upstream_test.stdout[-2000:]
+    # the split-KV study exports its best trial of upstream's kernel, and says so
+    prose = " ".join(text.split("\n---\n", 1)[0].split())
+    assert f"fwd {SPLITKV_CLASS}: the winner #" in prose and "'sm120_splitkv'" in prose and "which the patch cannot carry" in prose
+    assert "Exported instead: its best trial of upstream's kernel" in prose
+    studies = {ev.problem_class.name: ev for ev in load_studies(open_storage(tma_url))}
+    fallback = exporter._accept(studies[SPLITKV_CLASS], 2, True)
+    assert fallback.replaces.config == FWD_SPLITKV.to_dict() and fallback.config.kernel == "sm120"
+    # only a winner is re-measured: the runner-up of upstream's kernel was measured once, and the message says so
+    assert fallback.config == FWD_MHA_RUNNER_UP and fallback.confirmations == ()
+    assert f"#{fallback.trial.number}, " in prose and "measured 1 time, UNCONFIRMED (0 of 2 confirmations)" in prose
+    # the pull request's text beside the patch: the evidence table, what changes, how to test
+    pr = (tmp_path / "sm120-tuned.pr.md").read_text()
+    assert pr.startswith("# cute: tune SM120") and "`flash_attn/cute/flash_fwd_sm120_tma.py` (new)" in pr
+    tma = exporter._accept(studies[TMA_CLASS], 2, True)
+    row = next(line for line in pr.splitlines() if line.startswith(f"| fwd | {TMA_CLASS} |"))
+    assert f"| {tma.default.value:.1f} | {tma.trial.value:.1f} | {tma.trial.value / tma.default.value:.2f}x |" in row
+    assert "`FlashAttentionForwardSm120Tma`" in row and "measured 3 times, confirmed" in row
+    assert "`pytest tests/cute/test_flash_attn_sm120_tma.py`" in pr and "Caveat" not in pr  # synthetic, not emulated
+
+
+def test_upstream_kernels_only_exports_the_best_upstream_trial_and_no_new_file(tma_url):
+    done = _export(tma_url, "--allow-replay", "--dry-run", "--upstream-kernels-only")
+    assert done.returncode == 0, done.stderr
+    assert "flash_fwd_sm120_tma" not in done.stdout and "use_tma" not in done.stdout
+    assert "return FwdConfig(64, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False)" in done.stdout
+    prose = " ".join(done.stdout.split("\n---\n", 1)[0].split())
+    assert "--upstream-kernels-only exports the best trial of upstream's kernel instead" in prose
+    assert "--upstream-kernels-only" in done.stdout.split("Reproduce", 1)[1]
+
+
+def test_the_upstream_file_keeps_our_methods_verbatim_and_drops_only_the_protocol():
+    ours = Path(ROOT / carry.TMA.source).read_text()
+    new = carry.upstream_source(carry.TMA)
+    ours_class = next(n for n in ast.parse(ours).body if isinstance(n, ast.ClassDef))
+    new_class = next(n for n in ast.parse(new).body if isinstance(n, ast.ClassDef))
+    kept = {m.name: ast.get_source_segment(new, m) for m in new_class.body if isinstance(m, ast.FunctionDef)}
+    for m in ours_class.body:
+        if isinstance(m, ast.FunctionDef) and m.name not in carry.PROTOCOL_MEMBERS:
+            assert kept.pop(m.name) == ast.get_source_segment(ours, m), m.name
+    assert list(kept) == ["can_implement"]  # the only method that is not ours verbatim
+    names = {t.id for m in new_class.body if isinstance(m, ast.Assign) for t in m.targets}
+    assert not names & carry.PROTOCOL_MEMBERS
+    imports = [n.module if isinstance(n, ast.ImportFrom) else n.names[0].name
+               for n in ast.parse(new).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [i for i in imports if i.split(".")[0] in carry.OURS] and "flash_attn.cute.flash_fwd_sm120" in imports
+
+
+def test_a_carried_source_that_uses_more_of_ours_is_refused(tmp_path):
+    source = Path(ROOT / carry.TMA.source).read_text()
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / carry.TMA.source).write_text(source.replace("return 1 + 2 * num_stages", "return round_up(1 + 2 * num_stages, 1)"))
+    with pytest.raises(ConfigError, match="carry_source.*uses round_up from fa4-tune's own modules"):
+        carry.upstream_source(carry.TMA, root=tmp_path)
+
+
+def test_the_upstream_can_implement_agrees_with_our_rules_on_every_tma_config(tmp_path):
+    path = tmp_path / "flash_fwd_sm120_tma.py"
+    path.write_text(carry.upstream_source(carry.TMA))
+    spec = importlib.util.spec_from_file_location("carried_tma", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cls, target, checked = module.FlashAttentionForwardSm120Tma, get_target("sm120"), {True: 0, False: 0}
+    for pc in (ProblemClass(64, 64, False), ProblemClass(96, 96, True), ProblemClass(128, 128, True),
+               ProblemClass(128, 128, False, 4), ProblemClass(256, 256, False)):
+        for c in [c for c in forward_candidates() if c.kernel == "sm120_tma"]:
+            ours = bool(check_forward(c, pc, target))
+            theirs = cls.can_implement(cutlass.BFloat16, pc.head_dim, pc.head_dim_v, c.tile_m, c.tile_n, c.num_stages,
+                                       c.num_threads, pc.causal, Q_in_regs=c.Q_in_regs, qhead_per_kvhead=pc.qhead_per_kvhead)
+            assert theirs == ours, (pc.name, c, check_forward(c, pc, target))
+            checked[ours] += 1
+    assert checked[True] > 50 and checked[False] > 50
+
+
+def test_the_real_study_exports_six_tma_entries_and_the_pr_carries_the_emulation_caveat(tmp_path):
+    db = tmp_path / "study.db"
+    db.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-01-standard-study.db.xz").read_bytes()))
+    url, patch = f"sqlite:///{db}", tmp_path / "sm120-tuned.patch"
+    refused = _export(url, "--dry-run")
+    assert refused.returncode == 2 and "--leave-out bwd:d128-causal-gqa4-bf16" in refused.stderr
+    done = _export(url, "--leave-out", "bwd:d128-causal-gqa4-bf16", out=patch)
+    assert done.returncode == 0, done.stderr
+    text = patch.read_text()
+    entries = [line for line in text.splitlines() if line.startswith("+            return FwdConfig(")]
+    assert sum("use_tma=True" in line for line in entries) == 6 and "d128-noncausal-gqa4-decode-bf16: left out: a decode class" in text
+    checkout = _pristine_checkout(tmp_path / "flash-attention")
+    check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=checkout, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    pr = (tmp_path / "sm120-tuned.pr.md").read_text()
+    assert "SM120 kernels emulated on NVIDIA H200" in pr and "RTX 5090 / RTX PRO 6000" in pr
+    assert "SM120 kernels emulated on NVIDIA H200" in " ".join(text.split("\n---\n", 1)[0].split())

@@ -31,6 +31,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--problem-class", action="append", dest="problem_classes", help="export only this class (repeatable)")
     p.add_argument("--allow-replay", action="store_true", help="also export winners replayed from a table")
     p.add_argument("--table", default=None, help="the replayed table, for its device and mode in the commit message")
+    p.add_argument("--upstream-kernels-only", action="store_true",
+                   help="export each study's best trial of upstream's own kernel (no new kernel file), confirmed or not")
+    p.add_argument("--leave-out", action="append", default=None, metavar="DIRECTION:CLASS",
+                   help="leave this study out, e.g. bwd:d128-causal-gqa4-bf16 (repeatable)")
 
 
 def add_report_options(p) -> None:
@@ -83,16 +87,29 @@ def export(args) -> int:
     out = Path(args.out)
     if not args.dry_run and not out.parent.is_dir():
         raise ConfigError("export_out", f"cannot write {args.out!r}: directory {str(out.parent)!r} does not exist")
-    text, winners = exporter.export(open_existing_storage(url), url, _export_command(args, url), args.target, args.confirmations,
-                                    args.allow_replay, args.problem_classes, args.table)
+    text, winners, pr = exporter.export(open_existing_storage(url), url, _export_command(args, url), args.target,
+                                        args.confirmations, args.allow_replay, args.problem_classes, args.table,
+                                        args.upstream_kernels_only, args.leave_out)
     if args.dry_run:
         print(text, end="")
         return 0
     out.write_text(text)
+    pr_path = pr_text_path(out)
+    pr_path.write_text(pr)
     changed = sum(w.changed for w in winners)
-    print(f"wrote {args.out}: {len(winners)} winners, {changed} of them change upstream's defaults "
-          f"(git apply --check {args.out} in a flash-attention checkout)")
+    carried = exporter.carried_classes(winners)
+    fallbacks = sum(w.replaces is not None for w in winners)
+    print(f"wrote {args.out}: {len(winners)} winners, {changed} of them change upstream's defaults"
+          + (f", carrying {', '.join(c.upstream_path for c in carried)}" if carried else "")
+          + (f", {fallbacks} replaced by their best upstream-kernel trial" if fallbacks else "")
+          + f" (git apply --check {args.out} in a flash-attention checkout)")
+    print(f"wrote {pr_path}: the pull request's text")
     return 0
+
+
+def pr_text_path(out: Path) -> Path:
+    """The pull request's text beside the patch: sm120-tuned.patch -> sm120-tuned.pr.md."""
+    return out.with_name(out.name.removesuffix(".patch") + ".pr.md")
 
 
 def _export_command(args, url: str) -> list[str]:
@@ -103,6 +120,9 @@ def _export_command(args, url: str) -> list[str]:
         argv += ["--problem-class", name]
     argv += ["--allow-replay"] if args.allow_replay else []
     argv += ["--table", args.table] if args.table else []
+    argv += ["--upstream-kernels-only"] if args.upstream_kernels_only else []
+    for name in args.leave_out or []:
+        argv += ["--leave-out", name]
     return argv
 
 

@@ -31,15 +31,29 @@ from fa4tune.kernel_class import forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
+from search.reviewing.carry import CarriedClass, carried, upstream_source, upstream_test
 from search.reviewing.evidence import StudyEvidence, load_studies, mode_sentence
 from search.space import get_space
 from search.storing import schema
-from search.storing.history import TrialRecord
+from search.storing.history import TrialRecord, winner
 
 UPSTREAM_PATH = "flash_attn/cute/interface.py"
 SUBJECT = "cute: tune SM120 forward and backward defaults per head_dim, causal and GQA"
 AUTHOR = "fa4-tune <fa4-tune@users.noreply.github.com>"
 WIDTH = 100  # commit message prose; tables and commands may be longer
+# What the patch applies to. flash-attn-4 4.0.0b36 is the tag fa4-v4.0.0.beta36 (upstream's publish-fa4 workflow
+# builds each fa4-v* tag with setuptools-scm, tag_regex "^fa4-v(?P<version>.+)$"). Its commit was looked up on
+# 2026-12-01 in the stored snapshot of github:Dao-AILab/flash-attention by the blob hashes of the installed
+# wheel's flash_attn/cute/*.py (`git hash-object`, then `git log --all --raw --no-abbrev`): the snapshot ends at
+# fa4-v4.0.0.beta27 (0251105a, 2026-08-15) and holds no commit with the wheel's interface.py (blob below; the
+# closest tree matched 20 of its 58 files), so the commit is not recorded here: UPSTREAM_COMMIT stays empty
+# until it is (docs/measurements/2026-12-01-export-upstream-check.md). The blob identifies the file exactly.
+UPSTREAM_TAG = "fa4-v4.0.0.beta36"
+UPSTREAM_COMMIT = ""
+UPSTREAM_INTERFACE_BLOB = "20636fa5d2e7ee4fb057d0b7c2637e45ee3b353d"  # git hash-object flash_attn/cute/interface.py
+EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on NVIDIA H200 (SM80 mma.sync code with SM120's 99 KB "
+                    "shared-memory rule, timed on the H200), not on SM120 hardware: the winners are to be confirmed "
+                    "on an RTX 5090 / RTX PRO 6000 before this is merged.")
 
 
 @dataclass(frozen=True)
@@ -51,10 +65,17 @@ class Winner:
     config: ForwardConfig | BackwardConfig
     confirmations: tuple[TrialRecord, ...]
     default: TrialRecord | None  # the measurement of upstream's previous default, when the study has one
+    replaces: TrialRecord | None = None  # the study's winner, when this is its best upstream-kernel trial instead
+    why: str = ""  # why the winner was replaced (a sentence for the commit message)
 
     @property
     def direction(self) -> str:
         return self.study.direction
+
+    @property
+    def carried(self) -> CarriedClass | None:
+        """The class of ours the patch carries into upstream's tree for this winner, or None (upstream's kernel)."""
+        return carried(self.config.kernel) if isinstance(self.config, ForwardConfig) else None
 
     @property
     def changed(self) -> bool:
@@ -68,8 +89,10 @@ class Winner:
 
 
 def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, allow_replay: bool = False,
-           classes: list[str] | None = None, directions: tuple[str, ...] = ("fwd", "bwd")) -> list[Winner]:
-    """The winner of every chosen study; a one-line ConfigError for the first study that cannot be exported."""
+           classes: list[str] | None = None, directions: tuple[str, ...] = ("fwd", "bwd"),
+           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[list[Winner], list[str]]:
+    """(the winner of every chosen study, notes on the studies left out); a one-line ConfigError for the first
+    study that cannot be exported."""
     studies = [ev for ev in load_studies(storage, target) if ev.direction in directions]
     if not studies:
         raise ConfigError("storage_empty", f"no search studies for target {target} in {storage_text}: run `python -m search run` first")
@@ -79,12 +102,26 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
             have = ", ".join(sorted({ev.problem_class.name for ev in studies}))
             raise ConfigError("problem_class", f"no study of problem class {unknown[0]!r} for target {target} in {storage_text} (classes: {have})")
         studies = [ev for ev in studies if ev.problem_class.name in classes]
-    winners = [_accept(ev, needed, allow_replay) for ev in studies]
+    notes = []
+    for name in leave_out or []:
+        matched = [ev for ev in studies if f"{ev.direction}:{ev.problem_class.name}" == name]
+        if not matched:
+            have = ", ".join(f"{ev.direction}:{ev.problem_class.name}" for ev in studies)
+            raise ConfigError("leave_out", f"--leave-out {name!r} names no study (DIRECTION:CLASS, one of {have})")
+        studies = [ev for ev in studies if ev not in matched]
+        notes.append(f"{name}: left out (--leave-out).")
+    decode = [ev for ev in studies if ev.problem_class.regime != "prefill"]
+    for ev in decode:
+        # upstream's SM120 tables key on head_dim, causal and qhead_per_kvhead, not on the query length: a decode
+        # class's entry would also pick the config for every prefill of that shape
+        notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: a {ev.problem_class.regime} class, and "
+                     "upstream's SM120 tables do not key on the query length.")
+    winners = [_accept(ev, needed, allow_replay, upstream_only) for ev in studies if ev not in decode]
     _check_no_conflict(winners)
-    return winners
+    return winners, notes
 
 
-def _accept(ev: StudyEvidence, needed: int, allow_replay: bool) -> Winner:
+def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: bool = False) -> Winner:
     leave_out = "(export the other studies with --problem-class)"
     if not ev.search_trials:
         raise ConfigError("study_empty", f"{ev.name}: the study has no finished trials: run `python -m search run` first {leave_out}")
@@ -97,27 +134,69 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool) -> Winner:
     if w is None:
         raise ConfigError("no_winner", f"{ev.name}: no trial passed the correctness gate, so there is no winner {leave_out}")
     head = f"{ev.name}: winner #{w.number}"
+    space = get_space(ev.direction)
+    config = space.config(w.config)
+    if isinstance(config, ForwardConfig) and not _is_upstream(config):
+        if upstream_only:
+            return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r}; "
+                                      "--upstream-kernels-only exports the best trial of upstream's kernel instead")
+        if carried(config.kernel) is None:
+            return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
+                                      f"({_where(config.kernel)}), fa4-tune's own class, which the patch cannot carry")
     if w.evaluator == "replay" and not allow_replay:
         raise ConfigError("replayed_winner", f"{head} was replayed from a table, not measured by the harness (--allow-replay to export it anyway)")
     confirmed = ev.confirmed(w.number)
     if len(confirmed) < needed:
         raise ConfigError("unconfirmed_winner", f"{head} is confirmed {len(confirmed)} of {needed} times"
-                          + (f" ({why})" if why else "") + ": run the same `python -m search run` again to confirm it")
-    for r in (w, *confirmed):
+                          + (f" ({why})" if why else "") + ": run the same `python -m search run` again to confirm it"
+                          + f", or leave the study out with --leave-out {ev.direction}:{ev.problem_class.name}")
+    _check_gate(ev, head, (w, *confirmed))
+    _check_feasible(ev, head, config)
+    return Winner(ev, w, config, tuple(confirmed), ev.default())
+
+
+def _is_upstream(config: ForwardConfig) -> bool:
+    return upstream_class(forward_kernel(config.kernel)) is not None
+
+
+def _where(kernel: str) -> str:
+    cls = forward_kernel(kernel)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _upstream_fallback(ev: StudyEvidence, w: TrialRecord, allow_replay: bool, why: str) -> Winner:
+    """The study's best trial of an upstream kernel, in place of its winner `w`: its gate must have passed on every
+    problem, each time it was measured; it need not be confirmed (the commit message says how often it was)."""
+    space = get_space(ev.direction)
+    upstream = [r for r in ev.history if _is_upstream(space.config(r.config))]  # trials and their confirmations
+    best = winner(upstream)
+    if best is None:
+        raise ConfigError("no_upstream_trial", f"{ev.name}: {why}, and no trial of an upstream kernel passed the gate "
+                          "(export the other studies with --problem-class)")
+    head = f"{ev.name}: best upstream-kernel trial #{best.number}"
+    if best.evaluator == "replay" and not allow_replay:
+        raise ConfigError("replayed_winner", f"{head} was replayed from a table, not measured by the harness (--allow-replay to export it anyway)")
+    confirmed = ev.confirmed(best.number)
+    _check_gate(ev, head, (best, *confirmed))
+    config = space.config(best.config)
+    _check_feasible(ev, head, config)
+    return Winner(ev, best, config, tuple(confirmed), ev.default(), replaces=w, why=why)
+
+
+def _check_gate(ev: StudyEvidence, head: str, records) -> None:
+    for r in records:
         for result in r.results or [ProblemResult("(none)", ev.direction, "no results")]:
             if result.status != "ok":
                 raise ConfigError("gate_failed", f"{head}: trial #{r.number} did not pass the correctness gate on {result.problem!r} ({result.status})")
             if not result.max_errors:
                 raise ConfigError("gate_missing", f"{head}: trial #{r.number} has no correctness-gate record for {result.problem!r}")
-    space = get_space(ev.direction)
-    config = space.config(w.config)
-    if isinstance(config, ForwardConfig):
-        upstream_kernel(config, f"{head} uses", leave_out)
+
+
+def _check_feasible(ev: StudyEvidence, head: str, config) -> None:
     target = TARGETS.get(ev.target)
-    verdict = space.check(config, ev.problem_class, target) if target else None
+    verdict = get_space(ev.direction).check(config, ev.problem_class, target) if target else None
     if verdict is not None and not verdict:
         raise ConfigError("infeasible_winner", f"{head} breaks a static rule as of now: {verdict}")
-    return Winner(ev, w, config, tuple(confirmed), ev.default())
 
 
 def upstream_kernel(config: ForwardConfig, head: str = "the config uses", leave_out: str = "") -> type:
@@ -203,7 +282,8 @@ def forward_function(winners: list[Winner]) -> str:
         "_tile_size_fwd_sm120(head_dim, head_dim_v, is_causal, is_local, qhead_per_kvhead)", "Return FwdConfig for SM120 forward.",
         "is_local", "is_causal", _entries(winners, "fwd"),
         lambda c: [f"            return FwdConfig({c.tile_m}, {c.tile_n}, True, True, num_threads={c.num_threads}, "
-                   f"num_stages={c.num_stages}, Q_in_regs={c.Q_in_regs})"],
+                   f"num_stages={c.num_stages}, Q_in_regs={c.Q_in_regs}"
+                   + "".join(f", {k.flag}=True" for k in [carried(c.kernel)] if k) + ")"],
         [
             "    # D<=64:  128x128 → 48 KB (good occupancy)",
             "    # D>64:   128x64  → 64 KB (128x128 would use 96 KB, hurting occupancy)",
@@ -248,8 +328,65 @@ def backward_function(winners: list[Winner]) -> str:
     )
 
 
+def _carried_edits(c: CarriedClass) -> list[tuple[str, str, str]]:
+    """The replacements that let an SM120 table entry select the carried class `c` (FwdConfig.<flag>)."""
+    module, name = c.module, c.upstream_class
+    return [
+        (
+            "from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\n",
+            f"from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\nfrom {module} import {name}\n",
+            f"{name} import",
+        ),
+        (
+            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n\n\ndef _tile_size_fwd_sm90(",
+            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n"
+            f"    {c.flag}: bool = False  # SM120: {name} (Q/K/V tiles loaded by TMA) instead of FlashAttentionForwardSm120\n"
+            "\n\ndef _tile_size_fwd_sm90(",
+            f"FwdConfig.{c.flag}",
+        ),
+        (
+            "        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs,\n",
+            f"        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs, {c.flag}=cfg.{c.flag},\n",
+            f"_get_fwd_config {c.flag}",
+        ),
+        (
+            "    if arch // 10 == 12:\n        num_threads = fwd_cfg.num_threads\n",
+            "    if arch // 10 == 12:\n        num_threads = fwd_cfg.num_threads\n"
+            f"    # {name} was tuned and checked on dense batches: varlen and learnable sinks keep the previous class\n"
+            f"    {c.flag} = (\n"
+            f"        arch // 10 == 12 and fwd_cfg.{c.flag} and learnable_sink is None\n"
+            "        and cu_seqlens_q is None and cu_seqlens_k is None and seqused_q is None and seqused_k is None\n"
+            "    )\n",
+            f"forward {c.flag}",
+        ),
+        (
+            "        num_stages,\n        Q_in_regs,\n        is_split_kv,\n",
+            f"        num_stages,\n        Q_in_regs,\n        {c.flag},\n        is_split_kv,\n",
+            f"forward compile key {c.flag}",
+        ),
+        (
+            fwd_constructor("FlashAttentionForwardSm120", "num_stages", "Q_in_regs"),
+            fwd_constructor(f"({name} if {c.flag} else FlashAttentionForwardSm120)", "num_stages", "Q_in_regs"),
+            f"forward SM120 constructor {c.flag}",
+        ),
+    ]
+
+
+def carried_classes(winners: list[Winner]) -> list[CarriedClass]:
+    """The classes of ours the changed winners use, each once."""
+    found: dict[str, CarriedClass] = {}
+    for w in winners:
+        if w.changed and w.carried is not None:
+            found.setdefault(w.carried.kernel, w.carried)
+    return list(found.values())
+
+
 def _edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
-    """(old, new, what) replacements of interface.py; each old text must occur exactly once."""
+    """(old, new, what) replacements of interface.py, in order; each old text must occur exactly once."""
+    return _upstream_edits(winners) + [e for c in carried_classes(winners) for e in _carried_edits(c)]
+
+
+def _upstream_edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
     return [
         (
             "    q_stage: int = 1\n    num_splits: int = 1\n\n\ndef _tile_size_fwd_sm90(",
@@ -436,7 +573,7 @@ def _reproduce(winners: list[Winner], storage_url: str, export_argv: list[str], 
     run += ["--target", winners[0].study.target, "--sampler", samplers[0],
             "--proposer", "claude" if "claude" in proposers else "none",
             "--n-trials", str(max(sum(1 for r in w.study.search_trials if r.evaluated) for w in winners)),
-            "--confirmations", str(min(len(w.confirmations) for w in winners))]
+            "--confirmations", str(min((len(w.confirmations) for w in winners if w.replaces is None), default=2))]
     if {w.trial.evaluator for w in winners} == {"replay"}:
         run += ["--evaluator", "replay", "--table", table or (table_meta or {}).get("name") or "TABLE"]
     return [
@@ -446,8 +583,28 @@ def _reproduce(winners: list[Winner], storage_url: str, export_argv: list[str], 
     ]
 
 
+def _measured(w: Winner, needed: int) -> str:
+    """How often the exported trial was measured, and whether that meets the confirmation rule."""
+    times = 1 + len(w.confirmations)
+    state = "confirmed" if len(w.confirmations) >= needed else f"UNCONFIRMED ({len(w.confirmations)} of {needed} confirmations)"
+    return f"measured {times} time{'s' if times > 1 else ''}, {state}"
+
+
+def _class_of(w: Winner) -> str:
+    if w.carried is not None:
+        return w.carried.upstream_class
+    return "FlashAttentionForwardSm120" if w.direction == "fwd" else "FlashAttentionBackwardSm120"
+
+
+def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
+    """The emulation caveat when any winner was measured (or recorded) in emulation, else ''."""
+    modes = {mode for w in winners for _, mode in [w.study.source()]} | {(table_meta or {}).get("mode")}
+    return EMULATION_CAVEAT if "emulated" in modes else ""
+
+
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
-                   table_meta: dict | None = None, table: str | None = None) -> str:
+                   table_meta: dict | None = None, table: str | None = None, needed: int = 2,
+                   notes: list[str] | None = None) -> str:
     """The commit message: what changes, why, and the evidence."""
     target = TARGETS.get(winners[0].study.target)
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
@@ -462,24 +619,58 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         "key, where they were missing (two configs that differ only there would share a compiled kernel). All "
         "backward knobs come from Sm120BwdConfig, and the dQ/dK/dV postprocess runs with the main kernel's thread "
         "count, since it reads the accumulators in that kernel's MMA layout."
-    ) + ["", "Evidence", ""]
+    )
+    for c in carried_classes(winners):
+        users = ", ".join(w.study.problem_class.name for w in winners if w.changed and w.carried == c)
+        lines += [""] + _wrap(
+            f"New: {c.upstream_path}, {c.upstream_class}, a subclass of FlashAttentionForwardSm120 whose Q, K and V "
+            "tiles arrive by TMA (one elected thread issues a bulk tensor copy per tile and arms an mbarrier with its "
+            "bytes; K and V have num_stages buffers each, in the previous class's load order). The math, masking and "
+            f"epilogue are unchanged. FwdConfig.{c.flag} selects it; _flash_attn_fwd builds it for SM120 when the "
+            f"tuned entry says so, for dense batches (varlen and learnable sinks keep the previous class), and "
+            f"{c.flag} joins the compile key. Its can_implement adds the mbarriers (8 B each, the storage rounded "
+            f"up to 1024 B) to the shared memory and states its rules. {c.test_path} checks can_implement anywhere "
+            f"and the outputs against attention_ref on SM120. Entries that use it: {users}."
+        )
+    lines += ["", "Base", ""] + _wrap(
+        f"Made against flash-attn-4 {PINNED_FLASH_ATTN_VERSION} (tag {UPSTREAM_TAG}"
+        + (f", commit {UPSTREAM_COMMIT}" if UPSTREAM_COMMIT else "")
+        + f"; flash_attn/cute/interface.py blob {UPSTREAM_INTERFACE_BLOB})."
+    )
+    lines += ["", "Evidence", ""]
+    text = caveat(winners, table_meta)
+    if text:
+        lines += _wrap("CAVEAT: " + text) + [""]
     for device, mode in sorted({w.study.source() for w in winners}):
         hint = " (export --table PATH names them here.)" if mode == "replay" and not table_meta else ""
         lines += _wrap(f"Device: {device}. Mode: {mode}. {mode_sentence(device, mode, table_meta)}{hint}")
     if target is not None:
         lines.append(f"Target rules: {target.name}, {target.description}.")
+    searched = [w for w in winners if w.replaces is None]
     lines += _wrap(
         "Search: one Optuna study per (direction, problem class); the objective is the geometric mean of TFLOPS "
-        "over the class's problems; each winner was "
-        + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
-        + " or ".join(sorted({str(len(w.confirmations)) for w in winners})) + " times and confirmed within tolerance. "
-        f"Tuned on {', '.join(dtypes)}; the tables do not key on dtype."
+        "over the class's problems"
+        + (("; each winner was "
+            + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
+            + " or ".join(sorted({str(len(w.confirmations)) for w in searched})) + " times and confirmed within tolerance")
+           if searched else "")
+        + f". Tuned on {', '.join(dtypes)}; the tables do not key on dtype."
     )
-    lines += ["", "TFLOPS per problem, upstream's previous SM120 default and the winner (same study, same harness):", "",
-              *_evidence_table(winners), "", "Winners:"]
-    lines += [f"  {w.direction} {w.study.problem_class.name}: {_knobs(w.config)}" for w in winners]
+    for w in winners:
+        if w.replaces is not None:
+            lines += _wrap(
+                f"{w.direction} {w.study.problem_class.name}: {w.why}. Exported instead: its best trial of upstream's "
+                f"kernel, #{w.trial.number}, {w.trial.value:.1f} TFLOPS (geomean) against the winner's "
+                f"{w.replaces.value:.1f}; {_measured(w, needed)}."
+            )
+    lines += ["", "TFLOPS per problem, upstream's previous SM120 default and the exported config (same study, same harness):", "",
+              *_evidence_table(winners), "", "Exported configs:"]
+    lines += [f"  {w.direction} {w.study.problem_class.name}: {_knobs(w.config)} ({_class_of(w)}; trial #{w.trial.number}, "
+              f"{_measured(w, needed)})" for w in winners]
     if unchanged:
         lines += _wrap("The previous default won for " + ", ".join(unchanged) + ": no table entry.")
+    if notes:
+        lines += ["", "Not exported:", *(f"  {n}" for n in notes)]
     lines += ["", *_gate_summary(winners), "", *_reproduce(winners, storage_url, export_argv, table, table_meta)]
     return "\n".join(lines) + "\n"
 
@@ -489,21 +680,46 @@ def _blob_id(text: str) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def _diffstat(path: str, added: int, removed: int) -> list[str]:
-    total = added + removed
-    scale = min(1.0, 60 / total) if total else 1.0
-    bar = "+" * max(1 if added else 0, round(added * scale)) + "-" * max(1 if removed else 0, round(removed * scale))
-    return [f" {path} | {total} {bar}", f" 1 file changed, {added} insertions(+), {removed} deletions(-)"]
+def _diffstat(changes: list[tuple[str, int, int, bool]]) -> list[str]:
+    """git's diffstat: a line per file (path, insertions, deletions, new file), the totals, the created files."""
+    width = max(len(path) for path, *_ in changes)
+    lines = []
+    for path, added, removed, _ in changes:
+        total = added + removed
+        scale = min(1.0, 60 / total) if total else 1.0
+        bar = "+" * max(1 if added else 0, round(added * scale)) + "-" * max(1 if removed else 0, round(removed * scale))
+        lines.append(f" {path.ljust(width)} | {total} {bar}")
+    added, removed = sum(c[1] for c in changes), sum(c[2] for c in changes)
+    files = f"{len(changes)} file{'s' if len(changes) > 1 else ''} changed"
+    lines.append(f" {files}, {added} insertions(+), {removed} deletions(-)")
+    lines += [f" create mode 100644 {path}" for path, _, _, new in changes if new]
+    return lines
 
 
-def format_patch(old: str, new: str, message: str, subject: str = SUBJECT, date: datetime | None = None) -> str:
-    """A `git format-patch` style email: header, message, diffstat, the diff of interface.py."""
-    diff = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                     f"a/{UPSTREAM_PATH}", f"b/{UPSTREAM_PATH}"))
+def _file_diff(path: str, old: str | None, new: str) -> tuple[str, int, int]:
+    """(the `diff --git` section of one file, insertions, deletions); old None: a new file."""
+    diff = list(difflib.unified_diff((old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+                                     "/dev/null" if old is None else f"a/{path}", f"b/{path}"))
     added = sum(1 for line in diff[2:] if line.startswith("+"))
     removed = sum(1 for line in diff[2:] if line.startswith("-"))
+    head = f"diff --git a/{path} b/{path}\n"
+    if old is None:
+        head += f"new file mode 100644\nindex 0000000000000..{_blob_id(new)[:12]}\n"
+    else:
+        head += f"index {_blob_id(old)[:12]}..{_blob_id(new)[:12]} 100644\n"
+    return head + "".join(diff), added, removed
+
+
+def format_patch(files: list[tuple[str, str | None, str]], message: str, subject: str = SUBJECT,
+                 date: datetime | None = None) -> str:
+    """A `git format-patch` style email: header, message, diffstat, the diff of each (path, old or None, new) file."""
+    sections, changes = [], []
+    for path, old, new in files:
+        section, added, removed = _file_diff(path, old, new)
+        sections.append(section)
+        changes.append((path, added, removed, old is None))
     date = date or datetime.now(timezone.utc)
-    body = "".join(diff)
+    body = "".join(sections)
     commit = hashlib.sha1((message + body).encode()).hexdigest()
     return "".join([
         f"From {commit} Mon Sep 17 00:00:00 2001\n",
@@ -512,17 +728,25 @@ def format_patch(old: str, new: str, message: str, subject: str = SUBJECT, date:
         f"Subject: [PATCH] {subject}\n\n",
         message,
         "---\n",
-        "\n".join(_diffstat(UPSTREAM_PATH, added, removed)) + "\n\n",
-        f"diff --git a/{UPSTREAM_PATH} b/{UPSTREAM_PATH}\n",
-        f"index {_blob_id(old)[:12]}..{_blob_id(new)[:12]} 100644\n",
+        "\n".join(_diffstat(changes)) + "\n\n",
         body,
         "-- \nfa4-tune\n",
     ])
 
 
+def patch_files(winners: list[Winner], old_interface: str) -> list[tuple[str, str | None, str]]:
+    """(path, old text or None for a new file, new text) of every file the patch touches."""
+    files = [(UPSTREAM_PATH, old_interface, patch_interface(old_interface, winners))]
+    for c in carried_classes(winners):
+        files += [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
+    return files
+
+
 def export(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
-           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None) -> tuple[str, list[Winner]]:
-    """(the patch text, the exported winners); a one-line ConfigError when anything is refused."""
+           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
+           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[str, list[Winner], str]:
+    """(the patch text, the exported winners, the pull request's text); a one-line ConfigError when anything is refused."""
+    from search.reviewing.pull_request import pr_text
     from search.storing.storage import describe
 
     table_meta = None
@@ -530,11 +754,14 @@ def export(storage, storage_url: str, export_argv: list[str], target: str = "sm1
         from search.evaluating.table import load_table
 
         table_meta = load_table(table).meta
-    winners = select(storage, describe(storage_url), target, needed, allow_replay, classes)
+    winners, notes = select(storage, describe(storage_url), target, needed, allow_replay, classes,
+                            upstream_only=upstream_only, leave_out=leave_out)
     if table_meta is None:
         from search.reviewing.notes import remembered_table
 
         table_meta = remembered_table(storage, [w.study.name for w in winners])
     old = pristine_interface()
-    new = patch_interface(old, winners)
-    return format_patch(old, new, commit_message(winners, storage_url, export_argv, table_meta, table)), winners
+    files = patch_files(winners, old)
+    message = commit_message(winners, storage_url, export_argv, table_meta, table, needed, notes)
+    subject = SUBJECT + ("; add a TMA-fed SM120 forward" if carried_classes(winners) else "")
+    return format_patch(files, message, subject), winners, pr_text(winners, files, message, subject, needed, table_meta)

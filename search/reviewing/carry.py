@@ -1,0 +1,208 @@
+"""Our kernel classes that export can carry into upstream's tree, rewritten from their own source.
+
+A carried class becomes a new file under flash_attn/cute/ with upstream-only imports. The file is derived
+from our module at export time, never kept as a copy: the class's methods are our source lines unchanged;
+what is ours only (the kernel-class protocol: `name`, `limits`, `smem_bytes`, and the imports of fa4tune and
+kernels/) is cut out, the base becomes upstream's FlashAttentionForwardSm120, and an upstream-style
+`can_implement` (a static method returning bool, as upstream's classes have) is written from the same rules
+our feasibility applies (tests/test_search_export.py checks both agree on every config of the search space).
+A source that references anything else of ours is refused (carry_source), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+from fa4tune.config import ConfigError
+from fa4tune.kernel_class import ROOT
+
+TEMPLATES = Path(__file__).resolve().parent / "upstream_files"
+# members of fa4tune.kernel_class.ForwardKernel: the registry's and feasibility's, not the kernel's
+PROTOCOL_MEMBERS = {"name", "knobs", "limits", "upstream", "smem_bytes", "can_implement", "can_implement_problem",
+                    "num_splits_for", "static_problem"}
+OURS = ("fa4tune", "kernels")  # packages upstream does not have
+
+
+@dataclass(frozen=True)
+class CarriedClass:
+    """One of our kernel classes as a new upstream file, its dispatch flag and its upstream test."""
+
+    kernel: str  # the `kernel` knob's value (the class's `name`)
+    source: str  # our module, relative to the project root
+    our_class: str
+    our_base: str  # the base of ours it subclasses, which upstream's class replaces
+    upstream_path: str
+    upstream_class: str
+    upstream_base: str  # module and class the new file subclasses
+    flag: str  # the FwdConfig field that selects it in interface.py
+    test_path: str  # the upstream test the patch adds
+    test_template: str  # its text, in upstream's test style (ours, under search/reviewing/upstream_files/)
+    can_implement: str  # the upstream-style can_implement method (source, indented for the class body)
+
+    @property
+    def module(self) -> str:
+        """The new file as an import path (flash_attn.cute....)."""
+        return self.upstream_path.removesuffix(".py").replace("/", ".")
+
+
+TMA_CAN_IMPLEMENT = '''
+    @staticmethod
+    def can_implement(
+        dtype,
+        head_dim,
+        head_dim_v,
+        tile_m,
+        tile_n,
+        num_stages,
+        num_threads,
+        is_causal,
+        Q_in_regs=False,
+        qhead_per_kvhead=1,
+    ) -> bool:
+        """Check if the kernel can be implemented on SM120.
+
+        FlashAttentionForwardSm120's rules, with this class's shared storage: each tile (head_dim padded to
+        16) aligned to 1024 B, as the 128-byte TMA swizzle needs, plus an 8-byte mbarrier for Q and one per K
+        stage and per V stage, the whole rounded up to 1024 B. Q_in_regs shares Q's buffer with V, which
+        needs one stage; with GQA packing, tile_m must be a power of two no larger than num_threads.
+        """
+        if dtype not in [cutlass.Float16, cutlass.BFloat16]:
+            return False
+        if head_dim % 8 != 0 or head_dim_v % 8 != 0:
+            return False
+        if tile_n % 16 != 0:
+            return False
+        if num_threads % 32 != 0:
+            return False
+        if (tile_m * 2) % num_threads != 0:
+            return False
+        if Q_in_regs and num_stages > 1:
+            return False
+        if qhead_per_kvhead > 1 and (tile_m & (tile_m - 1) != 0 or tile_m > num_threads):
+            return False
+
+        def tile_bytes(rows, hdim, stages=1):
+            return -(-rows * (-(-hdim // 16) * 16) * stages * 2 // 1024) * 1024
+
+        smem_usage_Q = tile_bytes(tile_m, head_dim)
+        smem_usage_K = tile_bytes(tile_n, head_dim, num_stages)
+        smem_usage_V = tile_bytes(tile_n, head_dim_v, num_stages)
+        smem_usage_QV = (
+            (smem_usage_Q + smem_usage_V) if not Q_in_regs else max(smem_usage_Q, smem_usage_V)
+        )
+        smem_usage_mbar = MBARRIER_BYTES * FlashAttentionForwardSm120Tma.num_mbarriers(num_stages)
+        smem_usage = -(-(smem_usage_QV + smem_usage_K + smem_usage_mbar) // 1024) * 1024
+        return smem_usage <= utils_basic.get_smem_capacity_in_bytes("sm_120")
+'''
+
+TMA = CarriedClass(
+    kernel="sm120_tma",
+    source="kernels/tma_forward_sm120.py",
+    our_class="TmaForwardSm120",
+    our_base="TunedForwardSm120",
+    upstream_path="flash_attn/cute/flash_fwd_sm120_tma.py",
+    upstream_class="FlashAttentionForwardSm120Tma",
+    upstream_base="flash_attn.cute.flash_fwd_sm120.FlashAttentionForwardSm120",
+    flag="use_tma",
+    test_path="tests/cute/test_flash_attn_sm120_tma.py",
+    test_template="test_flash_attn_sm120_tma.py.txt",
+    can_implement=TMA_CAN_IMPLEMENT,
+)
+CARRIED = {c.kernel: c for c in (TMA,)}
+
+HEADER = (
+    "# SM120 forward pass with Q/K/V tiles loaded by TMA (bulk tensor copies completing on mbarriers).\n"
+    "#\n"
+    "# Same math as FlashAttentionForwardSm120 (SM80 mma.sync, ldmatrix, online softmax, epilogue); only the\n"
+    "# loads differ. Selected per shape by _tile_size_fwd_sm120 (FwdConfig.{flag}).\n"
+    "# Contributed from fa4-tune ({source}, class {our_class}).\n"
+)
+EXTRA_IMPORTS = "import cutlass.utils as utils_basic\n"
+
+
+def carried(kernel: str) -> CarriedClass | None:
+    """The carried class of a `kernel` knob value, or None when export cannot carry it."""
+    return CARRIED.get(kernel)
+
+
+def _segment(lines: list[str], node: ast.AST) -> tuple[int, int]:
+    """0-based [start, end) lines of a statement, decorators included."""
+    start = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))]) - 1
+    return start, node.end_lineno
+
+
+def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
+    """The new upstream file: our module with upstream-only imports, the protocol cut, upstream's base and can_implement."""
+    path = root / c.source
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    tree = ast.parse(text)
+    module_base, base_name = c.upstream_base.rsplit(".", 1)
+    out: list[str] = [HEADER.format(flag=c.flag, source=c.source, our_class=c.our_class)]
+    dropped: set[str] = set()
+    cls = None
+    previous_end = 0
+    for i, node in enumerate(tree.body):
+        start, end = _segment(lines, node)
+        between = "".join(lines[previous_end:start])  # comments and blank lines between statements, kept as they are
+        previous_end = end
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # our module docstring: the header replaces it
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OURS:
+            dropped |= {a.asname or a.name for a in node.names}
+            continue
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] in OURS for a in node.names):
+            raise ConfigError("carry_source", f"{c.source}:{node.lineno}: `import {node.names[0].name}` is fa4-tune's own; "
+                              "a carried class may import only what upstream has")
+        out.append(between)
+        if isinstance(node, ast.ClassDef) and node.name == c.our_class:
+            cls = node
+            out.append(_upstream_class(c, lines, node))
+            continue
+        out.append("".join(lines[start:end]))
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node is _last_import(tree):
+            out.append(EXTRA_IMPORTS + f"from {module_base} import {base_name}\n")
+    if cls is None:
+        raise ConfigError("carry_source", f"{c.source} defines no class {c.our_class}")
+    source = "".join(out).rstrip("\n") + "\n"
+    used = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    leftover = sorted(used & dropped)
+    if leftover:
+        raise ConfigError("carry_source", f"{c.source}: {c.our_class} uses {', '.join(leftover)} from fa4-tune's own modules, "
+                          "which upstream does not have (move it into the class or use upstream's)")
+    return source
+
+
+def _last_import(tree: ast.Module) -> ast.AST:
+    return [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+            and not (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] in OURS)][-1]
+
+
+def _upstream_class(c: CarriedClass, lines: list[str], node: ast.ClassDef) -> str:
+    """The class with upstream's name and base, its protocol members cut, upstream-style can_implement added."""
+    bases = [ast.unparse(b) for b in node.bases]
+    if bases != [c.our_base]:
+        raise ConfigError("carry_source", f"{c.source}: {c.our_class} subclasses {', '.join(bases)}, expected {c.our_base} "
+                          f"(whose place upstream's {c.upstream_base.rsplit('.', 1)[1]} takes)")
+    start, end = _segment(lines, node)
+    header_end = node.body[0].lineno - 1  # the `class ...:` line(s)
+    cut: set[int] = set()
+    for member in node.body:
+        targets = ([member.name] if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) else
+                   [t.id for t in getattr(member, "targets", [getattr(member, "target", None)]) if isinstance(t, ast.Name)])
+        if any(t in PROTOCOL_MEMBERS for t in targets):
+            s, e = _segment(lines, member)
+            while e < end and not lines[e].strip():  # the blank line after a cut member
+                e += 1
+            cut |= set(range(s, e))
+    body = "".join(line for i, line in enumerate(lines[header_end:end], header_end) if i not in cut)
+    base_name = c.upstream_base.rsplit(".", 1)[1]
+    last = body.rstrip("\n")
+    return f"class {c.upstream_class}({base_name}):\n" + last + "\n" + c.can_implement
+
+
+def upstream_test(c: CarriedClass) -> str:
+    """The upstream test file the patch adds for a carried class."""
+    return (TEMPLATES / c.test_template).read_text()

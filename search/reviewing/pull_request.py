@@ -1,0 +1,57 @@
+"""The pull request's text for an exported patch (Markdown): what changes, the evidence per study, the caveat."""
+
+from __future__ import annotations
+
+from search.reviewing.export import (Winner, _class_of, _evidence_table, _gate_summary, _knobs, _measured, carried_classes,
+                                     caveat)
+
+
+def _speedup(w: Winner) -> str:
+    return f"{w.trial.value / w.default.value:.2f}x" if w.default else "-"
+
+
+def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], message: str, subject: str, needed: int,
+            table_meta: dict | None = None) -> str:
+    """The pull request: title, the files and what each changes, the caveat, a table per study, the gate, notes."""
+    lines = [f"# {subject}", ""]
+    text = caveat(winners, table_meta)
+    if text:
+        lines += [f"> **Caveat:** {text}", ""]
+    lines += ["## What changes", ""]
+    for path, old, _ in files:
+        if path == "flash_attn/cute/interface.py":
+            lines.append(f"- `{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
+                         "(`_tile_size_fwd_sm120`, `Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed "
+                         "to the kernels and into the compile key; the backward postprocess uses the main kernel's threads.")
+        elif old is None and path.startswith("tests/"):
+            lines.append(f"- `{path}` (new): `can_implement` cases anywhere, outputs against `attention_ref` on SM120.")
+        elif old is None:
+            c = next(c for c in carried_classes(winners) if c.upstream_path == path)
+            lines.append(f"- `{path}` (new): `{c.upstream_class}`, SM120 forward with Q/K/V loaded by TMA on mbarriers, "
+                         f"selected by `FwdConfig.{c.flag}`.")
+    lines += ["", "## Evidence", "",
+              "Geometric mean of TFLOPS over each class's problems, upstream's previous default and the exported config, "
+              "measured in the same study by the same harness:", "",
+              "| dir | problem class | default | exported | speedup | class | trial | measured | gate |",
+              "|---|---|---:|---:|---:|---|---|---|---|"]
+    for w in winners:
+        default = f"{w.default.value:.1f}" if w.default else "not measured"
+        origin = f"#{w.trial.number}" + (f" (in place of #{w.replaces.number})" if w.replaces else "")
+        lines.append(f"| {w.direction} | {w.study.problem_class.name} | {default} | {w.trial.value:.1f} | {_speedup(w)} | "
+                     f"`{_class_of(w)}` | {origin} | {_measured(w, needed)} | passed |")
+    fallbacks = [w for w in winners if w.replaces is not None]
+    if fallbacks:
+        lines += ["", "Studies whose winner this patch cannot carry export their best trial of upstream's kernel instead:", ""]
+        lines += [f"- {w.direction} {w.study.problem_class.name}: {w.why}; #{w.trial.number} "
+                  f"({w.trial.value:.1f} TFLOPS, the winner {w.replaces.value:.1f}), {_measured(w, needed)}." for w in fallbacks]
+    lines += ["", "Configs:", ""] + [f"- {w.direction} {w.study.problem_class.name}: `{_knobs(w.config)}`" for w in winners]
+    lines += ["", "<details><summary>TFLOPS per problem</summary>", "", "```", *_evidence_table(winners), "```", "", "</details>",
+              "", "### Correctness", "", " ".join(_gate_summary(winners))]
+    if "Not exported:" in message:
+        lines += ["", "### Not exported", ""] + [f"- {line.strip()}" for line in
+                                                 message.split("Not exported:\n", 1)[1].split("\n\n", 1)[0].splitlines()]
+    lines += ["", "### Testing", ""]
+    lines += [f"- `pytest {path}`" for path, old, _ in files if old is None and path.startswith("tests/")]
+    lines += ["- `pytest tests/cute/test_flash_attn.py` on an SM120 GPU (the tuned entries are the defaults there)",
+              "", "The commit message carries the same evidence and the commands that reproduce the patch."]
+    return "\n".join(lines) + "\n"
