@@ -64,7 +64,7 @@ def test_malformed_suite_file(tmp_path):
 def _edited_copy(tmp_path, *edits):
     """experiment.py with its d64 non-causal entry written as D64 (the shipped entry is whatever the last `search apply`
     wrote), then (old, new) text replacements, next to a one-problem suite; the copy's command line."""
-    from search.reviewing.apply import edit_dispatch
+    from search.storing.dispatch_table import edit_dispatch
 
     source = edit_dispatch((ROOT / "experiment.py").read_text(), "fwd", "d64-noncausal-bf16", ForwardConfig(128, 128, 128, 1))
     for old, new in edits:

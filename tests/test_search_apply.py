@@ -11,6 +11,7 @@ import pytest
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from search.reviewing import apply as apply_module
+from search.storing import dispatch_table
 from search.storing.history import records, winner
 from search.storing.storage import open_storage
 from search_helpers import CLASS, ROOT, replay_args, run_cli, write_table
@@ -20,7 +21,7 @@ STUDY = "fwd:d128-causal-bf16:sm120"
 
 def _dispatch_entry(path, table: str, key: str) -> dict:
     """The keywords of experiment.py's TABLE[key] call, read by parsing the file."""
-    return apply_module.entry_config(path.read_text(), "fwd" if table == "FORWARD_DISPATCH" else "bwd", key)
+    return dispatch_table.entry_config(path.read_text(), "fwd" if table == "FORWARD_DISPATCH" else "bwd", key)
 
 
 @pytest.fixture
@@ -35,7 +36,7 @@ def tuned_copy(tmp_path):
 def experiment_copy(tuned_copy):
     """experiment.py with its CLASS entry back at upstream's default: a table no study has tuned yet."""
     pc = ProblemClass.parse(CLASS)
-    tuned_copy.write_text(apply_module.edit_dispatch(tuned_copy.read_text(), "fwd", CLASS, defaults.upstream_forward(pc)))
+    tuned_copy.write_text(dispatch_table.edit_dispatch(tuned_copy.read_text(), "fwd", CLASS, defaults.upstream_forward(pc)))
     return tuned_copy
 
 
@@ -98,7 +99,7 @@ def test_apply_writes_a_confirmed_winner_and_prints_the_diff(confirmed_url, expe
     diff = [line for line in done.stdout.splitlines() if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
     removed, added = [line[1:] for line in diff if line[0] == "-"], [line[1:] for line in diff if line[0] == "+"]
     assert len(removed) == 1 and CLASS in removed[0]
-    assert "\n".join(added) == apply_module.render_entry(CLASS, ForwardConfig.from_dict(best.config))
+    assert "\n".join(added) == dispatch_table.render_entry(CLASS, ForwardConfig.from_dict(best.config))
     assert "confirmed at" in done.stdout and f"+++ b/{experiment_copy}" in done.stdout
     assert "TFLOPS (replayed from a table, not measured by the harness)" in done.stdout
     ast.parse(after)
@@ -111,15 +112,15 @@ def test_a_long_backward_entry_is_wrapped_and_a_new_class_is_added():
     source = (ROOT / "experiment.py").read_text()
     config = BackwardConfig(m_block_size=128, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=256,
                             SdP_swapAB=True, AtomLayoutMSdP=2, AtomLayoutNdKV=8, AtomLayoutMdQ=2, V_in_regs=True)
-    edited = apply_module.edit_dispatch(source, "bwd", "d128-causal-bf16", config)
-    assert BackwardConfig.from_dict(apply_module.entry_config(edited, "bwd", "d128-causal-bf16")) == config
+    edited = dispatch_table.edit_dispatch(source, "bwd", "d128-causal-bf16", config)
+    assert BackwardConfig.from_dict(dispatch_table.entry_config(edited, "bwd", "d128-causal-bf16")) == config
     assert max(len(line) for line in edited.splitlines()) <= max(120, max(len(line) for line in source.splitlines()))
-    added = apply_module.edit_dispatch(edited, "fwd", "d256-noncausal-bf16", ForwardConfig(tile_m=64, tile_n=32))
-    assert ForwardConfig.from_dict(apply_module.entry_config(added, "fwd", "d256-noncausal-bf16")) == ForwardConfig(tile_m=64, tile_n=32)
+    added = dispatch_table.edit_dispatch(edited, "fwd", "d256-noncausal-bf16", ForwardConfig(tile_m=64, tile_n=32))
+    assert ForwardConfig.from_dict(dispatch_table.entry_config(added, "fwd", "d256-noncausal-bf16")) == ForwardConfig(tile_m=64, tile_n=32)
     ast.parse(added)
 
 
 def test_an_entry_that_does_not_sit_on_its_own_lines_is_refused():
     source = 'FORWARD_DISPATCH = {"d128-causal-bf16": ForwardConfig(tile_m=128)}\n'
     with pytest.raises(ConfigError, match="dispatch_format"):
-        apply_module.edit_dispatch(source, "fwd", "d128-causal-bf16", ForwardConfig())
+        dispatch_table.edit_dispatch(source, "fwd", "d128-causal-bf16", ForwardConfig())

@@ -120,7 +120,7 @@ def _incumbents(specs: list[StudySpec], evaluator) -> list[StudySpec]:
     if isinstance(evaluator, ReplayEvaluator):
         return specs
     from fa4tune.harness.settings import EXPERIMENT_PATH
-    from search.reviewing.apply import entry_config
+    from search.storing.dispatch_table import entry_config
 
     source = Path(getattr(evaluator, "experiment_path", None) or EXPERIMENT_PATH).read_text()
     return [replace(spec, incumbent=entry_config(source, spec.direction, spec.problem_class.name)) for spec in specs]
