@@ -16,7 +16,7 @@ from search.storing.history import FINISHED, TrialRecord, config_key, measured
 
 DEFAULT_MODEL = "claude-sonnet-5-5"  # the Claude model this prompt is written for, and `search run`'s default
 TOOL_NAME = "propose_configs"
-MAX_LISTED_FEASIBLE = 200  # list the unmeasured feasible configs when there are at most this many
+MAX_LISTED_FEASIBLE = 200  # unmeasured feasible configs listed in the prompt, at most
 MAX_RATIONALE_CHARS = 600
 
 # Upstream's can_implement formula: the rule that shapes the space most, spelled out. The other rules are
@@ -117,9 +117,11 @@ def user_message(context: Context, rejections: list[Rejection]) -> str:
         # duplicates carry nothing new: the model sees each config once
         *(json.dumps(_history_entry(r), separators=(", ", ": ")) for r in context.history if r.state in FINISHED and r.duplicate_of is None),
     ]
-    unmeasured = _unmeasured_feasible(context)
-    if unmeasured is not None:
-        lines += ["", f"Feasible configs not measured yet ({len(unmeasured)}), with their shared memory in bytes:"]
+    listing = _unmeasured_feasible(context)
+    if listing is not None:
+        unmeasured, total = listing
+        shown = f"{total}" if len(unmeasured) == total else f"{len(unmeasured)} of {total}, in turn from each kernel class"
+        lines += ["", f"Feasible configs not measured yet ({shown}), with their shared memory in bytes:"]
         lines += [f"- {json.dumps(c)} smem {smem}" for c, smem in unmeasured]
     if rejections:
         lines += ["", "Your previous proposals that were rejected (not measured), with the reason:"]
@@ -157,14 +159,16 @@ def _history_entry(r: TrialRecord) -> dict:
     return entry
 
 
-def _unmeasured_feasible(context: Context) -> list[tuple[dict, int]] | None:
+def _unmeasured_feasible(context: Context) -> tuple[list[tuple[dict, int]], int] | None:
+    """Up to MAX_LISTED_FEASIBLE of the study's feasible configs not measured yet, taken in turn from each kernel
+    class (so a class with many own-knob values does not crowd out the others), and how many there are in all."""
     if context.space.direction != "fwd":
         return None  # the backward product is too large to list
-    from fa4tune.space import feasible_forward
-
     done = measured(context.history)
-    configs = [c for c in feasible_forward(context.problem_class, context.target) if config_key(c.to_dict()) not in done]
-    if len(configs) > MAX_LISTED_FEASIBLE:
-        return None
-    return [(c.to_dict(), forward_smem_bytes(c, context.problem_class)[0]) for c in configs]
+    configs = [c for c in context.space.feasible(context.problem_class, context.target) if config_key(c.to_dict()) not in done]
+    by_kernel: dict[str, list] = {}
+    for c in configs:
+        by_kernel.setdefault(c.kernel, []).append(c)
+    shown = [c for group in itertools.zip_longest(*by_kernel.values()) for c in group if c is not None][:MAX_LISTED_FEASIBLE]
+    return [(c.to_dict(), forward_smem_bytes(c, context.problem_class)[0]) for c in shown], len(configs)
 
