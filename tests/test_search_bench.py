@@ -11,9 +11,9 @@ from search_helpers import CLASS, run_cli, write_table
 
 
 def test_bench_prints_median_and_spread_per_strategy_and_class(tmp_path):
-    table = write_table(tmp_path)
+    table = write_table(tmp_path, kernels=("sm120", "sm120_tma"))  # two classes: the cost of the bench before split-KV
     done = run_cli("bench", "--table", table, "--strategies", "random,tpe,turns,default", "--seeds", "3",
-                   "--problem-class", CLASS, "--problem-class", "d64-noncausal-bf16", "--jobs", "1")
+                   "--problem-class", CLASS, "--problem-class", "d64-noncausal-bf16", "--jobs", "1", timeout=400)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "SYNTHETIC test table, not a measurement" in done.stdout and "over 3 seeds" in done.stdout
