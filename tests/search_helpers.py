@@ -28,13 +28,19 @@ TARGET = get_target("sm120")
 
 
 def write_table(tmp_path, drop: int = 0, kernels: tuple[str, ...] = ()) -> Path:
-    """A SYNTHETIC table of the quick suite's classes (forward configs of `kernels` only, when given)."""
+    """A SYNTHETIC table of the quick suite's classes (forward configs of `kernels` only, when given), the last
+    `drop` configs of each (direction, class) left out after that choice (gaps a search meets as 'missing')."""
     path = tmp_path / "synthetic_table.json"
-    write_synthetic_table(path, load_suite(SUITE), drop=drop)
-    if kernels:
-        data = json.loads(path.read_text())
-        data["measurements"] = [m for m in data["measurements"] if m["kind"] != "fwd" or m["config"]["kernel"] in kernels]
-        path.write_text(json.dumps(data))
+    write_synthetic_table(path, load_suite(SUITE))
+    data = json.loads(path.read_text())
+    kept = [m for m in data["measurements"] if not kernels or m["kind"] != "fwd" or m["config"]["kernel"] in kernels]
+    if drop:
+        by_class: dict = {}
+        for m in kept:
+            by_class.setdefault((m["kind"], m["problem_class"]), []).append(m)
+        kept = [m for ms in by_class.values() for m in ms[: len(ms) - drop]]
+    data["measurements"] = kept
+    path.write_text(json.dumps(data))
     return path
 
 
