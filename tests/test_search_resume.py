@@ -3,6 +3,7 @@ Ctrl-C (SIGINT) stops after the current trial."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,11 +14,15 @@ from datetime import datetime
 import optuna
 from optuna.trial import TrialState
 
+from fa4tune.config import ProblemClass
+from search.space import get_space
 from search.storing import schema
 from search.storing.history import evaluated_count, records
 from search.storing.storage import open_storage
 from search.storing.study import close_interrupted
-from search_helpers import ROOT, replay_args, run_cli, write_table
+from search_helpers import CLASS, ROOT, TARGET, replay_args, run_cli, write_table
+
+SPACE = get_space("fwd")
 
 STUDY = "fwd:d128-causal-bf16:sm120"
 DELAY = 1.5  # seconds per replayed config: long enough to be caught mid-trial on a loaded machine
@@ -57,9 +62,13 @@ def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subpro
     # It must also have started less than half a replay delay ago: on a loaded machine a load takes long enough
     # for a trial found running to finish before the signal arrives.
     def evaluating():
-        running = optuna.load_study(study_name=STUDY, storage=storage).get_trials(states=(TrialState.RUNNING,))
-        return [t for t in running if schema.CONFIG in t.user_attrs
-                and (datetime.now() - t.datetime_start).total_seconds() < DELAY / 2]
+        trials = optuna.load_study(study_name=STUDY, storage=storage).get_trials()
+        done = {json.dumps(t.user_attrs.get(schema.CONFIG), sort_keys=True) for t in trials if t.state == TrialState.COMPLETE}
+        # a trial the replay really evaluates: feasible and not a duplicate (those end in milliseconds)
+        return [t for t in trials if t.state == TrialState.RUNNING and schema.CONFIG in t.user_attrs
+                and (datetime.now() - t.datetime_start).total_seconds() < DELAY / 2
+                and json.dumps(t.user_attrs[schema.CONFIG], sort_keys=True) not in done
+                and SPACE.check(SPACE.config(t.user_attrs[schema.CONFIG]), ProblemClass.parse(CLASS), TARGET)]
 
     while not evaluating():
         assert time.time() < deadline and proc.poll() is None
