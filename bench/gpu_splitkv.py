@@ -25,7 +25,6 @@ import dataclasses
 import itertools
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -123,60 +122,20 @@ def timing_configs(configs: list[ForwardConfig], experiment, problem: Problem) -
                     (f"upstream sm120 defaults: {config_name(defaults.upstream_forward(pc))}", defaults.upstream_forward(pc))]
 
 
-def compile_jobs(configs, experiment, args) -> list[tuple[ForwardConfig, list[Problem]]]:
-    """(config, problems) for every kernel the parts will run, one job per config and (head_dim, GQA) group, so that
-    jobs sharing a compile key rarely run at once."""
+def compile_jobs(configs, experiment, args) -> list[tuple[str, ForwardConfig, list[Problem]]]:
+    """("fwd", config, problems) for every kernel the parts will run, grouped by search.evaluating.ahead.group_jobs."""
     from fa4tune.feasibility import check_forward_problem
     from fa4tune.targets import get_target
+    from search.evaluating.ahead import group_jobs
 
     pairs = []
     if args.part in ("matrix", "both"):
         problems = [p for p in matrix_problems() if args.only in p.label]
-        pairs += [(c, p) for c in matrix_configs(configs) for p in problems]
+        pairs += [("fwd", c, p) for c in matrix_configs(configs) for p in problems]
     if args.part in ("timing", "both"):
         for p in [p for p in load_suite(args.suite) if args.only in p.label]:
-            pairs += [(c, p) for _, c in timing_configs(configs, experiment, p) if check_forward_problem(c, p, get_target())]
-    groups: dict = {}
-    for cfg, p in pairs:
-        groups.setdefault((repr(cfg), p.head_dim, p.num_heads // p.num_heads_kv), (cfg, []))[1].append(p)
-    return list(groups.values())
-
-
-def use_kernel_cache() -> None:
-    """This process loads kernels from the compile pipeline's disk cache (set before the kernel classes are built)."""
-    from fa4tune.harness import gpu
-    from fa4tune.targets import get_target
-    from search.evaluating.gpu_pipeline import DEFAULT_CACHE, shared_env
-
-    os.environ.update(shared_env(get_target(), gpu.read_device().num_sms, DEFAULT_CACHE))
-
-
-def precompile(jobs: list[tuple[ForwardConfig, list[Problem]]], settings, workers: int) -> None:
-    """Every kernel of the run compiled ahead in `workers` CPU processes into the on-disk kernel cache (the compile
-    pipeline of `search run`), so that this process loads them (its environment names the cache: use_kernel_cache).
-    A job that fails to compile is printed; its rows fail in the parts."""
-    from fa4tune.harness import gpu
-    from fa4tune.harness.settings import EXPERIMENT_PATH
-    from fa4tune.kernel_cache import device_arch
-    from fa4tune.targets import get_target
-    from search.evaluating.gpu_pipeline import COMPILE_FUNCTION, DEFAULT_CACHE, compile_env, compile_job
-    from search.evaluating.pipeline import CompilePool
-
-    info, target = gpu.read_device(), get_target()
-    start = time.perf_counter()
-    pool = CompilePool(COMPILE_FUNCTION, workers, env=compile_env(target, info.capability, info.num_sms, DEFAULT_CACHE))
-    try:
-        futures = [pool.submit(compile_job("fwd", cfg, problems, target, str(EXPERIMENT_PATH), settings.gate_seed,
-                                           settings.gate_random_problems, device_arch(*info.capability)))
-                   for cfg, problems in jobs]
-        replies = [f.result() for f in futures]
-    finally:
-        pool.close()
-    compiled = sum(r.get("kernels_compiled") or 0 for r in replies)
-    print(f"precompiled {len(jobs)} jobs ({compiled} kernels) in {time.perf_counter() - start:.0f} s with {workers} processes", flush=True)
-    for (cfg, problems), reply in zip(jobs, replies):
-        if reply["status"] != "ok":
-            print(f"  {config_name(cfg)} d{problems[0].head_dim}: {reply['status']}: {reply.get('reason', '')[:300]}", flush=True)
+            pairs += [("fwd", c, p) for _, c in timing_configs(configs, experiment, p) if check_forward_problem(c, p, get_target())]
+    return group_jobs(pairs)
 
 
 def run_matrix(configs, experiment, settings, only: str) -> int:
@@ -256,8 +215,11 @@ def main(argv=None) -> int:
     if args.rounds:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     if args.compile_jobs:
+        from search.evaluating.ahead import precompile, use_kernel_cache
+
         use_kernel_cache()
-        precompile(compile_jobs(configs, load_experiment(EXPERIMENT_PATH), args), settings, args.compile_jobs)
+        precompile(compile_jobs(configs, load_experiment(EXPERIMENT_PATH), args), settings, args.compile_jobs,
+                   name=config_name, log=lambda line: print(line, flush=True))
 
     import experiment
     print(f"gate seed {settings.gate_seed}; split configs: {', '.join(config_name(c) for c in configs)}", flush=True)

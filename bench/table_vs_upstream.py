@@ -1,0 +1,231 @@
+"""The shipped dispatch table (experiment.py) against upstream's SM120 defaults, per problem, in one GPU process.
+
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/table_vs_upstream.py \\
+        [--suites standard,generalization] [--runs 2] [--only SUBSTRING] [--out results.jsonl]
+
+For every (problem, direction) of the suites: the table's configs (experiment.forward_config / backward_config of the
+problem's class) and upstream's defaults (fa4tune.defaults: what upstream's interface runs on SM120), both through
+experiment.attention, gated, then timed against each other in one step (fa4tune.harness.steps.measure_step: rounds
+interleaved, L2 flushed, every round behind a blocking kernel). The whole list runs --runs times, the two
+candidates' order swapped in alternate runs (run 1: table first; run 2: upstream first), so each problem has
+`runs` interleaved medians per candidate. Every kernel is compiled ahead in CPU processes (search.evaluating.ahead).
+
+Per problem: each candidate's medians, the speedup (upstream's mean median / the table's), and the spread, the
+larger of the two candidates' run-to-run spreads, (max - min) / min of their medians. The rule the table is held
+to: it loses on a problem when its speedup is below 1 / (1 + spread), i.e. slower by more than the measured noise.
+Geomean speedups: forward over the prefill problems, forward over the decodes, backward. One JSON line per step
+result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
+are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fa4tune import defaults  # noqa: E402
+from fa4tune.config import Problem  # noqa: E402
+from fa4tune.suites import load_suite  # noqa: E402
+
+TABLE, UPSTREAM = "table", "upstream"
+COLUMNS = ("suite", "problem", "dir", "class", "table kernel", "upstream ms", "table ms", "speedup", "spread", "verdict")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One (problem, direction) and the two candidates' (forward, backward) configs."""
+
+    suite: str
+    problem: Problem
+    direction: str
+    table: tuple
+    upstream: tuple
+
+
+def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
+    """Every (problem, direction) of the suites with the table's and upstream's configs of its class."""
+    steps = []
+    for suite in suites:
+        for p in load_suite(suite):
+            if only not in p.label:
+                continue
+            pc = p.problem_class
+            table = (experiment.forward_config(pc), experiment.backward_config(pc))
+            upstream = (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
+            for direction in ("fwd", "bwd") if p.backward else ("fwd",):
+                steps.append(Step(suite, p, direction, table, upstream))
+    return steps
+
+
+def compile_pairs(steps: list[Step]) -> list[tuple[str, object, Problem]]:
+    """(kind, config, problem) for every kernel the steps run: each candidate's forward on every problem (a backward
+    step runs its candidate's forward too) and its backward on the backward problems."""
+    pairs = []
+    for s in steps:
+        for fwd, bwd in (s.table, s.upstream):
+            pairs.append(("fwd", fwd, s.problem) if s.direction == "fwd" else ("bwd", bwd, s.problem))
+            if s.direction == "bwd":
+                pairs.append(("fwd", fwd, s.problem))
+    return pairs
+
+
+def order(run: int) -> tuple[str, str]:
+    """The candidates' order in a run: the table first in odd runs (1, 3, ...), upstream first in even ones."""
+    return (TABLE, UPSTREAM) if run % 2 == 1 else (UPSTREAM, TABLE)
+
+
+def spread(values: list[float]) -> float:
+    """(max - min) / min of a candidate's medians over the runs (0 with one run)."""
+    return (max(values) - min(values)) / min(values) if len(values) > 1 else 0.0
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(records: list[dict]) -> dict:
+    """Per (suite, problem, direction): medians per candidate over the runs, speedup, spread, verdict; geomeans.
+
+    `records` are the JSON lines of the runs ({"suite", "problem", "direction", "regime", "class", "run",
+    "candidate", "status", "ms_median", ...}). A problem where either candidate failed in any run has no speedup
+    and the verdict names the failure."""
+    rows: dict = {}
+    for r in records:
+        key = (r["suite"], r["problem"], r["direction"])
+        row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
+                                    "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
+                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": []})
+        if r["status"] == "ok":
+            row["ms"][r["candidate"]].append(r["ms_median"])
+        else:
+            row["failures"].append(f"{r['candidate']} run {r['run']}: {r['status']}: {r.get('reason', '')[:120]}")
+    out = []
+    for row in rows.values():
+        table_ms, upstream_ms = row["ms"][TABLE], row["ms"][UPSTREAM]
+        if row["failures"] or not table_ms or not upstream_ms:
+            row.update(speedup=None, spread=None, verdict="failed: " + "; ".join(row["failures"] or ["no measurement"]))
+        else:
+            speedup = (sum(upstream_ms) / len(upstream_ms)) / (sum(table_ms) / len(table_ms))
+            noise = max(spread(table_ms), spread(upstream_ms))
+            verdict = "loses" if speedup < 1 / (1 + noise) else ("wins" if speedup > 1 + noise else "within spread")
+            row.update(speedup=speedup, spread=noise, verdict=verdict)
+        out.append(row)
+
+    def speedups(direction, regime=None):
+        return [r["speedup"] for r in out if r["direction"] == direction and r["speedup"] and regime in (None, r["regime"])]
+
+    ok = [r for r in out if r["speedup"] is not None]
+    return {
+        "rows": out,
+        "fwd_prefill_geomean": geomean(speedups("fwd", "prefill")),
+        "fwd_decode_geomean": geomean(speedups("fwd", "decode")),
+        "bwd_geomean": geomean(speedups("bwd")),
+        "min_speedup": min((r["speedup"] for r in ok), default=None),
+        "losses": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"] == "loses"],
+        "failures": [f"{r['problem']} {r['direction']}" for r in out if r["speedup"] is None],
+    }
+
+
+def kernel_name(cfg) -> str:
+    tile = f"{cfg.tile_m}x{cfg.tile_n}" if hasattr(cfg, "tile_m") else f"{cfg.m_block_size}x{cfg.n_block_size}"
+    return f"{getattr(cfg, 'kernel', 'sm120')} {tile} t{cfg.num_threads}"
+
+
+def print_summary(summary: dict, label: str) -> None:
+    widths = (15, 34, 4, 32, 24, 18, 18, 8, 7)
+    print(f"\n== the table vs upstream's defaults, per problem [{label}] ==")
+    print("  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths)) + "  " + COLUMNS[-1])
+    for r in summary["rows"]:
+        cells = (r["suite"], r["problem"], r["direction"], r["class"], r["table_kernel"],
+                 " / ".join(f"{v:.4f}" for v in r["ms"][UPSTREAM]), " / ".join(f"{v:.4f}" for v in r["ms"][TABLE]),
+                 f"{r['speedup']:.3f}" if r["speedup"] else "", f"{100 * r['spread']:.1f}%" if r["spread"] is not None else "")
+        print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  " + r["verdict"], flush=True)
+    for name in ("fwd_prefill_geomean", "fwd_decode_geomean", "bwd_geomean", "min_speedup"):
+        value = summary[name]
+        print(f"{name}: {value:.3f}" if value else f"{name}: n/a")
+    print(f"losses: {', '.join(summary['losses']) or 'none'}")
+    print(f"failures: {', '.join(summary['failures']) or 'none'}", flush=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suites", default="standard,generalization", help="comma-separated suite names or paths")
+    parser.add_argument("--runs", type=int, default=2, help="times the whole list is timed (order swapped each run)")
+    parser.add_argument("--only", default="", help="only problems whose label contains this")
+    parser.add_argument("--out", default="table_vs_upstream.jsonl", help="JSON lines, one per (step, run, candidate)")
+    parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
+    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error(f"--runs must be at least 1, got {args.runs}")
+    if args.summarize:
+        from fa4tune.census import read_jsonl
+
+        print_summary(summarize(read_jsonl(Path(args.summarize))), args.summarize)
+        return 0
+
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
+    from search.evaluating.ahead import group_jobs, precompile, use_kernel_cache
+
+    suites = [s for s in args.suites.split(",") if s]
+    settings = Settings(gate_seed=new_gate_seed())
+    steps = plan(suites, load_experiment(EXPERIMENT_PATH), args.only)
+    if args.compile_jobs:
+        use_kernel_cache()
+        precompile(group_jobs(compile_pairs(steps)), settings, args.compile_jobs, name=kernel_name,
+                   log=lambda line: print(line, flush=True))
+
+    import torch
+
+    from fa4tune.harness import gpu
+    from fa4tune.harness.candidates import experiment_candidate
+    from fa4tune.harness.steps import StepContextLost, make_flusher, measure_step
+    from fa4tune.targets import get_target
+
+    experiment = load_experiment(EXPERIMENT_PATH)
+    device = torch.device("cuda")
+    info = gpu.read_device()
+    mode = gpu.select_mode(info, get_target())
+    label = f"{info.name}, SM120 kernels {'emulated' if mode == 'emulated' else 'native'}, gate seed {settings.gate_seed}"
+    print(f"{len(steps)} steps x {args.runs} runs [{label}]", flush=True)
+    flusher = make_flusher(device)
+    records = []
+    with open(args.out, "a") as out:
+        for run in range(1, args.runs + 1):
+            for s in steps:
+                configs = {TABLE: s.table, UPSTREAM: s.upstream}
+                candidates = [experiment_candidate(experiment, *configs[name], name=name) for name in order(run)]
+                try:
+                    results = measure_step(s.problem, s.direction, candidates, device=device, settings=settings, flusher=flusher)
+                except StepContextLost as lost:
+                    print(f"error: device fault on {s.problem.label} {s.direction} run {run}: {lost.reason}", flush=True)
+                    return 1
+                for name in order(run):
+                    res = results[name]
+                    cfg = configs[TABLE][0 if s.direction == "fwd" else 1]
+                    record = {"suite": s.suite, "problem": s.problem.label, "direction": s.direction,
+                              "regime": s.problem.problem_class.regime, "class": s.problem.problem_class.name,
+                              "table_kernel": kernel_name(cfg), "run": run, "candidate": name, "device": info.name,
+                              "mode": mode, **res.to_dict()}
+                    records.append(record)
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                r = {name: results[name] for name in (TABLE, UPSTREAM)}
+                print(f"run {run} {s.problem.label} {s.direction}: " + ", ".join(
+                    f"{n} {v.status} {v.ms_median:.4f} ms" if v.ms_median else f"{n} {v.status} {v.reason[:80]}" for n, v in r.items()), flush=True)
+    print_summary(summarize(records), label)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
