@@ -586,18 +586,26 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
         m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
         dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
-    "d128-causal-gqa4-bf16": defaults.upstream_backward(ProblemClass(128, 128, True, 4)),
+    "d128-causal-gqa4-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
+    ),
 }
 
 
 def forward_config(pc: ProblemClass) -> ForwardConfig:
-    """The dispatch table's forward config for a problem class (upstream's default if absent)."""
-    return FORWARD_DISPATCH.get(pc.name) or defaults.upstream_forward(pc)
+    """The dispatch table's forward config for a problem class; absent, its fallback class's entry (a chunked class's
+    prefill class), then upstream's default."""
+    fallback = pc.fallback
+    return (FORWARD_DISPATCH.get(pc.name) or (fallback and FORWARD_DISPATCH.get(fallback.name))
+            or defaults.upstream_forward(pc))
 
 
 def backward_config(pc: ProblemClass) -> BackwardConfig:
-    """The dispatch table's backward config for a problem class (upstream's default if absent)."""
-    return BACKWARD_DISPATCH.get(pc.name) or defaults.upstream_backward(pc)
+    """The dispatch table's backward config for a problem class; absent, its fallback class's entry, then upstream's default."""
+    fallback = pc.fallback
+    return (BACKWARD_DISPATCH.get(pc.name) or (fallback and BACKWARD_DISPATCH.get(fallback.name))
+            or defaults.upstream_backward(pc))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,7 +622,7 @@ def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if q.dtype not in _DTYPE_NAMES:
         raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
     return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
-                        regime_of(q.shape[-3]))
+                        regime_of(q.shape[-3], k.shape[-3], causal))
 
 
 class _Attention(torch.autograd.Function):

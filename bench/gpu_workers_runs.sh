@@ -40,3 +40,5 @@ echo "study done after $(( $(date +%s) - start )) s"
 python3 bench/workers_check.py --storage "$url" --json "$OUT/workers_check.json"
 python3 -m search report --storage "$url" 2>&1 | grep -v Warning | tail -30
 for f in "$OUT"/w*.log; do echo "== $f"; grep -v Warning "$f" | grep -i "lost\|requeue\|error\|evaluated" | tail -6; done
+# one archive back (a device call returns at most 8 files): the storage, every worker's log and results.tsv
+(cd "$OUT" && tar -cJf workers-run.tar.xz workers.db w*.log results-*.tsv workers_check.json && rm -f workers.db* w*.log results-*.tsv* workers_check.json)

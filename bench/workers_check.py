@@ -4,9 +4,9 @@
 
 For every study of the storage: trials per state; search trials that reached an evaluator, and how many distinct
 configs they were (a config measured twice outside a confirmation is a duplicate measurement); failed trials and
-whether each was requeued and finished by another trial (a failed trial not requeued is lost); trials still
-RUNNING or WAITING (lost unless a worker is still alive); evaluated trials per worker. Exit 1 when a study has a
-duplicate measurement or a lost trial.
+whether each was requeued and finished (complete or pruned) by another trial (a failed trial not requeued, or
+requeued and not finished, is lost); trials still RUNNING or WAITING (lost unless a worker is still alive);
+evaluated trials per worker. Exit 1 when a study has a duplicate measurement or a lost trial.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def check_study(study) -> dict:
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
     requeued = {t.user_attrs.get(schema.REQUEUED_FROM): t for t in trials if t.user_attrs.get(schema.REQUEUED_FROM) is not None}
     failed = [t for t in trials if t.state == TrialState.FAIL]
-    lost = [t.number for t in failed if t.number not in requeued or requeued[t.number].state != TrialState.COMPLETE]
+    finished = (TrialState.COMPLETE, TrialState.PRUNED)  # pruned: measured, stopped early (search.storing.history.FINISHED)
+    lost = [t.number for t in failed if t.number not in requeued or requeued[t.number].state not in finished]
     unfinished = [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     return {
         "study": study.study_name,

@@ -16,12 +16,22 @@ DTYPES = ("bf16", "fp16")
 # its class is the decode regime's. Issue #13's matrix gates split-KV at 1, 2 and 8 tokens; at 64 and more the
 # query tiles alone fill the GPU and the prefill classes' configs apply.
 DECODE_MAX_SEQLEN_Q = 16
-REGIMES = ("prefill", "decode")
+# A causal prefill with at least this many keys per query token is a chunked prefill (a chunk of new tokens over a
+# long KV cache, bottom-right aligned): the mask removes at most 1/(2 * ratio) of its scores, so it does nearly the
+# work of a non-causal problem, and the causal classes' tiles, tuned where the mask halves the work, lose there
+# (docs/measurements/2026-12-01-h200-table-vs-upstream.md: 0.85x upstream on sq 1024 over sk 4096, d128).
+CHUNKED_MIN_KV_PER_Q = 2
+REGIMES = ("prefill", "decode", "chunked")
 
 
-def regime_of(seqlen_q: int) -> str:
-    """'decode' for at most DECODE_MAX_SEQLEN_Q query tokens, else 'prefill'."""
-    return "decode" if seqlen_q <= DECODE_MAX_SEQLEN_Q else "prefill"
+def regime_of(seqlen_q: int, seqlen_k: int | None = None, causal: bool = False) -> str:
+    """'decode' for at most DECODE_MAX_SEQLEN_Q query tokens; 'chunked' for a causal problem with at least
+    CHUNKED_MIN_KV_PER_Q keys per query token; else 'prefill'."""
+    if seqlen_q <= DECODE_MAX_SEQLEN_Q:
+        return "decode"
+    if causal and seqlen_k is not None and seqlen_k >= CHUNKED_MIN_KV_PER_Q * seqlen_q:
+        return "chunked"
+    return "prefill"
 
 
 class ConfigError(ValueError):
@@ -162,9 +172,10 @@ class BackwardConfig(_Record):
 
 @dataclass(frozen=True)
 class ProblemClass(_Record):
-    """What a config is tuned for: kernels specialise on these, not on batch or sequence length, except for one
-    line: a decode (at most DECODE_MAX_SEQLEN_Q query tokens) is a class of its own, since one query token over a
-    long KV wants another kernel (split-KV) than a prefill does."""
+    """What a config is tuned for: kernels specialise on these, not on batch or sequence length, except for two
+    lines: a decode (at most DECODE_MAX_SEQLEN_Q query tokens) is a class of its own, since one query token over a
+    long KV wants another kernel (split-KV) than a prefill does; and a chunked prefill (causal, at least
+    CHUNKED_MIN_KV_PER_Q keys per query token) is one too, since its mask removes little of the work."""
 
     head_dim: int
     head_dim_v: int
@@ -184,6 +195,8 @@ class ProblemClass(_Record):
             raise ConfigError("gqa_ratio", f"qhead_per_kvhead must be >= 1, got {self.qhead_per_kvhead}")
         if self.regime not in REGIMES:
             raise ConfigError("regime", f"regime must be one of {', '.join(REGIMES)}, got {self.regime!r}")
+        if self.regime == "chunked" and not self.causal:
+            raise ConfigError("regime", "a chunked prefill is causal (bottom-right aligned); got regime 'chunked' with causal=False")
 
     @property
     def name(self) -> str:
@@ -207,6 +220,12 @@ class ProblemClass(_Record):
         except (IndexError, KeyError, ValueError):
             raise ConfigError("problem_class_name", f"cannot parse problem class {name!r} (expected e.g. d128-causal-gqa4-bf16)")
         return cls(head_dim, head_dim_v, causal, gqa, dtype, regime)
+
+    @property
+    def fallback(self) -> "ProblemClass | None":
+        """The class whose dispatch entry applies where this one has none: a chunked class falls back to its prefill
+        class (a causal prefill's entry, tuned or upstream's); the others to upstream's default (None)."""
+        return dataclasses.replace(self, regime="prefill") if self.regime == "chunked" else None
 
 
 @dataclass(frozen=True)
@@ -237,7 +256,7 @@ class Problem(_Record):
     def problem_class(self) -> ProblemClass:
         """The class this problem dispatches on."""
         return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype,
-                            regime_of(self.seqlen_q))
+                            regime_of(self.seqlen_q, self.seqlen_k, self.causal))
 
     @property
     def label(self) -> str:

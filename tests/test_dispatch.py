@@ -10,17 +10,23 @@ from fa4tune.targets import get_target
 TARGET = get_target("sm120")
 
 
+def _entry_key(table: dict, pc: ProblemClass) -> str:
+    """The key whose entry dispatch runs for pc: its own, else its fallback class's (a chunked class's prefill class)."""
+    return pc.name if pc.name in table else (pc.fallback.name if pc.fallback else pc.name)
+
+
 def test_every_suite_problem_class_has_a_feasible_table_entry():
     assert {"standard", "quick"} <= set(suite_names())
     for name in suite_names():
         problems = load_suite(name)
         for pc in problem_classes(problems):
-            assert pc.name in experiment.FORWARD_DISPATCH, (name, pc.name)
+            key = _entry_key(experiment.FORWARD_DISPATCH, pc)
+            assert key in experiment.FORWARD_DISPATCH, (name, pc.name)
             fwd = experiment.forward_config(pc)
-            assert fwd is experiment.FORWARD_DISPATCH[pc.name]
+            assert fwd is experiment.FORWARD_DISPATCH[key]
             assert check_forward(fwd, pc, TARGET), (pc.name, check_forward(fwd, pc, TARGET))
             if any(p.backward and p.problem_class == pc for p in problems):
-                assert pc.name in experiment.BACKWARD_DISPATCH, (name, pc.name)
+                assert _entry_key(experiment.BACKWARD_DISPATCH, pc) in experiment.BACKWARD_DISPATCH, (name, pc.name)
                 bwd = experiment.backward_config(pc)
                 assert check_backward(bwd, pc, TARGET), (pc.name, check_backward(bwd, pc, TARGET))
 
@@ -30,6 +36,24 @@ def test_table_keys_are_problem_class_names_and_values_configs():
         assert ProblemClass.parse(name).name == name and isinstance(cfg, ForwardConfig)
     for name, cfg in experiment.BACKWARD_DISPATCH.items():
         assert ProblemClass.parse(name).name == name and isinstance(cfg, BackwardConfig)
+
+
+def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_upstream_defaults():
+    from fa4tune.config import Problem
+
+    chunked = Problem(2, 1024, 4096, 16, 16, 128, 128, True).problem_class
+    assert chunked.regime == "chunked" and chunked.fallback == ProblemClass(128, 128, True)
+    assert Problem(2, 1024, 2047, 16, 16, 128, 128, True).problem_class.regime == "prefill"  # under 2 keys per query
+    assert Problem(2, 1024, 4096, 16, 16, 128, 128, False).problem_class.regime == "prefill"  # not causal
+    table = dict(experiment.FORWARD_DISPATCH)
+    try:
+        experiment.FORWARD_DISPATCH.pop(chunked.name, None)
+        assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[chunked.fallback.name]
+        unlisted = ProblemClass(256, 256, True, 2, "fp16", "chunked")
+        assert experiment.forward_config(unlisted) == upstream_forward(unlisted)
+    finally:
+        experiment.FORWARD_DISPATCH.clear()
+        experiment.FORWARD_DISPATCH.update(table)
 
 
 def test_unlisted_class_falls_back_to_upstream_defaults():

@@ -15,7 +15,7 @@ import optuna
 from fa4tune.config import ConfigError, ProblemClass
 from search.space import get_space
 from search.storing import schema
-from search.storing.dispatch_table import DISPATCH, edit_dispatch, entry_config
+from search.storing.dispatch_table import DISPATCH, edit_dispatch, effective_entry_config, entry_config
 from search.storing.history import config_key, confirmations, measured, records, short_config, winner
 
 
@@ -52,7 +52,7 @@ def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | N
 def _check_incumbent(decision: Decision, source: str, history) -> Decision:
     """The decision, or a refusal when the table's entry (not upstream's default) is not among the study's measured configs."""
     space = get_space(decision.direction)
-    written = entry_config(source, decision.direction, decision.problem_class)
+    written = effective_entry_config(source, decision.direction, ProblemClass.parse(decision.problem_class))
     if written is None:
         return decision
     entry = space.config(written)

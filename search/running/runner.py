@@ -120,10 +120,10 @@ def _incumbents(specs: list[StudySpec], evaluator) -> list[StudySpec]:
     if isinstance(evaluator, ReplayEvaluator):
         return specs
     from fa4tune.harness.settings import EXPERIMENT_PATH
-    from search.storing.dispatch_table import entry_config
+    from search.storing.dispatch_table import effective_entry_config
 
     source = Path(getattr(evaluator, "experiment_path", None) or EXPERIMENT_PATH).read_text()
-    return [replace(spec, incumbent=entry_config(source, spec.direction, spec.problem_class.name)) for spec in specs]
+    return [replace(spec, incumbent=effective_entry_config(source, spec.direction, spec.problem_class)) for spec in specs]
 
 
 class Plan(NamedTuple):

@@ -65,6 +65,17 @@ def _dispatch_node(source: str, name: str) -> ast.Dict:
     raise ConfigError("dispatch_format", f"experiment.py has no {name} = {{...}} dict")
 
 
+def effective_entry_config(source: str, direction: str, problem_class) -> dict | None:
+    """The knob values of the entry that dispatch runs for a ProblemClass: its own, else its fallback class's
+    (ProblemClass.fallback: a chunked class's prefill class), as experiment.forward_config / backward_config choose;
+    None where upstream's default runs."""
+    written = entry_config(source, direction, problem_class.name)
+    fallback = problem_class.fallback
+    if written is None and fallback is not None:
+        written = entry_config(source, direction, fallback.name)
+    return written
+
+
 def entry_config(source: str, direction: str, key: str) -> dict | None:
     """The knob values written in a dispatch entry, read back from the source (None if absent or not a literal
     ForwardConfig(...) / BackwardConfig(...), e.g. `defaults.upstream_backward(...)`)."""
