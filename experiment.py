@@ -559,6 +559,19 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
     "d128-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
+    # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
+    # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md).
+    "d128-causal-chunked-bf16": ForwardConfig(
+        tile_m=256, tile_n=64, num_threads=256, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
+        extra={"num_splits": 1},
+    ),
+    "d128-causal-gqa4-chunked-bf16": ForwardConfig(
+        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
+    "d96-causal-chunked-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
+    "d64-causal-chunked-bf16": ForwardConfig(
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+    ),
 }
 
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {

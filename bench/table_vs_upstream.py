@@ -13,7 +13,7 @@ candidates' order swapped in alternate runs (run 1: table first; run 2: upstream
 Per problem: each candidate's medians, the speedup (upstream's mean median / the table's), and the spread, the
 larger of the two candidates' run-to-run spreads, (max - min) / min of their medians. The rule the table is held
 to: it loses on a problem when its speedup is below 1 / (1 + spread), i.e. slower by more than the measured noise.
-Geomean speedups: forward over the prefill problems, forward over the decodes, backward. One JSON line per step
+Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
 """
@@ -119,14 +119,15 @@ def summarize(records: list[dict]) -> dict:
             row.update(speedup=speedup, spread=noise, verdict=verdict)
         out.append(row)
 
-    def speedups(direction, regime=None):
-        return [r["speedup"] for r in out if r["direction"] == direction and r["speedup"] and regime in (None, r["regime"])]
+    def speedups(direction, decode=None):
+        return [r["speedup"] for r in out if r["direction"] == direction and r["speedup"]
+                and decode in (None, r["regime"] == "decode")]
 
     ok = [r for r in out if r["speedup"] is not None]
     return {
         "rows": out,
-        "fwd_prefill_geomean": geomean(speedups("fwd", "prefill")),
-        "fwd_decode_geomean": geomean(speedups("fwd", "decode")),
+        "fwd_prefill_geomean": geomean(speedups("fwd", decode=False)),  # prefill and chunked prefill: every non-decode
+        "fwd_decode_geomean": geomean(speedups("fwd", decode=True)),
         "bwd_geomean": geomean(speedups("bwd")),
         "min_speedup": min((r["speedup"] for r in ok), default=None),
         "losses": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"] == "loses"],
