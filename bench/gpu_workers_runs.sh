@@ -3,7 +3,7 @@
 #   bash bench/gpu_workers_runs.sh [GPUS]   # GPUS: CUDA_VISIBLE_DEVICES names, comma-separated (default 0,1 or 0,0 on one GPU)
 # Creates one study (d128-causal-bf16 forward, N_TRIALS trials) on SQLite (one host: the storage the design recommends),
 # starts one worker per entry of GPUS with the machine's compile processes split between them, SIGKILLs the second
-# worker (its process group: the GPU child too) KILL_AFTER seconds in, restarts it, waits for both, then counts
+# worker (its process group: the GPU child too) KILL_AFTER seconds in (0: no kill), restarts it, waits for both, then counts
 # duplicates and lost trials (bench/workers_check.py) and prints `search report`. Logs and files go to $OUT (or ./out).
 set -uo pipefail
 OUT=${OUT:-out}
@@ -28,13 +28,15 @@ worker() {  # name gpu: starts it in a session of its own (its pid is its proces
 }
 pids=()
 for i in "${!gpus[@]}"; do worker "w$i" "${gpus[$i]}"; done
-sleep "${KILL_AFTER:-60}"
-victim=${pids[${#pids[@]}-1]}
-echo "SIGKILL worker w$(( ${#gpus[@]} - 1 )) (pid $victim and its process group) at $(( $(date +%s) - start )) s"
-kill -9 -- "-$victim"
-sleep 2
-unset "pids[${#pids[@]}-1]"
-worker "w$(( ${#gpus[@]} - 1 ))-restarted" "${gpus[${#gpus[@]}-1]}"
+if [ "${KILL_AFTER:-60}" != 0 ]; then  # KILL_AFTER=0: no kill (a throughput run)
+  sleep "${KILL_AFTER:-60}"
+  victim=${pids[${#pids[@]}-1]}
+  echo "SIGKILL worker w$(( ${#gpus[@]} - 1 )) (pid $victim and its process group) at $(( $(date +%s) - start )) s"
+  kill -9 -- "-$victim"
+  sleep 2
+  unset "pids[${#pids[@]}-1]"
+  worker "w$(( ${#gpus[@]} - 1 ))-restarted" "${gpus[${#gpus[@]}-1]}"
+fi
 for p in "${pids[@]}"; do wait "$p"; echo "worker pid $p: exit $?"; done
 echo "study done after $(( $(date +%s) - start )) s"
 python3 bench/workers_check.py --storage "$url" --json "$OUT/workers_check.json"

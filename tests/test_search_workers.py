@@ -77,6 +77,15 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
     raise AssertionError("the worker never claimed a trial")
 
 
+def _workers_check():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("workers_check", ROOT / "bench" / "workers_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     table, results = write_table(tmp_path), tmp_path / "results.tsv"
     prepare_studies(_settings(url, table), open(os.devnull, "w"))
@@ -103,6 +112,11 @@ def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     assert {t.user_attrs[schema.WORKER] for t in trials if t.user_attrs.get(schema.EVALUATED)} == {"w0", "w1", "w2"}
     copies = [r for r in history if r.duplicate_of is not None]
     assert all(history[r.duplicate_of].evaluated for r in copies)
+    # bench/workers_check.py (what the GPU runs report) counts the same
+    counts = _workers_check().check_study(_study(url))
+    assert counts["duplicate_measurements"] == 0 and counts["lost"] == [] and counts["unfinished"] == []
+    assert counts["failed"] == [killed.number] and counts["requeued"] == {str(killed.number): requeued[0].number}
+    assert counts["measured_search_trials"] == counts["distinct_configs"] == N_TRIALS
     # the winner was confirmed once
     confirmations = [t for t in trials if t.user_attrs.get(schema.CONFIRMATION_OF) is not None and t.state == TrialState.COMPLETE]
     assert confirmations and confirmations[-1].user_attrs[schema.CONFIRMED]

@@ -1,0 +1,101 @@
+"""bench/table_vs_upstream.py's CPU parts: the steps and kernels it plans, the order it alternates, and the
+summary's rule (a loss is a slowdown beyond the run-to-run spread); search.evaluating.ahead's job grouping."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import experiment
+from fa4tune import defaults
+from fa4tune.suites import load_suite
+from search.evaluating.ahead import group_jobs
+from search_helpers import ROOT
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("table_vs_upstream", ROOT / "bench" / "table_vs_upstream.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plan_takes_both_directions_where_a_problem_has_a_backward_and_the_table_and_upstream_configs_of_its_class():
+    bench = load_bench()
+    steps = bench.plan(["standard", "generalization"], experiment)
+    problems = load_suite("standard") + load_suite("generalization")
+    assert len(steps) == sum(2 if p.backward else 1 for p in problems)
+    for s in steps:
+        pc = s.problem.problem_class
+        assert s.table == (experiment.forward_config(pc), experiment.backward_config(pc))
+        assert s.upstream == (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
+    assert {s.direction for s in steps if s.problem.problem_class.regime == "decode"} == {"fwd"}
+    assert [s.problem.label for s in bench.plan(["standard"], experiment, only="wan")] == ["wan2.1 self-attn"] * 2
+
+
+def test_every_kernel_a_step_runs_is_compiled_ahead_and_jobs_group_by_config_and_shape_family():
+    bench = load_bench()
+    steps = bench.plan(["generalization"], experiment)
+    pairs = bench.compile_pairs(steps)
+    for s in steps:
+        for fwd, bwd in (s.table, s.upstream):
+            assert ("fwd", fwd, s.problem) in pairs  # a backward step runs its candidate's forward too
+            if s.direction == "bwd":
+                assert ("bwd", bwd, s.problem) in pairs
+    assert not [p for kind, _, p in pairs if kind == "bwd" and not p.backward]
+    jobs = group_jobs(pairs)
+    assert sum(len(problems) for _, _, problems in jobs) == len(pairs)
+    for kind, cfg, problems in jobs:
+        assert len({(p.head_dim, p.num_heads // p.num_heads_kv) for p in problems}) == 1
+        assert all((kind, cfg, p) in pairs for p in problems)
+
+
+def test_runs_alternate_the_candidates_order():
+    bench = load_bench()
+    assert bench.order(1) == ("table", "upstream") and bench.order(2) == ("upstream", "table") and bench.order(3) == bench.order(1)
+
+
+def _records(problem, direction, regime, table_ms, upstream_ms, status="ok"):
+    out = []
+    for run, (t, u) in enumerate(zip(table_ms, upstream_ms), start=1):
+        for name, ms in (("table", t), ("upstream", u)):
+            out.append({"suite": "s", "problem": problem, "direction": direction, "regime": regime, "class": "c",
+                        "run": run, "candidate": name, "status": status if name == "table" and run == 2 else "ok",
+                        "ms_median": ms, "reason": "boom" if status != "ok" else ""})
+    return out
+
+
+def test_summary_speedup_spread_verdict_and_geomeans():
+    bench = load_bench()
+    records = (_records("a", "fwd", "prefill", [1.0, 1.0], [1.2, 1.2])  # 1.2x, no spread: wins
+               + _records("b", "fwd", "chunked", [1.0, 1.02], [0.99, 1.0])  # 0.985x inside a 2 % spread
+               + _records("c", "fwd", "prefill", [1.2, 1.2], [1.0, 1.01])  # 0.838x beyond a 1 % spread: loses
+               + _records("d", "fwd", "decode", [0.1, 0.1], [1.0, 1.0])
+               + _records("e", "bwd", "prefill", [1.0, 1.0], [1.1, 1.1])
+               + _records("f", "bwd", "prefill", [1.0, 1.0], [1.1, 1.1], status="incorrect"))
+    s = bench.summarize(records)
+    rows = {r["problem"]: r for r in s["rows"]}
+    assert rows["a"]["speedup"] == pytest.approx(1.2) and rows["a"]["verdict"] == "wins"
+    assert rows["b"]["spread"] == pytest.approx(0.02) and rows["b"]["verdict"] == "within spread"
+    assert rows["c"]["verdict"] == "loses" and s["losses"] == ["c fwd"]
+    assert rows["f"]["speedup"] is None and rows["f"]["verdict"].startswith("failed: table run 2: incorrect: boom")
+    assert s["failures"] == ["f bwd"]
+    # a chunked prefill is a prefill; a decode is not
+    assert s["fwd_prefill_geomean"] == pytest.approx((1.2 * rows["b"]["speedup"] * rows["c"]["speedup"]) ** (1 / 3))
+    assert s["fwd_decode_geomean"] == pytest.approx(10.0) and s["bwd_geomean"] == pytest.approx(1.1)
+    assert s["min_speedup"] == pytest.approx(rows["c"]["speedup"])
+
+
+def test_summarize_reads_a_finished_run_and_a_torn_last_line(tmp_path):
+    path = tmp_path / "run.jsonl"
+    lines = [json.dumps(r) for r in _records("a", "fwd", "prefill", [1.0, 1.0], [1.1, 1.1])]
+    path.write_text("\n".join(lines) + '\n{"suite": "s", "prob')  # a run killed mid-write
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "table_vs_upstream.py"), "--summarize", str(path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "fwd_prefill_geomean: 1.100" in done.stdout and "losses: none" in done.stdout
