@@ -39,6 +39,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--confirmations", type=int, help="re-measurements of the winner (default 2)")
     p.add_argument("--tolerance", type=float, help="a confirmation may be this fraction slower (default 0.05)")
     p.add_argument("--no-baseline", action="store_const", const=False, dest="baseline", help="do not measure upstream's default first")
+    p.add_argument("--transfer-table", help="recorded table whose other classes' best configs a new study tries after the "
+                   "baseline (GPU runs; default search/data/h200_sweep.json; '' for none)")
     p.add_argument("--results", help="results.tsv path ('' for none; default results.tsv)")
     p.add_argument("--description", help="text for the results.tsv rows")
     p.add_argument("--prune-factor", type=float, help="prune a config this much slower than the study's best (default 1.3; 0: never)")

@@ -23,7 +23,7 @@ from search.storing.history import config_key
 
 PROPOSER_COLOURS = {
     "baseline": "#000000", "tpe": "#1f77b4", "gp": "#17becf", "random": "#7f7f7f", "claude": "#d62728",
-    "scripted": "#9467bd", "explore": "#ff7f0e", "confirmation": "#2ca02c",
+    "scripted": "#9467bd", "explore": "#ff7f0e", "transfer": "#bcbd22", "confirmation": "#2ca02c",
 }
 OTHER_COLOUR = "#8c564b"
 DPI = 110

@@ -5,14 +5,15 @@ prints median and spread. The space is the table's: the knob values it measured,
 config the table lacks is looked up, counted apart, and not counted as an evaluation. "turns" is the
 turn-taking loop: a sampler and a scripted proposer in Claude's seat (a fixed expert ordering, not a
 model) at the run's default ratio; "default" is what `search run` does without an API key: upstream's
-default config first, then the sampler.
+default config first, then the best configs of the table's other problem classes (search.proposing.transfer: the
+class under test left out), then the sampler.
 """
 
 from __future__ import annotations
 
 import statistics
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 
@@ -22,6 +23,7 @@ from search.evaluating.replay import MISSING, ReplayEvaluator
 from search.evaluating.table import ReplayTable, load_table
 from search.proposing.samplers import DEFAULT_SAMPLER, make_sampler
 from search.proposing.scripted import ScriptedProposer
+from search.proposing.transfer import transfer_configs
 from search.proposing.turns import FixedRatio, parse_ratio
 from search.running.loop import LoopSettings, StopFlag, StudyLoop
 from search.running.run_config import RunConfig
@@ -109,6 +111,8 @@ def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: in
     study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed), direction="maximize")
     space = table.space(kind)
     spec = StudySpec(kind, pc, tuple(table.problems(pc_name)), target, space)
+    if strategy == "default":  # as `search run` does: the table's other classes' best configs after the baseline
+        spec = replace(spec, transfer=tuple(transfer_configs(table, kind, pc, spec.space, target)))
     proposers, weights = [], {sampler_name: 1.0}
     if strategy == "turns":
         defaults = RunConfig()

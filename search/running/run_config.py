@@ -19,6 +19,8 @@ from search.proposing.prompt import DEFAULT_MODEL
 from search.proposing.samplers import DEFAULT_SAMPLER
 from search.storing.storage import DEFAULT_STORAGE
 
+TRANSFER_TABLE = "search/data/h200_sweep.json"  # the shipped sweep (relative to the project root)
+
 
 @dataclass
 class RunConfig:
@@ -47,6 +49,7 @@ class RunConfig:
     confirmations: int = 2
     tolerance: float = 0.05
     baseline: bool = True
+    transfer_table: str = TRANSFER_TABLE  # a GPU run's new studies try this table's other classes' best first ("": none)
     prune_factor: float = DEFAULT_FACTOR  # a config this much slower than the study's best is pruned (0: never)
     compile_jobs: int = AUTO  # CPU compile processes ahead of the GPU (-1: cores - 1; 0: compile on the GPU's turn)
     slots: int = 0  # trials in flight (0: what the evaluator can use)

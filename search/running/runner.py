@@ -126,6 +126,20 @@ def _incumbents(specs: list[StudySpec], evaluator) -> list[StudySpec]:
     return [replace(spec, incumbent=effective_entry_config(source, spec.direction, spec.problem_class)) for spec in specs]
 
 
+def _transfers(specs: list[StudySpec], evaluator, path: str) -> list[StudySpec]:
+    """Each measured study gets the configs that did best on the transfer table's other classes (search.proposing.
+    transfer), tried after the baseline and the incumbent; a replayed one does not (its table is the evaluator)."""
+    if isinstance(evaluator, ReplayEvaluator) or not path:
+        return specs
+    from search.evaluating.table import load_table
+    from search.proposing.transfer import transfer_configs
+
+    file = Path(path)
+    table = load_table(str(file if file.is_absolute() or file.exists() else Path(__file__).resolve().parents[2] / file))
+    return [replace(spec, transfer=tuple(transfer_configs(table, spec.direction, spec.problem_class, spec.space, spec.target)))
+            for spec in specs]
+
+
 class Plan(NamedTuple):
     """What a run tunes and how, every input checked before any storage is touched."""
 
@@ -141,7 +155,7 @@ def plan(config: RunConfig, out) -> Plan:
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
-    specs = _incumbents(specs, evaluator)
+    specs = _transfers(_incumbents(specs, evaluator), evaluator, config.transfer_table)
     make_sampler(config.sampler, config.seed)  # an unknown sampler fails here
     policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     return Plan(evaluator, specs, policy)
@@ -169,7 +183,9 @@ def run(config: RunConfig, out=None) -> int:
             proposers = make_proposers(config, view.message)
             print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
                   f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}; "
-                  f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)", file=out, flush=True)
+                  f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)"
+                  + (f"; a new study tries up to {max(len(s.transfer) for s in specs)} configs from {config.transfer_table}'s other "
+                     "classes after its baseline" if any(s.transfer for s in specs) else ""), file=out, flush=True)
             try:
                 for spec in specs:
                     outcomes.append(run_study(_loops(storage, spec, config, evaluator, proposers, policy, settings, view, stop, disabled, slots)))

@@ -22,6 +22,7 @@ OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible o
 # Attributes a proposer sets when it enqueues; a requeued trial keeps them.
 BASELINE = "baseline"  # the proposer name of the enqueued upstream default
 INCUMBENT = "incumbent"  # the proposer name of the enqueued dispatch-table entry, where it is not upstream's default
+TRANSFER = "transfer"  # the proposer name of the enqueued configs that did best on a recorded table's other classes
 PROPOSER_ATTRS = (schema.PROPOSER, schema.RATIONALE, schema.CONFIRMATION_OF)
 
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -37,6 +38,7 @@ class StudySpec:
     target: Target
     space_override: Space | None = None  # a narrower space (the bench: the knob values a table covers)
     incumbent: dict | None = None  # experiment.py's dispatch entry for the class (search run on the GPU sets it)
+    transfer: tuple = ()  # config dicts that did best on a table's other classes (search.proposing.transfer), tried next
 
     @property
     def space(self) -> Space:
@@ -125,15 +127,24 @@ def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, p
 def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
     """A new study starts with upstream's default config: the baseline every winner is compared with; then, where
     the dispatch table holds another config (spec.incumbent), that one, so that a winner is known to beat what
-    users run today (`search apply` refuses to replace an entry its study never measured)."""
+    users run today (`search apply` refuses to replace an entry its study never measured); then the transfer configs
+    (spec.transfer: the best of a recorded table's other classes) not already queued."""
     if study.get_trials(deepcopy=False):
         return False
     upstream = spec.space.upstream(spec.problem_class)
     study.enqueue_trial(spec.space.params(upstream), user_attrs={schema.PROPOSER: BASELINE})
+    queued = [upstream]
     if spec.incumbent is not None:
         incumbent = spec.space.config(spec.incumbent)
-        if incumbent != upstream:
+        if incumbent not in queued:
             study.enqueue_trial(spec.space.params(incumbent), user_attrs={schema.PROPOSER: INCUMBENT})
+            queued.append(incumbent)
+    for values in spec.transfer:
+        config = spec.space.config(values)
+        if config not in queued:
+            study.enqueue_trial(spec.space.params(config), user_attrs={
+                schema.PROPOSER: TRANSFER, schema.RATIONALE: "among the fastest on the recorded table's other problem classes"})
+            queued.append(config)
     return True
 
 

@@ -1,0 +1,68 @@
+"""Transfer: a new study tries the configs that did best on a table's other classes right after its baseline (and
+incumbent); the study's own class never counts, infeasible configs and upstream's default are left out, and a GPU
+run takes them from the shipped table while a replayed run does not."""
+
+from __future__ import annotations
+
+import optuna
+
+from fa4tune.config import ForwardConfig, ProblemClass
+from fa4tune.harness.measurement import Measurement, ProblemResult
+from fa4tune.targets import get_target
+from search.evaluating.replay import ReplayEvaluator
+from search.evaluating.table import ReplayTable
+from search.proposing.transfer import transfer_configs
+from search.running.runner import _transfers
+from search.space import get_space
+from search.storing import schema
+from search.storing.study import StudySpec, enqueue_baseline
+
+TARGET = get_target("sm120")
+STUDIED = ProblemClass(128, 128, True)
+OTHERS = (ProblemClass(96, 96, True), ProblemClass(64, 64, True))
+GOOD = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, kernel="sm120_tma")
+FAIR = ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=2)
+OWN_BEST = ForwardConfig(tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=True)
+TOO_BIG = ForwardConfig(tile_m=256, tile_n=128, num_threads=128, num_stages=2)  # over 99 KB for d128
+UPSTREAM = get_space("fwd").upstream(STUDIED)
+
+
+def _m(pc: ProblemClass, cfg: ForwardConfig, tflops: float | None) -> Measurement:
+    result = ProblemResult("p", "fwd", "ok", tflops=tflops) if tflops else ProblemResult("p", "fwd", "incorrect")
+    return Measurement("fwd", pc.name, cfg.to_dict(), (result,), "sm120", "test", "replay")
+
+
+def _table() -> ReplayTable:
+    ms = [_m(STUDIED, OWN_BEST, 500.0), _m(STUDIED, GOOD, 100.0)]  # the studied class's own numbers must not count
+    for pc in OTHERS:
+        ms += [_m(pc, GOOD, 300.0), _m(pc, FAIR, 240.0), _m(pc, UPSTREAM, 310.0), _m(pc, TOO_BIG, 320.0),
+               _m(pc, OWN_BEST, None)]  # failed the gate on the others: not proposed
+    return ReplayTable(ms)
+
+
+def test_transfer_ranks_the_other_classes_best_feasible_configs_and_leaves_out_upstream_and_the_own_class():
+    space = get_space("fwd").for_class(STUDIED, TARGET)
+    chosen = [space.config(c) for c in transfer_configs(_table(), "fwd", STUDIED, space, TARGET)]
+    assert chosen == [space.config(GOOD.to_dict()), space.config(FAIR.to_dict())]
+    assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=1) == [chosen[0].to_dict()]
+
+
+def test_a_new_study_queues_baseline_incumbent_then_transfer_without_repeats():
+    space = get_space("fwd").for_class(STUDIED, TARGET)
+    spec = StudySpec("fwd", STUDIED, (), TARGET, incumbent=GOOD.to_dict(),
+                     transfer=tuple(transfer_configs(_table(), "fwd", STUDIED, space, TARGET)))
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_baseline(study, spec)
+    queued = study.get_trials(deepcopy=False)
+    assert [t.user_attrs[schema.PROPOSER] for t in queued] == ["baseline", "incumbent", "transfer"]
+    assert space.config(queued[2].system_attrs[schema.FIXED_PARAMS]) == space.config(FAIR.to_dict())  # GOOD is the incumbent
+    assert not enqueue_baseline(study, spec)  # a study that has trials gets nothing again
+
+
+def test_a_gpu_run_takes_transfer_configs_from_the_shipped_table_and_a_replayed_run_none():
+    spec = StudySpec("bwd", ProblemClass(128, 128, False), (), TARGET)
+    (with_transfer,) = _transfers([spec], object(), "search/data/h200_sweep.json")
+    assert 1 <= len(with_transfer.transfer) <= 4
+    assert all(with_transfer.space.check(with_transfer.space.config(c), spec.problem_class, TARGET) for c in with_transfer.transfer)
+    assert _transfers([spec], object(), "") == [spec]
+    assert _transfers([spec], ReplayEvaluator(_table()), "search/data/h200_sweep.json") == [spec]
