@@ -4,7 +4,8 @@
         [--suite decode] [--only "b1 4k"] [--configs 32x64x64x2:0,...] [--calls 20]
 
 For each problem and config (gpu_splitkv.py's notation; "dispatch" for the dispatch table's config, "sdpa" for
-torch SDPA): warm-up calls (the compile), then `--calls` calls under torch.profiler, one at a time with a
+torch SDPA; "dispatch-bwd" for the dispatch table's forward and backward, one forward and one backward per call,
+with the share of each kernel: the backward's preprocess, main kernel and postprocesses): warm-up calls (the compile), then `--calls` calls under torch.profiler, one at a time with a
 synchronize between them. Prints, per call on average: each kernel's GPU time, the GPU-idle gaps between the
 first kernel's start and the last kernel's end, and the host time of the call. A short call whose span is far
 above its kernels' sum is bound by the host path between launches, not by the kernels.
@@ -32,6 +33,18 @@ def call_of(problem, spec: str, experiment):
     q = torch.randn(shape(problem.seqlen_q, problem.num_heads, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
     k = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
     v = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v), device="cuda", dtype=torch.bfloat16, generator=gen)
+    if spec == "dispatch-bwd":
+        pc = problem.problem_class
+        fwd, bwd = experiment.forward_config(pc), experiment.backward_config(pc)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        dout = torch.randn_like(q)
+
+        def step():
+            out, _ = experiment.attention(q, k, v, causal=problem.causal, fwd_config=fwd, bwd_config=bwd, return_lse=True)
+            out.backward(dout)
+
+        return f"{config_name(fwd)} + backward {bwd.m_block_size}x{bwd.n_block_size} t{bwd.num_threads}", step
     if spec == "sdpa":
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         return "torch sdpa", lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=problem.causal, enable_gqa=True)
@@ -87,13 +100,15 @@ def main(argv=None) -> int:
 
     for problem in [p for p in load_suite(args.suite) if args.only in p.label]:
         for spec in args.configs.split(","):
+            if spec == "dispatch-bwd" and not problem.backward:
+                continue
             label, fn = call_of(problem, spec, experiment)
             kernels, span, host = profile(fn, args.calls)
             busy = sum(kernels.values())
             print(f"\n{problem.label} | {label}: span {span:.1f} µs, kernels {busy:.1f} µs, idle inside the span "
                   f"{max(0.0, span - busy):.1f} µs, host {host:.1f} µs per call", flush=True)
             for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
-                print(f"    {us:8.1f} µs  {name}")
+                print(f"    {us:8.1f} µs  {100 * us / busy:5.1f} %  {name}")
     return 0
 
 
