@@ -384,11 +384,10 @@ def test_the_real_study_exports_six_tma_entries_and_the_pr_carries_the_emulation
     db = tmp_path / "study.db"
     db.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-01-standard-study.db.xz").read_bytes()))
     url, patch = f"sqlite:///{db}", tmp_path / "sm120-tuned.patch"
-    refused = _export(url, "--dry-run")
-    assert refused.returncode == 2 and "--leave-out bwd:d128-causal-gqa4-bf16" in refused.stderr
-    done = _export(url, "--leave-out", "bwd:d128-causal-gqa4-bf16", out=patch)
+    done = _export(url, out=patch)  # every winner confirmed (the GQA backward's confirmations ran after the first call)
     assert done.returncode == 0, done.stderr
     text = patch.read_text()
+    assert "# d128-causal-gqa4-bf16: 1.17x the previous default" in text
     entries = [line for line in text.splitlines() if line.startswith("+            return FwdConfig(")]
     assert sum("use_tma=True" in line for line in entries) == 6 and "d128-noncausal-gqa4-decode-bf16: left out: a decode class" in text
     checkout = _pristine_checkout(tmp_path / "flash-attention")
