@@ -45,6 +45,7 @@ def test_transfer_ranks_the_other_classes_best_feasible_configs_and_leaves_out_u
     chosen = [space.config(c) for c in transfer_configs(_table(), "fwd", STUDIED, space, TARGET)]
     assert chosen == [space.config(GOOD.to_dict()), space.config(FAIR.to_dict())]
     assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=1) == [chosen[0].to_dict()]
+    assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=0) == []
 
 
 def test_a_new_study_queues_baseline_incumbent_then_transfer_without_repeats():

@@ -35,8 +35,8 @@ def transfer_configs(table, kind: str, problem_class, space, target, count: int 
             configs[key] = config
     upstream = config_key(space.upstream(problem_class).to_dict())
     ranked = sorted(shares, key=lambda k: (-sum(shares[k]) / len(shares[k]), -len(shares[k]), repr(k)))
-    chosen = []
-    for key in ranked:
+    chosen: list[dict] = []
+    for key in ranked if count > 0 else ():
         config = configs[key]
         if key == upstream or space.in_domain(config) or not space.check(config, problem_class, target):
             continue
