@@ -1,6 +1,7 @@
 """Transfer: a new study's first proposals after the baseline are the configs that were fastest on the *other*
-problem classes of a recorded table (proposer `transfer`, search.storing.study.enqueue_baseline) (the shipped H200 sweep, search/data/h200_sweep.json), as in warm-starting a
-hyperparameter search from a portfolio of configs that did well on related tasks.
+problem classes of a recorded table (the shipped H200 sweep, search/data/h200_sweep.json), as in warm-starting a
+hyperparameter search from a portfolio of configs that did well on related tasks. They are enqueued with proposer
+`transfer` by search.storing.study.enqueue_baseline.
 
 A config's score is its geomean TFLOPS as a share of its class's best, averaged over the classes of the same
 direction that measured it and passed the gate; the study's own class never counts (a study learns nothing from a
