@@ -11,7 +11,7 @@ from fa4tune.harness.measurement import Measurement, ProblemResult
 from fa4tune.targets import get_target
 from search.evaluating.replay import ReplayEvaluator
 from search.evaluating.table import ReplayTable
-from search.proposing.transfer import transfer_configs
+from search.proposing.transfer import TILE_COVERAGE_MAX, transfer_configs
 from search.running.runner import _transfers
 from search.space import get_space
 from search.storing import schema
@@ -44,8 +44,33 @@ def test_transfer_ranks_the_other_classes_best_feasible_configs_and_leaves_out_u
     space = get_space("fwd").for_class(STUDIED, TARGET)
     chosen = [space.config(c) for c in transfer_configs(_table(), "fwd", STUDIED, space, TARGET)]
     assert chosen == [space.config(GOOD.to_dict()), space.config(FAIR.to_dict())]
-    assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=1) == [chosen[0].to_dict()]
+    assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=1, cover_tiles=False) == [chosen[0].to_dict()]
     assert transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=0) == []
+
+
+def test_where_a_class_has_few_tiles_every_tile_is_tried_once_after_the_top_configs():
+    space = get_space("fwd").for_class(STUDIED, TARGET)
+    # count=1: the top config's tile (sm120_tma 64x64) is covered; FAIR's tile (sm120 128x64) comes next, once
+    chosen = [space.config(c) for c in transfer_configs(_table(), "fwd", STUDIED, space, TARGET, count=1)]
+    assert chosen == [space.config(GOOD.to_dict()), space.config(FAIR.to_dict())]
+    same_tile = ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1)  # FAIR's tile, scored lower
+    table = ReplayTable(list(_table().entries.values()) + [_m(pc, same_tile, 200.0) for pc in OTHERS])
+    chosen = [space.config(c) for c in transfer_configs(table, "fwd", STUDIED, space, TARGET, count=1)]
+    assert chosen == [space.config(GOOD.to_dict()), space.config(FAIR.to_dict())]  # one per tile
+
+
+def test_the_shipped_table_covers_the_d64_noncausal_backward_best_tile_and_leaves_the_forward_at_the_top_four():
+    from search.evaluating.table import load_table
+    from search.proposing.transfer import TILE_COVERAGE_MAX, tile_of
+
+    table = load_table("search/data/h200_sweep.json")
+    bwd = get_space("bwd")
+    d64 = ProblemClass(64, 64, False)
+    chosen = transfer_configs(table, "bwd", d64, bwd.for_class(d64, TARGET), TARGET)
+    assert (None, 32, 128, 128) in {tile_of(c) for c in chosen}  # the class's best tile, 208th of 220 elsewhere
+    assert len({tile_of(c) for c in chosen}) == len(chosen) - 3 <= TILE_COVERAGE_MAX  # the top 4 share a tile
+    fwd = get_space("fwd")
+    assert len(transfer_configs(table, "fwd", STUDIED, fwd.for_class(STUDIED, TARGET), TARGET)) == 4
 
 
 def test_a_new_study_queues_baseline_incumbent_then_transfer_without_repeats():
@@ -63,7 +88,7 @@ def test_a_new_study_queues_baseline_incumbent_then_transfer_without_repeats():
 def test_a_gpu_run_takes_transfer_configs_from_the_shipped_table_and_a_replayed_run_none():
     spec = StudySpec("bwd", ProblemClass(128, 128, False), (), TARGET)
     (with_transfer,) = _transfers([spec], object(), "search/data/h200_sweep.json")
-    assert 1 <= len(with_transfer.transfer) <= 4
+    assert 4 <= len(with_transfer.transfer) <= 4 + TILE_COVERAGE_MAX
     assert all(with_transfer.space.check(with_transfer.space.config(c), spec.problem_class, TARGET) for c in with_transfer.transfer)
     assert _transfers([spec], object(), "") == [spec]
     assert _transfers([spec], ReplayEvaluator(_table()), "search/data/h200_sweep.json") == [spec]

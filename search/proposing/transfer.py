@@ -8,6 +8,14 @@ direction that measured it and passed the gate; the study's own class never coun
 table that already holds its answer, and the bench that measures this leaves the class out the same way). Only
 configs that today's rules accept for the study's class, in the study's space, are proposed: the top
 TRANSFER_CONFIGS, best first, without upstream's default (the baseline measures it anyway).
+
+Where those configs span few tiles and the class's space has at most TILE_COVERAGE_MAX tiles (a tile: the kernel
+class, the block sizes and the thread count), the list goes on with the best-scoring config of each tile not yet
+covered. A class's best can sit in a tile that did poorly elsewhere: the d64 non-causal backward's best (32x128,
+128 threads) ranks 208th of 220 on the other classes, and the 4 top configs, all one 64x64 tile, left TPE anchored
+there (122 evaluations to 99 % of the best against random search's 48). With every tile tried once it needs 8. The
+forward spaces have 16-24 tiles: covering them cost more evaluations than it saved, so they get the top 4 alone
+(docs/measurements/2026-12-01-transfer-tiles-bench.md).
 """
 
 from __future__ import annotations
@@ -15,10 +23,19 @@ from __future__ import annotations
 from collections import defaultdict
 
 TRANSFER_CONFIGS = 4
+TILE_COVERAGE_MAX = 12  # tiles in a class's space; above it, no tile coverage
 
 
-def transfer_configs(table, kind: str, problem_class, space, target, count: int = TRANSFER_CONFIGS) -> list[dict]:
-    """Up to `count` config dicts for `problem_class`, best transfer score first (see the module's docstring)."""
+def tile_of(config: dict) -> tuple:
+    """The config's tile: its kernel class, block sizes and thread count (forward or backward knob names)."""
+    return (config.get("kernel"), config.get("tile_m", config.get("m_block_size")), config.get("tile_n", config.get("n_block_size")),
+            config.get("num_threads"))
+
+
+def transfer_configs(table, kind: str, problem_class, space, target, count: int = TRANSFER_CONFIGS,
+                     cover_tiles: bool = True) -> list[dict]:
+    """Up to `count` config dicts for `problem_class`, best transfer score first, then (`cover_tiles`) one per tile
+    not yet covered where the class has few tiles (see the module's docstring)."""
     from search.storing.history import config_key
 
     shares: dict[tuple, list[float]] = defaultdict(list)
@@ -36,12 +53,15 @@ def transfer_configs(table, kind: str, problem_class, space, target, count: int 
             configs[key] = config
     upstream = config_key(space.upstream(problem_class).to_dict())
     ranked = sorted(shares, key=lambda k: (-sum(shares[k]) / len(shares[k]), -len(shares[k]), repr(k)))
-    chosen: list[dict] = []
-    for key in ranked if count > 0 else ():
-        config = configs[key]
-        if key == upstream or space.in_domain(config) or not space.check(config, problem_class, target):
-            continue
-        chosen.append(config.to_dict())
-        if len(chosen) == count:
-            break
+    feasible = [configs[key].to_dict() for key in ranked
+                if key != upstream and not space.in_domain(configs[key]) and space.check(configs[key], problem_class, target)]
+    chosen = feasible[:max(count, 0)]
+    tiles = {tile_of(c) for c in feasible}
+    if not cover_tiles or not chosen or len(tiles) > TILE_COVERAGE_MAX:
+        return chosen
+    covered = {tile_of(c) for c in chosen}
+    for config in feasible:
+        if tile_of(config) not in covered:
+            covered.add(tile_of(config))
+            chosen.append(config)
     return chosen
