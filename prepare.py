@@ -152,6 +152,7 @@ def run_experiment(experiment_module, suite: str = DEFAULT_SUITE, *, description
         status="ok" if not statuses else ",".join(statuses), prepare_sha256=runs.prepare_sha256(), description=description,
         config={"suite": suite, "gate_seed": settings.gate_seed, "forward": configs["fwd"], "backward": configs["bwd"],
                 "fwd_spread_pct": summary.fwd_spread_pct, "bwd_spread_pct": summary.bwd_spread_pct,  # (no new columns)
+                "problems": metrics.problem_timings(measurements),  # what fa4tune.keep decides on, per problem
                 **({"harness_edited": changed} if changed else {})},
     )
     results_tsv.append_row(results_path, row)

@@ -67,6 +67,11 @@ def test_run_experiment_prints_table_then_metric_lines_and_appends_a_row(tmp_pat
     for direction in ("fwd", "bwd"):
         assert row.config[f"{direction}_spread_pct"] >= 0
         assert values[f"{direction}_spread_pct"] == f"{row.config[f'{direction}_spread_pct']:.2f}"
+    # every problem's timed-call quartiles too, for fa4tune.keep's per-problem decision
+    timings = row.config["problems"]
+    ok = [t for t in timings.values() if t["status"] == "ok"]
+    assert len(timings) == 5 and len(ok) == 3 and timings["fwd tiny d256"]["status"] == "infeasible"
+    assert all(t["ms_q1"] <= t["ms_median"] <= t["ms_q3"] for t in ok)
     assert len(row.prepare_sha256) == 64
 
 

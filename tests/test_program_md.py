@@ -125,9 +125,9 @@ def _one(needle: str) -> str:
     return command
 
 
-def test_the_keep_rule_reads_the_spread_lines_not_the_table():
+def test_the_keep_rule_is_fa4tune_keep_on_results_tsv_rows_not_the_table():
     keep = PROGRAM[PROGRAM.index("## Keep or discard"):PROGRAM.index("## Logging")]
-    assert "`fwd_spread_pct:`" in keep and "`bwd_spread_pct:`" in keep
+    assert "uv run python -m fa4tune.keep 1 2 -2 -1" in keep and "run_2: yes" in keep and "keep: yes" in keep
     assert not [c for c in commands() if "awk" in c]  # no parsing of the rich table's box characters
 
 

@@ -174,6 +174,17 @@ def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
+def problem_timings(measurements) -> dict:
+    """Each (direction, problem)'s status and timed-call quartiles, keyed "fwd <label>": results.tsv keeps them in
+    its config JSON so that a keep decision (fa4tune.keep) can compare one problem across runs."""
+    out = {}
+    for m in measurements:
+        for r in m.results:
+            out[f"{r.direction} {r.problem}"] = {"class": m.problem_class, "status": r.status, "ms_median": r.ms_median,
+                                                 "ms_q1": r.ms_q1, "ms_q3": r.ms_q3}
+    return out
+
+
 def _iqr_pct(r: ProblemResult) -> str:
     """The problem's share of the spread line: its IQR in percent of its median."""
     spread = spread_pct([r], r.direction)
