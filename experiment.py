@@ -592,8 +592,8 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-noncausal-bf16": BackwardConfig(
-        m_block_size=128, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=4, AtomLayoutMdQ=4, V_in_regs=False,
+        m_block_size=32, n_block_size=128, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-causal-bf16": BackwardConfig(
         m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
