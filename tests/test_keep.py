@@ -80,3 +80,12 @@ def test_the_command_line_reads_results_tsv_and_says_keep_or_run_2(tmp_path, cap
     assert keep.main(["1", "2", "9", "--results", str(path)]) == 2
     assert "row 9: results.tsv has rows 1 to 4" in capsys.readouterr().err
     assert keep.main(["1", "2", "3", "--results", str(tmp_path / "none.tsv")]) == 2
+
+
+def test_a_median_drifting_between_runs_within_the_noise_floor_is_not_called_slower():
+    # the real case: an unchanged problem 0.56 % slower in the next run, its IQR 0.45 %
+    incumbent = [_row({"p": _t(1.3857, 0.45)}), _row({"p": _t(1.3856, 0.3)})]
+    decision = keep.decide(incumbent, [_row({"p": _t(1.3934, 0.45)})])
+    assert decision.problems[0].verdict == keep.SAME and decision.problems[0].noise_pct == keep.NOISE_FLOOR_PCT
+    beyond = 1.3857 * (1 + 2 * keep.NOISE_FLOOR_PCT / 100)
+    assert keep.decide(incumbent, [_row({"p": _t(beyond, 0.45)})]).problems[0].verdict == keep.SLOWER
