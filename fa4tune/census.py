@@ -29,7 +29,8 @@ STRUCTURE = ("m_block_size", "n_block_size", "num_threads", "SdP_swapAB", "dKV_s
              "AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ")
 # Rules found by compiling (the others are upstream's can_implement, the domains and measured gate failures)
 COMPILE_RULES = ("AtomLayoutMSdP_divides_warps", "AtomLayoutNdKV_divides_warps", "AtomLayoutMdQ_divides_warps", "SdP_mma_tile",
-                 "SdP_swapAB_P_store", "SdP_swapAB_lse_rows", "dKV_mma_tile", "dKV_swapAB_accumulator", "dQ_mma_tile")
+                 "SdP_swapAB_P_store", "SdP_swapAB_lse_rows", "dKV_mma_tile", "dKV_swapAB_accumulator", "dQ_mma_tile",
+                 "dQ_swapAB_head_dim_96_atoms")
 
 
 @dataclass

@@ -240,6 +240,13 @@ def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
     if m == 32 and hd % 64:
         yield _fail("m_block_32_head_dim_96", f"m_block_size=32 with head_dim {pc.head_dim} (padded {hd}, not a multiple of 64): "
                                               "dQ fails the gate (27 of 27 measured)")
+    # Compiled for sm_120a (search/data/bwd_census.jsonl): with head_dim 96 every dQ_swapAB config whose dQ MMA had 4
+    # warps along m failed to compile (14 of 14, 128 and 256 threads: "Expected source and destination tensors to
+    # have the same size in mode-1, but got 6 and 8"), every one with 2 compiled (12 of 12); head_dim 64 and 128 compile
+    if cfg.dQ_swapAB and hd % 64 and a_dq >= 4:
+        yield _fail("dQ_swapAB_head_dim_96_atoms",
+                    f"dQ_swapAB with head_dim {pc.head_dim} (padded {hd}, not a multiple of 64) needs AtomLayoutMdQ <= 2, "
+                    f"got {a_dq}: the swapped dQ does not compile (14 of 14 in the census)")
     # S = Q K^T and dP = dO V^T: an m x n block
     yield _mma_tile("SdP_mma_tile", "S/dP", ("m_block_size", m), ("n_block_size", n), ("AtomLayoutMSdP", a_sdp), warps)
     if cfg.SdP_swapAB:

@@ -73,6 +73,16 @@ def test_gate_rules_name_the_knob_and_the_evidence():
     assert check_backward(BackwardConfig(V_in_regs=True), ProblemClass(64, 64, False), TARGET, skip=GATE_RULES)
 
 
+def test_the_census_compile_rule_keeps_a_swapped_dq_with_4_warps_along_m_off_head_dim_96_only():
+    # search/data/bwd_census.jsonl: 14 of 14 such configs failed to compile for sm_120a, 12 of 12 with AtomLayoutMdQ=2 compiled
+    swapped = dict(m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, dQ_swapAB=True, AtomLayoutMSdP=4,
+                   AtomLayoutNdKV=2)
+    v = check_backward(BackwardConfig(**swapped, AtomLayoutMdQ=4), ProblemClass(96, 96, False), TARGET)
+    assert v.rule == "dQ_swapAB_head_dim_96_atoms" and "AtomLayoutMdQ <= 2, got 4" in v.message
+    assert check_backward(BackwardConfig(**swapped, AtomLayoutMdQ=2), ProblemClass(96, 96, False), TARGET)
+    assert check_backward(BackwardConfig(**swapped, AtomLayoutMdQ=4), ProblemClass(128, 128, False), TARGET)
+
+
 def test_smem_rule_counts_what_upstreams_formula_leaves_out():
     # upstream's can_implement: Q 16 KB + dO 16 KB + K 16 KB + V 16 KB = 64 KB fits; the compiled struct adds
     # LSE/dPsum and the P and dS tiles, and V_in_regs saves nothing
