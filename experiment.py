@@ -566,7 +566,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
         extra={"num_splits": 1},
     ),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     "d64-causal-chunked-bf16": ForwardConfig(
