@@ -14,11 +14,11 @@ since its rate is another GPU's. A device the table does not know prints `nan` a
 divided by some other GPU's peak is a wrong figure (an H200's rate over the RTX 5090's peak read 122 %).
 
 `fwd_spread_pct` / `bwd_spread_pct` are the run's timing noise in that direction: the largest interquartile
-range of one problem's timed calls, in percent of its median, over the ok problems (program.md keeps a change
-only when the geomean moves by more than this). The IQR, as in fa4tune.harness.timing.is_improvement: min and max
-follow single outliers (on the H200 the median over problems of (max - min) / median was 4-7 % while the
-geomeans of three runs moved 0.2 % forward and 1.0 % backward: docs/measurements/logs/2026-11-30-h200-stability.json,
-"after"); the largest over the problems, because a geomean moves less than its noisiest problem does.
+range of one problem's timed calls, in percent of its median, over the ok problems: the log's summary
+(program.md's keep decision, fa4tune.keep, reads each problem's own quartiles from results.tsv). The IQR, as in
+fa4tune.harness.timing.is_improvement: min and max follow single outliers (on the H200 the median over problems
+of (max - min) / median was 4-7 % while the geomeans of three runs moved 0.2 % forward and 1.0 % backward:
+docs/measurements/logs/2026-11-30-h200-stability.json, "after"); the largest over the problems, because a geomean moves less than its noisiest problem does.
 """
 
 from __future__ import annotations
