@@ -614,6 +614,26 @@ def forward_config(pc: ProblemClass) -> ForwardConfig:
             or defaults.upstream_forward(pc))
 
 
+# The backward preprocess kernel's thread count per problem class (upstream's default, 256, where absent). It is
+# timed apart from the search (bench/gpu_preprocess_threads.py): the preprocess is its own kernel, so its count
+# does not interact with the main kernel's knobs. docs/measurements/2026-12-01-h200-preprocess-threads.md
+BACKWARD_PREPROCESS_THREADS: dict[str, int] = {}
+
+
+def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
+    """The preprocess's thread count for a class (its entry, its fallback class's, then 256); a one-line error that
+    names the rule for a count the kernel cannot run."""
+    from fa4tune.config import ConfigError
+    from fa4tune.feasibility import check_preprocess_threads
+
+    fallback = pc.fallback
+    threads = BACKWARD_PREPROCESS_THREADS.get(pc.name) or (fallback and BACKWARD_PREPROCESS_THREADS.get(fallback.name)) or 256
+    verdict = check_preprocess_threads(threads, bwd_config, pc)
+    if not verdict:
+        raise ConfigError(verdict.rule, f"{pc.name}: {verdict.message}")
+    return threads
+
+
 def backward_config(pc: ProblemClass) -> BackwardConfig:
     """The dispatch table's backward config for a problem class; absent, its fallback class's entry, then upstream's default."""
     fallback = pc.fallback
@@ -648,6 +668,7 @@ class _Attention(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
+        ctx.preprocess_threads = preprocess_threads(problem_class_of(q, k, v, causal), bwd_config)
         return out, lse
 
     @staticmethod
@@ -656,7 +677,7 @@ class _Attention(torch.autograd.Function):
         host = build(kernel_class)
         dq, dk, dv = host.flash_attn_bwd(
             q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
-            sm120_config=ctx.bwd_config,
+            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads,
         )
         return dq, dk, dv, None, None, None, None
 

@@ -178,7 +178,10 @@ def _run_shape(experiment, host, kind: str, problem: Problem, fwd_config, bwd_co
         out, lse, *_ = host.flash_attn_fwd(q, k, v, softmax_scale=scale, causal=problem.causal,
                                            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config)
         start = time.perf_counter()
-        host.flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, softmax_scale=scale, causal=problem.causal, sm120_config=bwd_config)
+        own = getattr(experiment, "preprocess_threads", None)  # the preprocess's thread count, as _Attention.backward passes it
+        threads = own(problem.problem_class, bwd_config) if own else 256
+        host.flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, softmax_scale=scale, causal=problem.causal, sm120_config=bwd_config,
+                            sm120_preprocess_threads=threads)
         return time.perf_counter() - start
 
 

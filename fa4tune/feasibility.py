@@ -279,6 +279,24 @@ def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
     yield _mma_tile("dQ_mma_tile", "dQ", ("m_block_size", m), ("head_dim (padded to 32)", hd), ("AtomLayoutMdQ", a_dq), warps)
 
 
+PREPROCESS_THREADS = (64, 128, 256, 512)  # the backward preprocess's thread counts measured (upstream's default: 256)
+
+
+def check_preprocess_threads(threads: int, cfg: BackwardConfig, pc: ProblemClass) -> Verdict:
+    """The backward preprocess's thread count against its kernel's own conditions
+    (FlashAttentionBackwardPreprocess.can_implement and the dQaccum copy's assertion in _setup_attributes)."""
+    rows = cfg.m_block_size * _padded(pc.head_dim) // 4  # 128-bit (4 x fp32) dQaccum copies per m block
+    if threads not in PREPROCESS_THREADS:
+        return _fail("preprocess_threads_domain", f"preprocess threads must be one of {PREPROCESS_THREADS}, got {threads}")
+    if threads < cfg.m_block_size:
+        return _fail("preprocess_threads_rows", f"preprocess threads ({threads}) must be >= m_block_size ({cfg.m_block_size}): "
+                                                "one thread scales each row's LSE")
+    if rows % threads:
+        return _fail("preprocess_threads_dQaccum", f"preprocess threads ({threads}) must divide m_block_size x head_dim "
+                                                   f"(padded) / 4 = {rows}, the dQaccum copies of an m block")
+    return OK
+
+
 def upstream_can_implement_forward(cfg: ForwardConfig, pc: ProblemClass, is_causal: bool | None = None) -> bool:
     """Upstream's FlashAttentionForwardSm120.can_implement for the same numbers (tests compare)."""
     import cutlass

@@ -10,8 +10,9 @@ copy of the interface module's namespace. Upstream's module is not modified.
 The edits: a `sm120_config` argument; the config's knobs replace the hard-coded ones, and its kernel class's
 own knobs (`extra`) join the constructor's arguments; the kernel class comes from the config
 (`kernel_class(config)`); our key (config + class) leads every compile key; the
-postprocess uses the main kernel's thread count; the arch is always SM120 (SM80 `mma.sync` code,
-compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so). Split-KV: the number of
+postprocess uses the main kernel's thread count; the preprocess's thread count is an argument
+(`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and `_compile_bwd_preprocess` are rewritten
+for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so). Split-KV: the number of
 splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits); above 1,
 upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
 (splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`), and the SM120
@@ -118,8 +119,15 @@ def bwd_knobs_from(config: str) -> str:
 BACKWARD_EDITS = [
     (
         "    learnable_sink: Optional[torch.Tensor] = None,\n) -> Tuple[torch.Tensor, ...]:",
-        "    learnable_sink: Optional[torch.Tensor] = None,\n    sm120_config=None,\n) -> Tuple[torch.Tensor, ...]:",
+        "    learnable_sink: Optional[torch.Tensor] = None,\n    sm120_config=None,\n    sm120_preprocess_threads=256,\n"
+        ") -> Tuple[torch.Tensor, ...]:",
         "backward signature",
+    ),
+    (
+        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n    )\n    # num_threads: SM90 derives",
+        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n        num_threads=sm120_preprocess_threads,\n"
+        "    )\n    # num_threads: SM90 derives",
+        "backward preprocess threads",
     ),
     (
         UPSTREAM_BWD_KNOBS,
@@ -146,6 +154,35 @@ BACKWARD_EDITS = [
         "            # the postprocess must read dQ/dK/dV accumulators in the main kernel's MMA layout\n"
         "            num_threads_post_dQ = num_threads\n            num_threads_post_dKV = num_threads\n",
         "backward postprocess threads",
+    ),
+]
+
+
+# The backward preprocess (dPsum = rowsum(O * dO), LSE * log2 e, dQaccum zeroed): upstream builds it with its
+# default of 256 threads and keeps the count out of the compile key. Its thread count becomes a knob
+# (experiment.py's BACKWARD_PREPROCESS_THREADS), in the key.
+PREPROCESS_EDITS = [
+    (
+        "    o_lo=None,\n    *,\n    fake_mode,\n):",
+        "    o_lo=None,\n    num_threads=256,\n    *,\n    fake_mode,\n):",
+        "preprocess signature",
+    ),
+    (
+        "        o_lo is not None,\n    )\n    if compile_key not in _bwd_preprocess.compile_cache:",
+        "        o_lo is not None,\n        num_threads,\n    )\n    if compile_key not in _bwd_preprocess.compile_cache:",
+        "preprocess compile key",
+    ),
+]
+COMPILE_PREPROCESS_EDITS = [
+    (
+        "    has_o_lo=False,\n):",
+        "    has_o_lo=False,\n    num_threads=256,\n):",
+        "preprocess compile signature",
+    ),
+    (
+        "        hdim_multiple_of=hdim_multiple_of,\n    )\n    return cute.compile(\n        fa_bwd_pre,",
+        "        hdim_multiple_of=hdim_multiple_of,\n        num_threads=num_threads,\n    )\n    return cute.compile(\n        fa_bwd_pre,",
+        "preprocess constructor",
     ),
 ]
 
@@ -216,6 +253,9 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
+        _rewrite(namespace, interface._compile_bwd_preprocess, COMPILE_PREPROCESS_EDITS)
+        preprocess = _rewrite(namespace, interface._bwd_preprocess, PREPROCESS_EDITS)
+        preprocess.compile_cache = interface._bwd_preprocess.compile_cache  # upstream's; our keys are one longer
         bwd = _rewrite(namespace, interface._flash_attn_bwd, BACKWARD_EDITS)
         from fa4tune.kernel_cache import new_cache  # on disk when FA4TUNE_KERNEL_CACHE is set (the compile pipeline)
 
