@@ -8,7 +8,8 @@ fa4tune.feasibility.PREPROCESS_THREADS that the kernel can run (check_preprocess
 computes dQ, dK and dV and is compared with upstream's 256 threads (the preprocess only reorders a row sum:
 max |difference| <= 1e-2 x max |dQ, dK, dV|, else the value is `incorrect`). Its backward calls then run under
 torch.profiler (bench/gpu_call_profile.profile: warm-up, then `--calls` calls with a synchronize between them).
-Prints, per problem and value: the preprocess kernel's mean time, the backward's span and the ratio to 256's.
+Prints, per problem and value: the preprocess kernel's mean time (what decides), and the backward's span with its
+ratio to 256's (not comparable: the backward's host path has gaps over gpu_call_profile's 200 µs call split).
 The preprocess does not touch the main kernel's knobs, so the count is chosen per class apart from the search.
 """
 

@@ -294,6 +294,11 @@ def check_preprocess_threads(threads: int, cfg: BackwardConfig, pc: ProblemClass
     if rows % threads:
         return _fail("preprocess_threads_dQaccum", f"preprocess threads ({threads}) must divide m_block_size x head_dim "
                                                    f"(padded) / 4 = {rows}, the dQaccum copies of an m block")
+    # Measured (docs/measurements/2026-12-01-h200-preprocess-threads.md): 512 threads at head_dim 96 gave wrong
+    # gradients on the d96 non-causal problem (max error 2,829x the largest gradient); 64-256 matched 256 everywhere
+    if threads > 256 and _padded(pc.head_dim) % 64:
+        return _fail("preprocess_threads_head_dim_96", f"preprocess threads {threads} with head_dim {pc.head_dim}: the "
+                                                       "gradients came out wrong (measured); at most 256")
     return OK
 
 

@@ -25,6 +25,9 @@ def test_the_rules_name_the_preprocess_kernels_own_conditions():
     # 32 rows x head_dim 96 / 4 = 768 copies: 512 threads do not divide them
     v = check_preprocess_threads(512, BackwardConfig(m_block_size=32), d96)
     assert v.rule == "preprocess_threads_dQaccum" and "768" in v.message
+    v = check_preprocess_threads(512, BackwardConfig(), d96)  # compiles, but measured wrong on the H200
+    assert v.rule == "preprocess_threads_head_dim_96"
+    assert check_preprocess_threads(512, BackwardConfig(), ProblemClass(128, 128, False))
 
 
 def test_experiment_takes_its_table_then_the_fallback_then_256_and_refuses_a_count_the_kernel_cannot_run(monkeypatch):
