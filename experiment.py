@@ -660,7 +660,7 @@ def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config):
+    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads):
         host = build(kernel_class)
         out, lse, *_ = host.flash_attn_fwd(
             q, k, v, softmax_scale=softmax_scale, causal=causal,
@@ -668,7 +668,7 @@ class _Attention(torch.autograd.Function):
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
-        ctx.preprocess_threads = preprocess_threads(problem_class_of(q, k, v, causal), bwd_config)
+        ctx.preprocess_threads = preprocess_threads
         return out, lse
 
     @staticmethod
@@ -679,7 +679,7 @@ class _Attention(torch.autograd.Function):
             q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
             sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads,
         )
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False):
@@ -693,5 +693,5 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     bwd_config = bwd_config or backward_config(pc)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config)
+    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads(pc, bwd_config))
     return (out, lse) if return_lse else out

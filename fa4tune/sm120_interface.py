@@ -12,7 +12,8 @@ own knobs (`extra`) join the constructor's arguments; the kernel class comes fro
 (`kernel_class(config)`); our key (config + class) leads every compile key; the
 postprocess uses the main kernel's thread count; the preprocess's thread count is an argument
 (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and `_compile_bwd_preprocess` are rewritten
-for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so). Split-KV: the number of
+for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for whatever GPU is present, or for sm_120a
+when CUTE_DSL_ARCH says so). Split-KV: the number of
 splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits); above 1,
 upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
 (splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`), and the SM120

@@ -18,7 +18,8 @@ range of one problem's timed calls, in percent of its median, over the ok proble
 (program.md's keep decision, fa4tune.keep, reads each problem's own quartiles from results.tsv). The IQR, as in
 fa4tune.harness.timing.is_improvement: min and max follow single outliers (on the H200 the median over problems
 of (max - min) / median was 4-7 % while the geomeans of three runs moved 0.2 % forward and 1.0 % backward:
-docs/measurements/logs/2026-11-30-h200-stability.json, "after"); the largest over the problems, because a geomean moves less than its noisiest problem does.
+docs/measurements/logs/2026-11-30-h200-stability.json, "after"); the largest over the problems, because a
+geomean moves less than its noisiest problem does.
 """
 
 from __future__ import annotations

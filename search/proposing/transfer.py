@@ -9,8 +9,8 @@ table that already holds its answer, and the bench that measures this leaves the
 configs that today's rules accept for the study's class, in the study's space, are proposed: the top
 TRANSFER_CONFIGS, best first, without upstream's default (the baseline measures it anyway).
 
-Where those configs span few tiles and the class's space has at most TILE_COVERAGE_MAX tiles (a tile: the kernel
-class, the block sizes and the thread count), the list goes on with the best-scoring config of each tile not yet
+Where the class's feasible configs span at most TILE_COVERAGE_MAX tiles (a tile: the kernel class, the block
+sizes and the thread count), the list goes on with the best-scoring config of each tile not yet
 covered. A class's best can sit in a tile that did poorly elsewhere: the d64 non-causal backward's best (32x128,
 128 threads) ranks 208th of 220 on the other classes, and the 4 top configs, all one 64x64 tile, left TPE anchored
 there (122 evaluations to 99 % of the best against random search's 48). With every tile tried once it needs 8. The
