@@ -267,6 +267,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tile_sched_params,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        if const_expr(self.is_split_kv):
+            # the combine (a programmatic dependent launch) may be scheduled now; it waits for this grid's partials
+            cute.arch.griddepcontrol_launch_dependents()
         tile_scheduler = SingleTileScheduler.create(tile_sched_params)
         work_tile = tile_scheduler.initial_work_tile_info()
         m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx

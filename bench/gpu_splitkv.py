@@ -3,7 +3,7 @@ matrix, then TFLOPS and the HBM bound on the decode suite against the dispatch t
 defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
-        [--configs 16x64x32x1:0,64x64x128x2:0] [--only SUBSTRING] [--rounds N]
+        [--configs 16x64x32x1:0,64x64x128x2:0] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
 
 Part 1, matrix (gate only, one timed round): every split config over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -205,8 +205,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: fa4tune.harness.settings.TIMED_ROUNDS)")
     parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
+    parser.add_argument("--combine-launch", choices=("pdl", "stream"), default="pdl",
+                        help="the combine kernel as a programmatic dependent launch (the default) or plainly stream-ordered")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs)
+    from fa4tune import sm120_interface
+
+    sm120_interface.COMBINE_PDL = args.combine_launch == "pdl"
 
     from fa4tune.harness.candidates import load_experiment
     from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
@@ -222,7 +227,8 @@ def main(argv=None) -> int:
                    name=config_name, log=lambda line: print(line, flush=True))
 
     import experiment
-    print(f"gate seed {settings.gate_seed}; split configs: {', '.join(config_name(c) for c in configs)}", flush=True)
+    print(f"gate seed {settings.gate_seed}; combine launch {args.combine_launch}; split configs: "
+          f"{', '.join(config_name(c) for c in configs)}", flush=True)
     failures = run_matrix(configs, experiment, settings, args.only) if args.part in ("matrix", "both") else 0
     if args.part in ("timing", "both"):
         run_timing(configs, experiment, settings, args.suite, args.only)

@@ -13,6 +13,8 @@ candidates' order swapped in alternate runs (run 1: table first; run 2: upstream
 Per problem: each candidate's medians, the speedup (upstream's mean median / the table's), and the spread, the
 larger of the two candidates' run-to-run spreads, (max - min) / min of their medians. The rule the table is held
 to: it loses on a problem when its speedup is below 1 / (1 + spread), i.e. slower by more than the measured noise.
+Where the table's entry is upstream's own config (`same_config`: one kernel timed twice), the verdict is "same config":
+the difference is the noise between two interleaved copies, never a loss.
 Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
@@ -102,7 +104,8 @@ def summarize(records: list[dict]) -> dict:
         key = (r["suite"], r["problem"], r["direction"])
         row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
                                     "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
-                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": []})
+                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": [], "same_config": True})
+        row["same_config"] = row["same_config"] and bool(r.get("same_config"))
         if r["status"] == "ok":
             row["ms"][r["candidate"]].append(r["ms_median"])
         else:
@@ -116,6 +119,8 @@ def summarize(records: list[dict]) -> dict:
             speedup = (sum(upstream_ms) / len(upstream_ms)) / (sum(table_ms) / len(table_ms))
             noise = max(spread(table_ms), spread(upstream_ms))
             verdict = "loses" if speedup < 1 / (1 + noise) else ("wins" if speedup > 1 + noise else "within spread")
+            if row["same_config"]:
+                verdict = "same config"
             row.update(speedup=speedup, spread=noise, verdict=verdict)
         out.append(row)
 
@@ -213,10 +218,11 @@ def main(argv=None) -> int:
                     return 1
                 for name in order(run):
                     res = results[name]
-                    cfg = configs[TABLE][0 if s.direction == "fwd" else 1]
+                    cfg, upstream_cfg = (configs[c][0 if s.direction == "fwd" else 1] for c in (TABLE, UPSTREAM))
                     record = {"suite": s.suite, "problem": s.problem.label, "direction": s.direction,
                               "regime": s.problem.problem_class.regime, "class": s.problem.problem_class.name,
-                              "table_kernel": kernel_name(cfg), "run": run, "candidate": name, "device": info.name,
+                              "table_kernel": kernel_name(cfg), "same_config": cfg.key() == upstream_cfg.key(),
+                              "run": run, "candidate": name, "device": info.name,
                               "mode": mode, **res.to_dict()}
                     records.append(record)
                     out.write(json.dumps(record) + "\n")

@@ -17,7 +17,12 @@ when CUTE_DSL_ARCH says so). Split-KV: the number of
 splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits); above 1,
 upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
 (splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`), and the SM120
-assertion against split-KV only holds for classes that do not split.
+assertion against split-KV only holds for classes that do not split. The combine is upstream's kernel, launched as a
+programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the default): its CTAs are scheduled
+while the split kernel drains and wait in the kernel's own `griddepcontrol_wait` until the partials are
+complete and visible (upstream's combine has that wait; the split kernel triggers it with
+`griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
+`PdlForwardCombine`, in a compile cache of its own.
 """
 
 from __future__ import annotations
@@ -188,6 +193,32 @@ COMPILE_PREPROCESS_EDITS = [
 ]
 
 
+# PDL needs sm_90 or newer, which both SM120 and the H200 are; a module switch so that a bench can time both launches
+COMBINE_PDL = True
+COMBINE_COMPILE_EDITS = [
+    (
+        "    fa_combine = FlashAttentionForwardCombine(\n",
+        "    fa_combine = _fa4tune_combine_class(\n",
+        "combine class",
+    ),
+]
+
+
+def pdl_combine_class() -> type:
+    """Upstream's FlashAttentionForwardCombine whose kernel launches with use_pdl=True (nothing else differs)."""
+    from functools import partial
+
+    from flash_attn.cute.flash_fwd_combine import FlashAttentionForwardCombine
+
+    class PdlForwardCombine(FlashAttentionForwardCombine):
+        def kernel(self, *args, **kwargs):
+            launcher = FlashAttentionForwardCombine.kernel(self, *args, **kwargs)
+            launcher.launch = partial(launcher.launch, use_pdl=True)
+            return launcher
+
+    return PdlForwardCombine
+
+
 class CompileCache(dict):
     """Compiled kernels by full key; `listeners` see each new compile (the static check reads cubins)."""
 
@@ -209,6 +240,7 @@ class PatchedInterface:
     flash_attn_bwd: Callable
     fwd_cache: CompileCache
     bwd_cache: CompileCache
+    combine_caches: tuple = ()  # the PDL combine's, then upstream's (COMBINE_PDL off)
 
 
 def _rewrite(namespace: dict, function, edits) -> Callable:
@@ -254,6 +286,20 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
+        namespace["_fa4tune_combine_class"] = pdl_combine_class()
+        _rewrite(namespace, interface._compile_fwd_combine, COMBINE_COMPILE_EDITS)
+        pdl_combine = _rewrite(namespace, interface._flash_attn_fwd_combine, [])  # its _compile_fwd_combine is ours
+        plain_combine = interface._flash_attn_fwd_combine
+
+        def combine(*args, **kwargs):
+            return (pdl_combine if COMBINE_PDL else plain_combine)(*args, **kwargs)
+
+        from flash_attn.cute.cache_utils import JITCache
+
+        # the rewritten function finds its cache under its global name, i.e. here; in memory, ours alone (upstream's
+        # may persist under a fingerprint of its own sources only)
+        combine.compile_cache = JITCache()
+        namespace["_flash_attn_fwd_combine"] = combine
         _rewrite(namespace, interface._compile_bwd_preprocess, COMPILE_PREPROCESS_EDITS)
         preprocess = _rewrite(namespace, interface._bwd_preprocess, PREPROCESS_EDITS)
         preprocess.compile_cache = interface._bwd_preprocess.compile_cache  # upstream's; our keys are one longer
@@ -261,6 +307,7 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         from fa4tune.kernel_cache import new_cache  # on disk when FA4TUNE_KERNEL_CACHE is set (the compile pipeline)
 
         fwd.compile_cache, bwd.compile_cache = new_cache(class_for), new_cache(class_for)
-        built = PatchedInterface(fwd, bwd, fwd.compile_cache, bwd.compile_cache)
+        built = PatchedInterface(fwd, bwd, fwd.compile_cache, bwd.compile_cache,
+                                 (combine.compile_cache, plain_combine.compile_cache))
         _BUILT[id(class_for)] = built
         return built

@@ -15,11 +15,12 @@ import probe_env  # noqa: F401  (first: sets the arch the DSL reads on import)
 
 os.environ["CUTE_DSL_KEEP"] = "cubin,ptx"  # the facts are read from the cubin
 
-from flash_attn.cute import interface  # noqa: E402
-
 import experiment  # noqa: E402
 from fa4tune.config import ForwardConfig, Problem  # noqa: E402
 from fa4tune.fake_compile import _read_cubin, compile_shapes  # noqa: E402
+from fa4tune.sm120_interface import build  # noqa: E402
+
+combine_cache = build(experiment.kernel_class).combine_caches[0]  # the PDL combine's (COMBINE_PDL, the default)
 
 instances = []  # every kernel object the host path builds: its is_split_kv is what its trace saw
 split_class = experiment.SplitKvForwardSm120
@@ -35,13 +36,13 @@ split_class.__init__ = recording_init  # the class itself (compile keys name it)
 report = []
 for job in json.loads(sys.stdin.read()):
     config, problem = ForwardConfig.from_dict(job["config"]), Problem.from_dict(job["problem"])
-    combines = dict(interface._flash_attn_fwd_combine.compile_cache.cache)
+    combines = dict(combine_cache.cache)
     del instances[:]
     facts = compile_shapes(experiment, "fwd", config, [problem])
     report.append({
         "splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
-        "combine": [_read_cubin(fn) for key, fn in interface._flash_attn_fwd_combine.compile_cache.cache.items() if key not in combines],
+        "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
         **facts.resources(),
     })
 print(json.dumps(report))

@@ -91,6 +91,20 @@ def test_summary_speedup_spread_verdict_and_geomeans():
     assert s["min_speedup"] == pytest.approx(rows["c"]["speedup"])
 
 
+def test_the_same_config_timed_twice_is_never_a_loss():
+    """Where the table's entry is upstream's config, a 0.04 % difference with a smaller spread is the noise between
+    two interleaved copies of one kernel (measured: 0.2401 vs 0.2400 ms, spread 0.0 %), not a loss."""
+    bench = load_bench()
+    same = [{**r, "same_config": True} for r in _records("same", "fwd", "chunked", [0.2402, 0.2402], [0.2400, 0.2400])]
+    other = _records("other", "fwd", "chunked", [0.2402, 0.2402], [0.2400, 0.2400])  # a different kernel: it loses
+    mixed = [{**r, "same_config": r["run"] == 1} for r in _records("mixed", "fwd", "prefill", [0.2402, 0.2402], [0.2400, 0.2400])]
+    s = bench.summarize(same + other + mixed)
+    rows = {r["problem"]: r for r in s["rows"]}
+    assert rows["same"]["verdict"] == "same config" and rows["same"]["speedup"] < 1
+    assert rows["other"]["verdict"] == "loses" and rows["mixed"]["verdict"] == "loses"  # same in every run, or not
+    assert s["losses"] == ["other fwd", "mixed fwd"]
+
+
 def test_summarize_reads_a_finished_run_and_a_torn_last_line(tmp_path):
     path = tmp_path / "run.jsonl"
     lines = [json.dumps(r) for r in _records("a", "fwd", "prefill", [1.0, 1.0], [1.1, 1.1])]
