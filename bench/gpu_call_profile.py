@@ -1,7 +1,7 @@
 """Where one attention call's time goes on a GPU: each kernel's duration, the gaps between them, and the call's span.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_call_profile.py \
-        [--suite decode] [--only "b1 4k"] [--configs 32x64x64x2:0,...] [--calls 20]
+        [--suite decode] [--only "b1 4k"] [--configs 32x64x64x2:0,...] [--calls 20] [--cold] [--combine-launch pdl|stream]
 
 For each problem and config (gpu_splitkv.py's notation; "dispatch" for the dispatch table's config, "sdpa" for
 torch SDPA; "dispatch-bwd" for the dispatch table's forward and backward, one forward and one backward per call,
@@ -9,6 +9,9 @@ with the share of each kernel: the backward's preprocess, main kernel and postpr
 synchronize between them. Prints, per call on average: each kernel's GPU time, the GPU-idle gaps between the
 first kernel's start and the last kernel's end, and the host time of the call. A short call whose span is far
 above its kernels' sum is bound by the host path between launches, not by the kernels.
+
+--cold profiles each call as the harness times it: the L2 flushed, then a blocking kernel, then the call, so its
+launches are queued and its kernels read from HBM; the flush and the blocking kernel are left out of the figures.
 """
 
 import argparse
@@ -52,8 +55,16 @@ def call_of(problem, spec: str, experiment):
     return config_name(cfg), lambda: experiment.attention(q, k, v, causal=problem.causal, fwd_config=cfg)
 
 
-def profile(fn, calls: int) -> tuple[dict, float, float]:
-    """({kernel name: mean µs per call}, mean span µs, mean host µs per call) over `calls` profiled calls."""
+def _gpu_events(prof):
+    import torch
+
+    return sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0),
+                  key=lambda e: e.time_range.start)
+
+
+def profile(fn, calls: int, before=None) -> tuple[dict, float, float]:
+    """({kernel name: mean µs per call}, mean span µs, mean host µs per call) over `calls` profiled calls;
+    `before()` (the cold setup) runs ahead of each call, and its kernels are left out."""
     import time
 
     import torch
@@ -62,15 +73,22 @@ def profile(fn, calls: int) -> tuple[dict, float, float]:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+    setup_names: set = set()
+    if before is not None:
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as setup:
+            before()
+            torch.cuda.synchronize()
+        setup_names = {e.name for e in _gpu_events(setup)}
     host = 0.0
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
+            if before is not None:
+                before()
             start = time.perf_counter()
             fn()
             host += time.perf_counter() - start
             torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0),
-                     key=lambda e: e.time_range.start)
+    kernels = [e for e in _gpu_events(prof) if e.name not in setup_names]
     per_kernel: dict = defaultdict(float)
     for e in kernels:
         per_kernel[e.name[:90]] += e.device_time_total / calls
@@ -92,20 +110,40 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--configs", default="32x64x64x2:0,dispatch,sdpa")
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--cold", action="store_true", help="each call behind an L2 flush and a blocking kernel, as the harness times it")
+    parser.add_argument("--block-ms", type=float, default=2.0,
+                        help="the blocking kernel's length with --cold: longer than the call's host path under the profiler")
+    parser.add_argument("--combine-launch", choices=("pdl", "stream"), default="pdl",
+                        help="the split-KV combine as a programmatic dependent launch (the default) or plainly stream-ordered")
     args = parser.parse_args(argv)
 
+    from fa4tune import sm120_interface
     from fa4tune.suites import load_suite
 
     import experiment
+
+    sm120_interface.COMBINE_PDL = args.combine_launch == "pdl"
+    before = None
+    if args.cold:
+        import torch
+
+        from fa4tune.harness.steps import make_flusher
+        from fa4tune.harness.timing import TorchCudaDevice
+
+        flush, device = make_flusher(torch.device("cuda")), TorchCudaDevice()
+
+        def before():
+            flush()
+            device.block(args.block_ms)  # longer than the call's host path, so its launches queue behind it
 
     for problem in [p for p in load_suite(args.suite) if args.only in p.label]:
         for spec in args.configs.split(","):
             if spec == "dispatch-bwd" and not problem.backward:
                 continue
             label, fn = call_of(problem, spec, experiment)
-            kernels, span, host = profile(fn, args.calls)
+            kernels, span, host = profile(fn, args.calls, before)
             busy = sum(kernels.values())
-            print(f"\n{problem.label} | {label}: span {span:.1f} µs, kernels {busy:.1f} µs, idle inside the span "
+            print(f"\n{problem.label} | {label}{' | cold' if args.cold else ''} | combine {args.combine_launch}: span {span:.1f} µs, kernels {busy:.1f} µs, idle inside the span "
                   f"{max(0.0, span - busy):.1f} µs, host {host:.1f} µs per call", flush=True)
             for name, us in sorted(kernels.items(), key=lambda kv: -kv[1]):
                 print(f"    {us:8.1f} µs  {100 * us / busy:5.1f} %  {name}")

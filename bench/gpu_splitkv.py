@@ -108,7 +108,7 @@ def config_name(cfg: ForwardConfig) -> str:
 
 def matrix_configs(configs: list[ForwardConfig]) -> list[ForwardConfig]:
     """The configs as given, then each forced to FORCED_SPLITS (unless it already has them)."""
-    return configs + [dataclasses.replace(c, extra={"num_splits": FORCED_SPLITS}) for c in configs
+    return configs + [dataclasses.replace(c, extra={**c.extra_knobs, "num_splits": FORCED_SPLITS}) for c in configs
                       if c.extra_knobs["num_splits"] != FORCED_SPLITS]
 
 
