@@ -193,7 +193,8 @@ COMPILE_PREPROCESS_EDITS = [
 ]
 
 
-# PDL needs sm_90 or newer, which both SM120 and the H200 are; a module switch so that a bench can time both launches
+# PDL needs sm_90 or newer, as upstream's combine does anyway (its griddepcontrol_wait is unconditional); SM120 and
+# the H200 have it. A module switch, so that a bench can time both launches.
 COMBINE_PDL = True
 COMBINE_COMPILE_EDITS = [
     (

@@ -168,6 +168,23 @@ def probe(jobs, tmp_path):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def pdl_probe(job, arch, tmp_path) -> dict:
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "pdl_probe.py"), str(tmp_path / arch), arch],
+                          input=json.dumps(job), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_90a"])
+def test_the_combine_is_a_programmatic_dependent_launch(arch, tmp_path):
+    """For SM120 and for the H200 that emulates it: the split kernel triggers its dependents, the combine compiles as
+    fa4tune's PDL launch (COMBINE_PDL, the default) and upstream's stream-ordered one is not used."""
+    facts = pdl_probe({"config": split_config().to_dict(), "problem": decode().to_dict()}, arch, tmp_path)
+    assert facts["kernel_ptx"] >= 1 and facts["triggers_dependents"] is True
+    assert (facts["pdl_combines"], facts["plain_combines"]) == (1, 0)
+
+
 @pytest.mark.compile
 def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
     jobs = [
