@@ -1,0 +1,147 @@
+"""How fast can any kernel do a decode on this GPU, timed as the harness times it? Floors beside the table's kernel.
+
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_decode_floor.py [--suite decode] [--only "b1 4k"]
+
+Every candidate runs under the harness's own timer (fa4tune.harness.timing: the L2 flushed before each call,
+every round behind a blocking kernel, CUDA events around each call, the harness's warm-up and rounds), all of
+them interleaved in one benchmark per problem:
+
+- `events only`: nothing between the two events: what the timer reads for no work at all;
+- `one tiny kernel`: one launch that adds 1 to one element: a launch's floor;
+- `read K+V (BxI)`: one Triton kernel that reads all of K and V once (each program B x I elements of each, fp32
+  sums, one float out per program), for a few shapes of the grid: the cold-read floor of the problem's bytes;
+- `read K+V + tiny kernel`: the same, then a second launch: the floor of a two-kernel decode;
+- the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
+
+Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
+time a 10x target asks for. No correctness gate: the floors compute nothing the gate could check; the
+attention candidates are gated in bench/gpu_splitkv.py and bench/table_vs_upstream.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fa4tune.suites import load_suite  # noqa: E402
+
+GRIDS = ((4096, 1), (2048, 4), (1024, 8))  # (elements per load, loads per program) of the read-floor kernel
+
+
+def read_kernel():
+    """The Triton kernel that reads K and V once: each program sums its own slice of both."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_kv(k_ptr, v_ptr, out_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        base = pid * BLOCK * ITERS
+        for i in tl.static_range(ITERS):
+            offs = base + i * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            acc += tl.load(k_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            acc += tl.load(v_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+
+    return read_kv
+
+
+def floor_calls(k, v, grid_shape):
+    """One read of K and V by read_kv with (BLOCK, ITERS) = grid_shape."""
+    import torch
+    import triton
+
+    kernel = read_kernel()
+    block, iters = grid_shape
+    n = k.numel()
+    programs = triton.cdiv(n, block * iters)
+    out = torch.empty(programs, device=k.device, dtype=torch.float32)
+    return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=8)
+
+
+def candidates_for(problem, experiment, sets: int):
+    """name -> one call per input set."""
+    import torch
+    import torch.nn.functional as F
+
+    from fa4tune import defaults
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tensors = []
+    for _ in range(sets):
+        shape = lambda s, h, d: (problem.batch, s, h, d)  # noqa: E731
+        q = torch.randn(shape(problem.seqlen_q, problem.num_heads, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
+        k = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
+        v = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v), device="cuda", dtype=torch.bfloat16, generator=gen)
+        tensors.append((q, k, v))
+    tiny = torch.zeros(1, device="cuda")
+    pc = problem.problem_class
+    table, upstream = experiment.forward_config(pc), defaults.upstream_forward(pc)
+    out = {
+        "events only": [lambda: None] * sets,
+        "one tiny kernel": [lambda: tiny.add_(1)] * sets,
+    }
+    for grid_shape in GRIDS:
+        out[f"read K+V ({grid_shape[0]}x{grid_shape[1]})"] = [floor_calls(k, v, grid_shape) for _, k, v in tensors]
+    two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
+    out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
+    out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
+        (lambda q, k, v: lambda: experiment.attention(q, k, v, causal=problem.causal, fwd_config=table))(*t) for t in tensors]
+    out["upstream default"] = [
+        (lambda q, k, v: lambda: experiment.attention(q, k, v, causal=problem.causal, fwd_config=upstream))(*t) for t in tensors]
+    out["torch sdpa"] = [
+        (lambda q, k, v: lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                                 is_causal=problem.causal, enable_gqa=True))(*t)
+        for t in tensors]
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="decode")
+    parser.add_argument("--only", default="", help="problems whose label contains this")
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: the harness's)")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from fa4tune.harness import gpu
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings
+    from fa4tune.harness.steps import make_flusher
+    from fa4tune.harness.timing import CudaEventTimer, benchmark
+    from fa4tune.targets import get_target
+
+    settings = Settings(gate_seed=0)  # no gate here; the seed is unused
+    experiment = load_experiment(EXPERIMENT_PATH)
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_properties(device).name
+    mode = gpu.select_mode(gpu.read_device(), get_target())
+    print(f"device {name}; mode {mode} (SM120 kernels{' emulated on this device' if mode == 'emulated' else ''}; "
+          "the floors and SDPA are this device's own kernels)")
+    flusher = make_flusher(device)
+    rounds = args.rounds or settings.rounds
+    for problem in [p for p in load_suite(args.suite) if args.only in p.label and not p.causal]:
+        kv_bytes = problem.batch * problem.seqlen_k * problem.num_heads_kv * (problem.head_dim + problem.head_dim_v) * 2
+        calls = candidates_for(problem, experiment, settings.input_sets)
+        results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
+        medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
+        upstream = medians["upstream default"]
+        print(f"\n== {problem.label}: K+V {kv_bytes / 1e6:.1f} MB; upstream {upstream:.4f} ms, 10x upstream {upstream / 10:.4f} ms ==")
+        print(f"{'candidate':34} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'upstream / it':>14} {'K+V GB/s':>9}")
+        for label, t in results.items():
+            med = medians[label]
+            print(f"{label:34} {med:10.4f} {min(t.samples_ms):9.4f} {max(t.samples_ms):9.4f} {upstream / med:14.2f} "
+                  f"{kv_bytes / med / 1e6:9.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
