@@ -95,9 +95,17 @@ def recording_shared_storage(cls: type, sizes: list[int]):
             cls._get_shared_storage_cls = own
 
 
-def compile_shapes(experiment, kind: str, config, shapes: list[Problem]) -> KernelFacts:
+FACTS_NOT_READ = "not read: the caller needs no cubin facts of this compile"
+
+
+def compile_shapes(experiment, kind: str, config, shapes: list[Problem], read_facts: bool = True) -> KernelFacts:
     """Compile (or load) `config`'s kernels for every shape as the harness calls them; facts of the first shape's
-    kernel. The other direction's config is experiment.py's dispatch entry. Raises on a compile error."""
+    kernel. The other direction's config is experiment.py's dispatch entry. Raises on a compile error.
+
+    `read_facts=False` skips the cubin read (cuobjdump; 0.7-0.9 s a cubin when it has local memory): the facts then
+    hold the shared storage (from the trace) but no registers or spills (cubin_error FACTS_NOT_READ), and nothing is
+    stored beside the kernel. The compile pipeline's GPU stage asks for that when the GPU's arch is not the target's
+    (its sm_120a facts come from the static check's own compile)."""
     from fa4tune.sm120_interface import build
 
     if not shapes:
@@ -135,11 +143,14 @@ def compile_shapes(experiment, kind: str, config, shapes: list[Problem]) -> Kern
             return KernelFacts(**counts, cubin_error="loaded from the kernel cache, which holds no facts for it")
         return KernelFacts(**{name: stored[name] for name in RESOURCES}, **counts)
     fn, dynamic_smem = compiled[first]
+    declared = experiment.kernel_class(config).smem_bytes(config, pc)[0] if kind == "fwd" else 0
+    if not read_facts:
+        return KernelFacts(dynamic_smem_bytes=dynamic_smem, declared_smem_bytes=declared, compile_seconds=seconds[0], **counts,
+                           cubin_error=FACTS_NOT_READ)
     try:
         facts = _read_cubin(fn)
     except Exception as err:  # the kernel compiled; reading it failed (a missing cuobjdump, say)
         return KernelFacts(**counts, cubin_error=f"compiled, but its cubin could not be read: {error_reason(err)}")
-    declared = experiment.kernel_class(config).smem_bytes(config, pc)[0] if kind == "fwd" else 0
     facts = KernelFacts(**facts, dynamic_smem_bytes=dynamic_smem, declared_smem_bytes=declared, compile_seconds=seconds[0], **counts)
     if hasattr(cache, "write_facts"):
         cache.write_facts(first, facts.resources())  # for a later process that loads the kernel instead

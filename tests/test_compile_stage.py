@@ -100,9 +100,11 @@ def test_on_another_gpu_the_static_check_and_the_gpu_compile_are_two_compiles(tm
     assert result["status"] == "ok"
     assert result["static"]["registers"] == 255 and result["static"]["arch"] == "sm_120a"  # SM120's facts, not the H200's
     assert result["compile"]["arch"] == "sm_90a" and "static" not in result["compile"]
+    assert gpu.jobs[0]["read_facts"] is False  # another arch's registers and spills: not read
 
     stage.compile_candidate(_job(gpu_arch="sm_90a"))
     assert len(static.jobs) == 1 and len(gpu.jobs) == 2  # the static stage is cached under every knob, the GPU stage is not
+    assert gpu.jobs[1]["read_facts"] is False  # also when the static facts came from the cache
 
 
 def test_on_another_gpu_a_static_check_that_ends_the_candidate_skips_the_gpu_compile(tmp_path):
@@ -158,3 +160,33 @@ def test_the_static_check_and_the_compile_pipeline_record_the_same_shared_memory
     assert compiled["static"]["registers"] == static.registers and compiled["static"]["stack_bytes"] == static.stack_bytes
     served = run_static([StaticJob("fwd", CONFIG, PC)], TARGET, EXPERIMENT, workers=1, cache_path=facts_path)[0]
     assert served.cached and served.dynamic_smem_bytes == 49152  # the pipeline's one compile served the static check
+
+
+def test_a_compile_that_needs_no_facts_reads_no_cubin(tmp_path):
+    """read_facts=False (the GPU stage under emulation): the kernel compiles, its shared storage is still recorded,
+    cuobjdump never runs and nothing is stored as its facts. A real sm_120a compile, in a subprocess."""
+    import json
+    import subprocess
+    import sys
+
+    probe = """
+import sys, json
+import probe_env
+import fa4tune.cubin as cubin
+calls = []
+cubin.read_cubin = lambda data: calls.append(len(data))
+import experiment
+from fa4tune.config import ForwardConfig, Problem
+from fa4tune.fake_compile import compile_shapes
+config, problem = ForwardConfig.from_dict(json.loads(sys.argv[2])), Problem.from_dict(json.loads(sys.argv[3]))
+facts = compile_shapes(experiment, "fwd", config, [problem], read_facts=False)
+print(json.dumps({"facts": facts.resources(), "error": facts.cubin_error, "compiled": facts.kernels_compiled, "reads": calls}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "dump"), json.dumps(CONFIG.to_dict()),
+                          json.dumps(PROBLEMS[0].to_dict())], cwd=ROOT / "tests", capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["compiled"] == 1 and report["reads"] == []
+    assert report["facts"]["dynamic_smem_bytes"] == 49152 and report["facts"]["registers"] == 0
+    assert report["error"].startswith("not read")
+

@@ -105,3 +105,34 @@ def test_shared_storage_is_recorded_on_the_kernel_class_itself_for_its_own_objec
         Inheriting()._get_shared_storage_cls()
     assert sizes == [49152, 49152]
     assert Kernel.__dict__["_get_shared_storage_cls"] is own and "_get_shared_storage_cls" not in Inheriting.__dict__
+
+
+FAKE_CUOBJDUMP = """#!/bin/sh
+# a stand-in for cuobjdump: logs its flag, prints the resource usage named by FAKE_USAGE, or a SASS listing
+echo "$1" >> "$FAKE_LOG"
+if [ "$1" = "--dump-resource-usage" ]; then cat "$FAKE_USAGE"; else cat "$FAKE_SASS"; fi
+"""
+
+
+@pytest.mark.parametrize("usage, sass_read, spills", [
+    (CUOBJDUMP, True, (28, 12)),  # a stack frame: the SASS is read and its STL/LDL counted
+    (CUOBJDUMP.replace("STACK:160", "STACK:0"), False, (0, 0)),  # no stack, no local memory: no SASS, no spills
+    (CUOBJDUMP.replace("STACK:160", "STACK:0").replace("LOCAL:0", "LOCAL:16"), True, (28, 12)),
+])
+def test_the_sass_is_read_only_when_a_function_has_local_memory(tmp_path, monkeypatch, usage, sass_read, spills):
+    from fa4tune.cubin import read_cubin
+
+    tool = tmp_path / "cuobjdump"
+    tool.write_text(FAKE_CUOBJDUMP)
+    tool.chmod(0o755)
+    (tmp_path / "usage.txt").write_text(usage)
+    (tmp_path / "sass.txt").write_text(SASS)
+    monkeypatch.setenv("FA4TUNE_CUOBJDUMP", str(tool))
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.setenv("FAKE_USAGE", str(tmp_path / "usage.txt"))
+    monkeypatch.setenv("FAKE_SASS", str(tmp_path / "sass.txt"))
+    facts = read_cubin(b"not a real cubin: the fake tool does not read it")
+    calls = (tmp_path / "calls.log").read_text().split()
+    assert calls == (["--dump-resource-usage", "-sass"] if sass_read else ["--dump-resource-usage"])
+    assert (facts.spill_store_bytes, facts.spill_load_bytes) == spills
+    assert facts.registers == 255 and facts.static_smem_bytes == 1024

@@ -11,7 +11,8 @@ shape is the problem itself, whose kernel is the static shape's (the compile key
 head count, only whether the sequence is a single tile, which neither is for problems longer than a tile), so
 its facts are stored under the static check's key and no second compile runs. On any other GPU
 (an H200 emulating SM120 compiles for sm_90a) the DSL fixes its arch per process at import, so the stages run
-in two pools of compiler processes.
+in two pools of compiler processes, and the GPU stage does not read its cubin (`read_facts`: registers and spills of
+another arch than the target's would serve nothing, and reading them costs 0.7-0.9 s of cuobjdump per cubin).
 
 A static check that ends the candidate (search.evaluating.gpu.STATIC_ENDS: its rules fail, it does not compile for
 sm_120a, or its compiled shared storage exceeds the target's) skips the GPU stage; one that timed out or could
@@ -79,6 +80,8 @@ class CompileStage:
     def submit(self, job: dict) -> Future:
         """A future of compile_candidate's result; any number of threads may submit."""
         out: Future = Future()
+        if not self.one_compile:  # the GPU stage's facts would be another arch's: its cubin is not read
+            job = {**job, "read_facts": False}
         config = (ForwardConfig if job["kind"] == "fwd" else BackwardConfig).from_dict(job["config"])
         static_job = StaticJob(job["kind"], config, Problem.from_dict(job["problems"][0]).problem_class)
         key = cache_key(static_job, self.target, job["experiment_path"])

@@ -6,7 +6,9 @@ Runs in a compiler process of search.evaluating.pipeline, whose environment name
 imported. The shapes are the GPU's: each problem and its gate cases for the pipeline's gate seed
 (the harness's settings), compiled by fa4tune.fake_compile as the harness calls them, so that the compile keys
 are the harness's. A compile error, or a kernel whose compiled shared storage exceeds the target's, ends here:
-it never reaches the GPU. search.evaluating.compile_stage puts the sm_120a static check in front of it.
+it never reaches the GPU. search.evaluating.compile_stage puts the sm_120a static check in front of it (which has
+judged the same shared storage already) and then asks for no cubin facts (job["read_facts"] False: the facts are
+then "static_error", not judged).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def compile_gate_shapes(job: dict) -> dict:
     problems = [Problem.from_dict(p) for p in job["problems"]]
     shapes = gate_shapes(problems, job["gate_seed"], job["gate_random_problems"])
     try:
-        kernel = compile_shapes(load_experiment(job["experiment_path"]), kind, config, shapes)
+        kernel = compile_shapes(load_experiment(job["experiment_path"]), kind, config, shapes,
+                                read_facts=job.get("read_facts", True))
     except Exception as err:  # the candidate's compile error is its result
         return {"status": "compile_error", "reason": error_reason(err), "seconds": time.perf_counter() - start}
     static_job = StaticJob(kind, config, problems[0].problem_class)
