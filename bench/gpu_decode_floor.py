@@ -21,6 +21,7 @@ attention candidates are gated in bench/gpu_splitkv.py and bench/table_vs_upstre
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -33,8 +34,9 @@ from fa4tune.suites import load_suite  # noqa: E402
 GRIDS = ((4096, 1), (2048, 4), (1024, 8))  # (elements per load, loads per program) of the read-floor kernel
 
 
+@functools.cache
 def read_kernel():
-    """The Triton kernel that reads K and V once: each program sums its own slice of both."""
+    """The Triton kernel that reads K and V once: each program sums its own slice of both (defined once)."""
     import triton
     import triton.language as tl
 

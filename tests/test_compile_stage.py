@@ -164,7 +164,7 @@ def test_the_static_check_and_the_compile_pipeline_record_the_same_shared_memory
 
 def test_a_compile_that_needs_no_facts_reads_no_cubin(tmp_path):
     """read_facts=False (the GPU stage under emulation): the kernel compiles, its shared storage is still recorded,
-    cuobjdump never runs and nothing is stored as its facts. A real sm_120a compile, in a subprocess."""
+    the cubin is never read and the facts say so. A real sm_120a compile, in a subprocess."""
     import json
     import subprocess
     import sys
