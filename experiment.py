@@ -112,6 +112,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
     def __init__(self, *args, num_splits: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent
+        self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)
         assert self.score_mod is None and self.mask_mod is None, "sm120_splitkv has no score_mod / mask_mod"
 
     @classmethod
@@ -360,7 +361,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
             softmax=softmax, load_K=load_K, load_V=load_V, n_block_min=n_block_min,
         )
 
-        # Prologue: Q, then K (and V but the last stage's) of the first num_stages blocks, none below the split
+        # Prologue: Q, then K and V of the first num_stages blocks, none below the split. Upstream leaves the last
+        # stage's V to the first block's step (after K of that block has landed), so a split of num_stages blocks
+        # waits for two round trips to memory; here that V goes out with the prologue too (V_ahead), except with
+        # Q_in_regs, where that V buffer holds Q until Q is in registers. The cp.async groups keep upstream's order.
         n_block = n_block_max - 1
         if const_expr(not self.pack_gqa):
             gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
@@ -371,7 +375,8 @@ class SplitKvForwardSm120(TunedForwardSm120):
         cute.arch.cp_async_commit_group()
 
         def preprocess_Q():
-            cute.arch.cp_async_wait_group(self.num_stages * 2 - 1)
+            # Q's group landed: later groups are K and V of the stages (V_ahead: one more, the last stage's V)
+            cute.arch.cp_async_wait_group(self.num_stages * 2 - 1 + (1 if const_expr(self.V_ahead) else 0))
             if const_expr(self.Q_in_regs):
                 cute.arch.barrier()
                 cute.copy(smem_thr_copy_Q, tSsQ, smem_thr_copy_Q.retile(tSrQ))
@@ -386,7 +391,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
                 if stage == 0 or n_block - stage >= n_block_min:
                     load_K(n_block - stage, smem_pipe_write=stage, need_predicates=stage == 0)
                 cute.arch.cp_async_commit_group()
-            if const_expr(stage < self.num_stages - 1):
+            if const_expr(stage < self.num_stages - 1 or self.V_ahead):
                 if stage == 0 or n_block - stage >= n_block_min:
                     load_V(n_block - stage, smem_pipe_write=stage, need_predicates=stage == 0)
                 cute.arch.cp_async_commit_group()
@@ -419,16 +424,21 @@ class SplitKvForwardSm120(TunedForwardSm120):
         the next K/V loads stop at the split's first block (n_block_min), not at block 0."""
         stage_of = lambda index: index if const_expr(self.num_stages > 1) else 0
 
-        def sync():
-            cute.arch.cp_async_wait_group(self.num_stages * 2 - 2)
+        def sync(pending: cutlass.Constexpr = self.num_stages * 2 - 2):
+            cute.arch.cp_async_wait_group(pending)
             cute.arch.barrier()
 
         acc_S = cute.make_rmem_tensor(mma.thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
-        sync()  # K of this block has landed
-        if self.num_stages == 1 or n_block - self.num_stages + 1 >= n_block_min:
-            load_V(n_block - self.num_stages + 1, smem_pipe_write, need_predicates=is_first_n_block and self.num_stages == 1)
-        cute.arch.cp_async_commit_group()
+        if const_expr(is_first_n_block and self.V_ahead):
+            # the prologue sent this step's V load (its own group, the last): K of this block has landed when
+            # one group more than upstream's count is still in flight; the group order after this step is upstream's
+            sync(self.num_stages * 2 - 1)
+        else:
+            sync()  # K of this block has landed
+            if self.num_stages == 1 or n_block - self.num_stages + 1 >= n_block_min:
+                load_V(n_block - self.num_stages + 1, smem_pipe_write, need_predicates=is_first_n_block and self.num_stages == 1)
+            cute.arch.cp_async_commit_group()
         sm80_utils.gemm(mma.thr_mma_qk, acc_S, mma.tSrQ, mma.tSrK, smem_copy.tSsQ, smem_copy.tSsK[None, None, None, stage_of(smem_pipe_read)],
                         smem_copy.smem_thr_copy_Q, smem_copy.smem_thr_copy_K, A_in_regs=self.Q_in_regs)
         smem_pipe_write = self.advance_pipeline(smem_pipe_write)

@@ -55,6 +55,17 @@ def test_registered_under_its_name_with_num_splits_in_the_search_space():
     assert check_forward(split_config(), GQA4, TARGET, forward_kernels(experiment))
 
 
+@pytest.mark.parametrize("q_in_regs", [False, True])
+def test_the_last_stages_v_goes_with_the_prologue_unless_q_shares_its_buffer(q_in_regs):
+    """V_ahead: the prologue sends the last stage's V too, except with Q_in_regs, where that V buffer holds Q until Q
+    is in registers (a V load there would overwrite Q before every thread has read it)."""
+    import cutlass
+
+    kernel = SplitKvForwardSm120(cutlass.BFloat16, 128, 128, 4, tile_m=32, tile_n=64, num_stages=2, num_threads=64,
+                                 Q_in_regs=q_in_regs, num_splits=0)
+    assert kernel.V_ahead is (not q_in_regs)
+
+
 def test_shared_memory_formula_is_upstreams_tiles():
     cfg = split_config(num_stages=2)
     assert SplitKvForwardSm120.smem_bytes(cfg, GQA4) == TunedForwardSm120.smem_bytes(cfg, GQA4)
