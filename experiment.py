@@ -72,6 +72,7 @@ class TunedBackwardSm120(FlashAttentionBackwardSm120):
 SPLITS_DOMAIN = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # 0: split_kv_heuristic; upstream's combine takes up to 256
 MIN_BLOCKS_PER_SPLIT = 2  # below this a split's prologue (Q load, pipeline fill) and its partial write dominate
 ASSUMED_REGISTERS = 255  # registers per thread before compiling (the SM120 forwards compile at 226-255)
+STATIC_SHAPES = {"decode": (1, 4096), "chunked": (512, 8192), "prefill": (8192, 8192)}  # (seqlen_q, seqlen_k) per regime
 
 
 def ctas_per_sm(kernel: type, config: ForwardConfig, pc: ProblemClass, target) -> int:
@@ -156,11 +157,14 @@ class SplitKvForwardSm120(TunedForwardSm120):
 
     @classmethod
     def static_problem(cls, problem_class):
-        """The static check's shape: the decode (non-causal) or chunked-prefill (causal) workload, which splits."""
+        """The static check's shape: the workload of the class's regime, so that its facts are those of the kernel
+        the class's problems run. A decode (one query token over 4K keys) and a chunked prefill (512 over 8K,
+        causal) split; a prefill (8K over 8K, 16 KV heads: more query tiles than any SM120 part's CTA slots) runs
+        unsplit unless num_splits asks for splits."""
         from fa4tune.config import Problem
 
-        kv_heads = 8
-        sq, sk = (512, 8192) if problem_class.causal else (1, 4096)
+        kv_heads = 16 if problem_class.regime == "prefill" else 8
+        sq, sk = STATIC_SHAPES[problem_class.regime]
         return Problem(1, sq, sk, kv_heads * problem_class.qhead_per_kvhead, kv_heads, problem_class.head_dim,
                        problem_class.head_dim_v, problem_class.causal, problem_class.dtype, backward=False)
 

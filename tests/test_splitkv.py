@@ -79,11 +79,35 @@ def test_other_classes_do_not_split_and_keep_the_default_static_shape():
     assert static_shape(GQA4).seqlen_k == STATIC_SEQLEN
 
 
-def test_static_check_compiles_the_split_shapes():
-    shape = static_shape(GQA4, SplitKvForwardSm120)
+def test_static_check_compiles_the_shape_of_the_class_regime():
+    """The static facts are those of the kernel the class's problems run: split for a decode and a chunked prefill,
+    unsplit for a prefill (whose problems have more query tiles than CTA slots)."""
+    decode_class = dataclasses.replace(GQA4, regime="decode")
+    shape = static_shape(decode_class, SplitKvForwardSm120)
     assert (shape.seqlen_q, shape.seqlen_k, shape.num_heads, shape.num_heads_kv) == (1, 4096, 32, 8)
-    causal = static_shape(GQA4_CAUSAL, SplitKvForwardSm120)
-    assert (causal.seqlen_q, causal.seqlen_k, causal.causal) == (512, 8192, True)
+    chunked = static_shape(dataclasses.replace(GQA4_CAUSAL, regime="chunked"), SplitKvForwardSm120)
+    assert (chunked.seqlen_q, chunked.seqlen_k, chunked.causal) == (512, 8192, True)
+    for pc in (GQA4, GQA4_CAUSAL):
+        prefill = static_shape(pc, SplitKvForwardSm120)
+        assert (prefill.seqlen_q, prefill.seqlen_k, prefill.num_heads_kv, prefill.causal) == (8192, 8192, 16, pc.causal)
+    assert SplitKvForwardSm120.num_splits_for(split_config(32, 64, 64, 2), shape, 170) > 1
+    mha_chunked = static_shape(ProblemClass(128, 128, True, 1, regime="chunked"), SplitKvForwardSm120)
+    assert SplitKvForwardSm120.num_splits_for(split_config(64, 64, 128, 2), mha_chunked, 170) > 1
+
+
+@pytest.mark.parametrize("num_sms", [170, 188])  # RTX 5090, RTX PRO 6000
+def test_the_prefill_static_shape_runs_unsplit_for_every_config_of_the_space(num_sms):
+    space = forward_space(forward_kernels(experiment))
+    checked = 0
+    for gqa in (1, 4, 8):
+        for causal in (False, True):
+            pc = ProblemClass(128, 128, causal, gqa)
+            shape = static_shape(pc, SplitKvForwardSm120)
+            for cfg in space.feasible(pc, TARGET):
+                if cfg.kernel == "sm120_splitkv" and cfg.extra_knobs["num_splits"] == 0:
+                    assert SplitKvForwardSm120.num_splits_for(cfg, shape, num_sms) == 1, cfg
+                    checked += 1
+    assert checked > 0
 
 
 # ---- the heuristic ----
