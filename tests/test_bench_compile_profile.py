@@ -1,22 +1,17 @@
 """bench/compile_profile.py's timer: a wrapped method's wall time adds up once per outermost call, also when the
 call recurses or raises (the DSL's trace calls itself for nested jit functions). A fake clock, no sleeping."""
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+import bench_helpers
+
 CLOCK = [0.0]
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("compile_profile", ROOT / "bench" / "compile_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module = bench_helpers.load_bench("compile_profile")
     module.time = SimpleNamespace(perf_counter=lambda: CLOCK[0])
     return module
 

@@ -2,25 +2,15 @@
 compile here: the facts are given)."""
 
 import dataclasses
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
+from bench_helpers import load_bench
 from fa4tune.config import ForwardConfig, ProblemClass
 from fa4tune.targets import get_target
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location("occupancy_gap", ROOT / "bench" / "occupancy_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_a_kernel_the_h200_holds_three_times_runs_alone_on_sm120():
-    bench = load_bench()
+    bench = load_bench("occupancy_gap")
     target = get_target("sm120")
     h200 = dataclasses.replace(target, **bench.DEVICES["h200"])
     pc = ProblemClass(128, 128, True, 1)

@@ -1,22 +1,12 @@
 """bench/stability.py's pure parts on made-up numbers: rows by (problem, direction, mode), spread across runs,
 the table and the per-mode summary. Importable without a GPU."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_helpers import load_bench
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("stability", ROOT / "bench" / "stability.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-stability = load_bench()
+stability = load_bench("stability")
 
 
 def rec(run, mode, problem, direction, ms, status="ok", redone=0):

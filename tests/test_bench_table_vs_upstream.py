@@ -3,7 +3,6 @@ summary's rule (a loss is a slowdown beyond the run-to-run spread); search.evalu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,15 +13,13 @@ import experiment
 from fa4tune import defaults
 from fa4tune.suites import load_suite
 from search.evaluating.ahead import group_jobs
+
+import bench_helpers
 from search_helpers import ROOT
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("table_vs_upstream", ROOT / "bench" / "table_vs_upstream.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return bench_helpers.load_bench("table_vs_upstream")
 
 
 def test_plan_takes_both_directions_where_a_problem_has_a_backward_and_the_table_and_upstream_configs_of_its_class():

@@ -78,12 +78,9 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
 
 
 def _workers_check():
-    import importlib.util
+    from bench_helpers import load_bench
 
-    spec = importlib.util.spec_from_file_location("workers_check", ROOT / "bench" / "workers_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("workers_check")
 
 
 def _check_three_workers_one_killed(url: str, tmp_path) -> None:

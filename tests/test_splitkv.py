@@ -243,12 +243,9 @@ def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
 # ---- bench/gpu_splitkv.py's CPU parts ----
 
 def load_gpu_bench():
-    import importlib.util
+    from bench_helpers import load_bench
 
-    spec = importlib.util.spec_from_file_location("gpu_splitkv", ROOT / "bench" / "gpu_splitkv.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("gpu_splitkv")
 
 
 def test_gpu_bench_matrix_covers_the_issue_axes_with_partial_last_blocks():

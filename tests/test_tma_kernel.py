@@ -178,15 +178,13 @@ def test_q_in_regs_keeps_one_stage_for_tma():
 
 
 def test_gpu_bench_compares_each_dispatch_config_with_its_tma_twins():
-    import importlib.util
+    import types
 
+    from bench_helpers import load_bench
     from fa4tune.harness.measurement import ProblemResult
     from fa4tune.suites import load_suite
 
-    spec = importlib.util.spec_from_file_location("gpu_tma", ROOT / "bench" / "gpu_tma.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    import types
+    bench = load_bench("gpu_tma")
 
     from fa4tune import defaults
 
