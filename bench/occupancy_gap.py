@@ -32,6 +32,10 @@ def rows(jobs, facts, target, device) -> list[dict]:
 
     out = []
     for job, f in zip(jobs, facts):
+        if f.registers is None:  # it did not compile (or its cubin was not read): nothing to count
+            out.append({"problem_class": job.problem_class, "config": job.config, "registers": None, "smem": None,
+                        "target": (0, getattr(f, "status", "no facts")), "device": (0, getattr(f, "status", "no facts"))})
+            continue
         smem = (f.dynamic_smem_bytes or 0) + (f.static_smem_bytes or 0)
         on_target = occupancy(target, job.config.num_threads, f.registers, smem)
         on_device = occupancy(device, job.config.num_threads, f.registers, smem)

@@ -22,3 +22,11 @@ def test_a_kernel_the_h200_holds_three_times_runs_alone_on_sm120():
     assert row["target"] == (1, "smem")  # 100 KB per SM: one CTA of 51 KB (+1 KB reserved) at a time
     assert row["device"] == (3, "registers")  # 228 KB: four by shared memory, three by registers
 
+
+
+def test_a_config_without_facts_is_a_row_that_says_so():
+    bench = load_bench("occupancy_gap")
+    target = get_target("sm120")
+    job = SimpleNamespace(config=ForwardConfig(), problem_class=ProblemClass(128, 128, False, 1))
+    (row,) = bench.rows([job], [SimpleNamespace(registers=None, status="compile_error")], target, target)
+    assert row["target"] == row["device"] == (0, "compile_error")
