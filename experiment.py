@@ -158,9 +158,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
     @classmethod
     def static_problem(cls, problem_class):
         """The static check's shape: the workload of the class's regime, so that its facts are those of the kernel
-        the class's problems run. A decode (one query token over 4K keys) and a chunked prefill (512 over 8K,
-        causal) split; a prefill (8K over 8K, 16 KV heads: more query tiles than any SM120 part's CTA slots) runs
-        unsplit unless num_splits asks for splits."""
+        the class's problems run. A decode (one query token over 4K keys) splits; a chunked prefill (512 over 8K,
+        causal) splits where its query tiles leave CTA slots free (without GQA packing); a prefill (8K over 8K, 16 KV
+        heads: more query tiles than any SM120 part's CTA slots) runs unsplit unless num_splits asks for splits."""
         from fa4tune.config import Problem
 
         kv_heads = 16 if problem_class.regime == "prefill" else 8
