@@ -27,7 +27,7 @@ from fa4tune.sm120_interface import CompileCache
 ENV = "FA4TUNE_KERNEL_CACHE"
 EXPORT_NAME = "func"
 # Variables that change what the DSL compiles for (read when the kernels are built).
-ARCH_VARIABLES = ("FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS")
+ARCH_VARIABLES = ("FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS", "FA4TUNE_EMULATE_OCCUPANCY")  # last: fa4tune.emulated_occupancy
 
 
 def compile_arch() -> str:
@@ -57,7 +57,7 @@ def fingerprint(kernel_module_file: str, arch: str) -> str:
     cute_root = Path(flash_attn.cute.__file__).resolve().parent
     from fa4tune.kernel_class import source_files
 
-    sources = sorted(cute_root.rglob("*.py")) + [Path(kernel_module_file), Path(__file__).with_name("sm120_interface.py"), *source_files()]
+    sources = sorted(cute_root.rglob("*.py")) + [Path(kernel_module_file), Path(__file__).with_name("sm120_interface.py"), Path(__file__).with_name("emulated_occupancy.py"), *source_files()]
     for source in sources:
         content = source.read_bytes()
         h.update(source.name.encode() + len(content).to_bytes(8, "little") + content)

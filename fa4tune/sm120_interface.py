@@ -32,6 +32,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, Problem
 
 PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
@@ -264,6 +265,12 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         if cached is not None:
             return cached
         from flash_attn.cute import interface
+
+        if emulated_occupancy.requested():  # opt-in, under emulation: the target's CTAs per SM (fa4tune.emulated_occupancy)
+            from fa4tune.kernel_cache import compile_arch
+            from fa4tune.targets import get_target
+
+            emulated_occupancy.apply(get_target().smem_per_sm, compile_arch())
 
         def key(config):
             if config is None:
