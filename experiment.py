@@ -515,28 +515,18 @@ def kernel_class(config) -> type:
 # ---------------------------------------------------------------------------------------------
 
 FORWARD_DISPATCH: dict[str, ForwardConfig] = {
-    "d128-noncausal-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
-        extra={"num_splits": 0},
-    ),
-    "d128-causal-bf16": ForwardConfig(
-        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
-    ),
-    "d96-noncausal-bf16": ForwardConfig(
-        tile_m=128, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
-    ),
+    "d128-noncausal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
+    "d128-causal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
+    "d96-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     "d96-causal-bf16": ForwardConfig(
-        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
+        extra={"num_splits": 1},
     ),
-    "d64-noncausal-bf16": ForwardConfig(
-        tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
-    ),
+    "d64-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
     "d64-causal-bf16": ForwardConfig(
         tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
-    "d128-causal-gqa4-bf16": ForwardConfig(
-        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
-    ),
+    "d128-causal-gqa4-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
     "d128-noncausal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV with its heuristic's split count
     # (docs/measurements/2026-12-01-h200-splitkv.md: 3.0-22x upstream's SM120 path, on par with SDPA).
@@ -609,7 +599,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-noncausal-bf16": BackwardConfig(
-        m_block_size=32, n_block_size=128, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-causal-bf16": BackwardConfig(

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa4tune import defaults  # noqa: E402
+from fa4tune import defaults, emulated_occupancy  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 
@@ -202,7 +202,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     info = gpu.read_device()
     mode = gpu.select_mode(info, get_target())
-    label = f"{info.name}, SM120 kernels {'emulated' if mode == 'emulated' else 'native'}, gate seed {settings.gate_seed}"
+    how = f"emulated {emulated_occupancy.describe('SM120')}" if mode == "emulated" else "native"
+    label = f"{info.name}, SM120 kernels {how}, gate seed {settings.gate_seed}"
     print(f"{len(steps)} steps x {args.runs} runs [{label}]", flush=True)
     flusher = make_flusher(device)
     records = []

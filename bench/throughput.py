@@ -150,8 +150,9 @@ class Pruning:
                 self.study.tell(monitor.trial, state=TrialState.PRUNED if m.status == "pruned" else TrialState.FAIL)
 
 
-def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, prune_factor: float) -> tuple[list, dict]:
-    """Evaluates candidates from `todo` for `seconds` in a mode, with `evaluator.slots` in flight."""
+def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, prune_factor: float, slots: int = 0) -> tuple[list, dict]:
+    """Evaluates candidates from `todo` for `seconds` in a mode, with `slots` in flight (0: `evaluator.slots`, what
+    `search run` gives it by default; a host with many cores needs more to keep its compile processes busy)."""
     from search.evaluating.gpu import GpuEvaluator
     from search.evaluating.gpu_pipeline import PipelinedGpuEvaluator
     from search.evaluating.protocol import default_compile_jobs
@@ -161,7 +162,8 @@ def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, pru
     else:  # make_evaluator("gpu")'s default, with a fresh kernel cache so that every compile counts
         evaluator = PipelinedGpuEvaluator(target, default_compile_jobs(), cache_dir=cache_dir)
     pruning = Pruning(prune_factor)
-    print(f"{mode}: {type(evaluator).__name__}, compile jobs {getattr(evaluator, 'compile_jobs', 0)}, slots {evaluator.slots}", flush=True)
+    in_flight = slots if slots and mode != "sequential" else evaluator.slots
+    print(f"{mode}: {type(evaluator).__name__}, compile jobs {getattr(evaluator, 'compile_jobs', 0)}, slots {in_flight}", flush=True)
     sampler, start, done, lock = UtilizationSampler(), time.monotonic(), [], threading.Lock()
 
     def one(item):
@@ -176,8 +178,8 @@ def run_mode(mode: str, todo: list, target, seconds: float, cache_dir: Path, pru
             print(f"  {mode:10s} {len(done):4d} {time.monotonic() - start:6.1f}s {pc.name:26s} {cfg.short():60s} {m.status}", flush=True)
 
     try:
-        with ThreadPoolExecutor(evaluator.slots) as slots:
-            list(slots.map(one, todo))
+        with ThreadPoolExecutor(in_flight) as pool:
+            list(pool.map(one, todo))
         wall = time.monotonic() - start
         idle = sampler.stop()
         tally = _tally(done, wall, idle, evaluator)
@@ -207,6 +209,7 @@ def main() -> None:
     parser.add_argument("--sequential-seconds", type=float, default=150.0)
     parser.add_argument("--prune-factor", type=float, default=None, help="default: search run's")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slots", type=int, default=0, help="candidates in flight in the default mode (search run's --slots; default: the evaluator's)")
     parser.add_argument("--out", type=Path, default=None, help="JSON lines: one record per evaluated candidate and mode")
     args = parser.parse_args()
 
@@ -223,7 +226,7 @@ def main() -> None:
     for mode in args.modes:
         cache_dir = Path(tempfile.mkdtemp(prefix=f"fa4tune-{mode}-"))
         limit = args.seconds if mode == "default" else args.sequential_seconds
-        by_mode[mode], rows[mode] = run_mode(mode, todo, target, limit, cache_dir, factor)
+        by_mode[mode], rows[mode] = run_mode(mode, todo, target, limit, cache_dir, factor, args.slots)
         shutil.rmtree(cache_dir, ignore_errors=True)
         if args.out:
             with open(args.out, "a") as f:

@@ -1,13 +1,17 @@
-"""SM120's CTAs per SM, reproduced on a GPU with more shared memory per SM (opt-in, for emulation; NOT yet run on a GPU).
+"""SM120's CTAs per SM, reproduced on a GPU with more shared memory per SM (on by default under emulation).
 
 An SM120 SM has 100 KB of shared memory (fa4tune.targets: `smem_per_sm`), an H200's 228 KB. Under emulation a CTA
-of 51-66 KB runs 2-3 times per H200 SM (the registers allowing) but once per SM120 SM, so the H200 ranks configs by
-an occupancy SM120 cannot give them (docs/measurements/2026-12-01-occupancy-gap.md). With
-`FA4TUNE_EMULATE_OCCUPANCY=1` in the environment of the processes that build kernels, every DSL kernel launch asks for
-more dynamic shared memory than it uses: as much as makes the GPU fit exactly the target's number of CTAs by shared
-memory. The kernel's code and its shared storage are unchanged (the rules read the traced storage, not the launch),
-and the registers then limit both GPUs alike (the same 64K register file). The padded size is part of the compiled
-host code, so the variable is in the kernel cache's fingerprint.
+of 51-66 KB runs 2-3 times per H200 SM (the registers allowing) but once per SM120 SM, so the H200 ranked configs by
+an occupancy SM120 cannot give them (docs/measurements/2026-12-01-occupancy-gap.md). So every DSL kernel launch built
+for an arch with more shared memory per SM than the target asks for more dynamic shared memory than it uses: as much
+as makes the GPU fit exactly the target's number of CTAs by shared memory. The kernel's code and its shared storage are
+unchanged (the rules read the traced storage, not the launch), and the registers then limit both GPUs alike (the same
+64K register file). On an SM120 GPU (and in the sm_120a static check) nothing changes.
+
+`FA4TUNE_EMULATE_OCCUPANCY=0` turns it off (the emulating GPU's own occupancy, as every run before 2026-12-02 had).
+The padded size is part of the compiled host code, so the setting is in the kernel cache's fingerprint. Shown on
+the H200: docs/measurements/2026-12-02-h200-target-occupancy.md (the d128 causal TMA 64x64 entry, 3 CTAs per SM
+there and 1 on SM120, went from 0.454 to 0.627 ms).
 
 A preferred shared-memory carveout (CUDA's hint) was tried first and had no measurable effect on the H200.
 """
@@ -39,27 +43,58 @@ def padded_smem(smem: int, target_smem_per_sm: int, arch: str) -> int:
     return max(smem, min(device // on_target, SMEM_PER_CTA[arch] + RESERVED_PER_CTA) - RESERVED_PER_CTA - STATIC_SMEM)
 
 
+OFF_VALUES = ("0", "false", "off", "no")
+
+
 def requested() -> bool:
-    """Whether this process's environment asks for the target's occupancy."""
-    return os.environ.get(OCCUPANCY_ENV, "") not in ("", "0")
+    """Whether this process pads launches to the target's occupancy: yes unless FA4TUNE_EMULATE_OCCUPANCY is 0."""
+    return os.environ.get(OCCUPANCY_ENV, "1").strip().lower() not in OFF_VALUES
 
 
-@functools.cache
-def apply(target_smem_per_sm: int, arch: str) -> bool:
-    """From now on every DSL kernel launch built in this process asks for padded_smem; once per process. False where
-    `arch` has no more shared memory per SM than the target."""
-    if SMEM_PER_SM.get(arch, 0) <= target_smem_per_sm:
-        return False
-    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+def describe(target_name: str) -> str:
+    """How an emulated run's occupancy was set, for its labels."""
+    if requested():
+        return f"at {target_name}'s CTAs per SM (launch shared memory padded)"
+    return f"at this GPU's CTAs per SM ({OCCUPANCY_ENV}=0)"
 
-    launch = KernelLauncher.launch
+
+def arch_here() -> str | None:
+    """The arch this process compiles kernels for (fa4tune.kernel_cache.compile_arch); None with no CUTE_DSL_ARCH
+    and no GPU."""
+    if not os.environ.get("CUTE_DSL_ARCH"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    from fa4tune.kernel_cache import compile_arch
+
+    return compile_arch()
+
+
+def launch_smem(smem: int, target_smem_per_sm: int) -> int:
+    """The dynamic shared memory a launch built now asks for: padded_smem for this process's arch when requested."""
+    arch = arch_here() if requested() else None
+    return smem if arch is None else padded_smem(smem, target_smem_per_sm, arch)
+
+
+def padding(launch, target_smem_per_sm: int):
+    """`launch` (KernelLauncher.launch) asking for launch_smem instead of the kernel's own dynamic shared memory."""
 
     @functools.wraps(launch)
     def launch_at_target_occupancy(self, *args, **kwargs):
         smem = kwargs.get("smem")
         if isinstance(smem, int) and not isinstance(smem, bool):
-            kwargs["smem"] = padded_smem(smem, target_smem_per_sm, arch)
+            kwargs["smem"] = launch_smem(smem, target_smem_per_sm)
         return launch(self, *args, **kwargs)
 
-    KernelLauncher.launch = launch_at_target_occupancy
-    return True
+    launch_at_target_occupancy.pads_to_target = True
+    return launch_at_target_occupancy
+
+
+def install(target_smem_per_sm: int) -> None:
+    """Every DSL kernel launch built in this process from now on asks for launch_smem (decided at each build, so
+    the setting and the arch of that moment count). A second call changes nothing: one padding, never two."""
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+
+    if not getattr(KernelLauncher.launch, "pads_to_target", False):
+        KernelLauncher.launch = padding(KernelLauncher.launch, target_smem_per_sm)

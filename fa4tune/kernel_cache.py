@@ -22,12 +22,13 @@ import pickle
 import sys
 from pathlib import Path
 
+from fa4tune import emulated_occupancy
 from fa4tune.sm120_interface import CompileCache
 
 ENV = "FA4TUNE_KERNEL_CACHE"
 EXPORT_NAME = "func"
 # Variables that change what the DSL compiles for (read when the kernels are built).
-ARCH_VARIABLES = ("FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS", "FA4TUNE_EMULATE_OCCUPANCY")  # last: fa4tune.emulated_occupancy
+ARCH_VARIABLES = ("FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS")
 
 
 def compile_arch() -> str:
@@ -54,6 +55,7 @@ def fingerprint(kernel_module_file: str, arch: str) -> str:
     h.update(f"py{sys.version_info.major}.{sys.version_info.minor} cutlass={cutlass.__version__} arch={arch}".encode())
     for name in ARCH_VARIABLES:
         h.update(f"{name}={os.environ.get(name, '')}".encode())
+    h.update(f"padded_occupancy={emulated_occupancy.requested()}".encode())  # the launch's shared memory
     cute_root = Path(flash_attn.cute.__file__).resolve().parent
     from fa4tune.kernel_class import source_files
 

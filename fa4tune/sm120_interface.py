@@ -266,11 +266,9 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
             return cached
         from flash_attn.cute import interface
 
-        if emulated_occupancy.requested():  # opt-in, under emulation: the target's CTAs per SM (fa4tune.emulated_occupancy)
-            from fa4tune.kernel_cache import compile_arch
-            from fa4tune.targets import get_target
+        from fa4tune.targets import get_target
 
-            emulated_occupancy.apply(get_target().smem_per_sm, compile_arch())
+        emulated_occupancy.install(get_target().smem_per_sm)  # under emulation: the target's CTAs per SM
 
         def key(config):
             if config is None:

@@ -1,11 +1,13 @@
-"""fa4tune.emulated_occupancy (opt-in, not yet run on a GPU): the padded launch size gives the emulating GPU the
-target's CTAs per SM by shared memory, never less shared memory than the kernel uses, never more than a CTA may
-have; nothing where the GPU has no more than the target; the variable in the kernel cache's fingerprint."""
+"""fa4tune.emulated_occupancy: the padded launch size gives the emulating GPU the target's CTAs per SM by shared
+memory, never less shared memory than the kernel uses, never more than a CTA may have; nothing where the GPU has no
+more than the target (SM120 itself, the sm_120a static check); on unless FA4TUNE_EMULATE_OCCUPANCY=0; the setting in
+the kernel cache's fingerprint and in the run's label. On the H200 it was shown to take effect
+(docs/measurements/2026-12-02-h200-target-occupancy.md)."""
 
 import pytest
 
 from fa4tune import emulated_occupancy as eo
-from fa4tune.kernel_cache import ARCH_VARIABLES
+from fa4tune import kernel_cache
 from fa4tune.targets import get_target
 
 SM120 = get_target("sm120").smem_per_sm
@@ -30,17 +32,58 @@ def test_the_d128_causal_entry_one_cta_on_an_h200_sm_as_on_sm120():
     assert eo.padded_smem(50176, SM120, "sm_90a") == 232448 - 1024
 
 
-def test_nothing_changes_where_the_gpu_has_no_more_shared_memory_than_the_target():
-    for arch in ("sm_120a", "sm_89", "sm_86", "sm_75"):
-        assert eo.padded_smem(50176, SM120, arch) == 50176
-        assert eo.apply(SM120, arch) is False
-
-
-def test_off_unless_asked_and_in_the_kernel_cache_fingerprint(monkeypatch):
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_89", "sm_86", "sm_75"])
+def test_nothing_changes_where_the_gpu_has_no_more_shared_memory_than_the_target(arch, monkeypatch):
+    assert eo.padded_smem(50176, SM120, arch) == 50176
     monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
-    assert not eo.requested()
-    monkeypatch.setenv(eo.OCCUPANCY_ENV, "0")
-    assert not eo.requested()
+    monkeypatch.setenv("CUTE_DSL_ARCH", arch)
+    assert eo.launch_smem(50176, SM120) == 50176
+
+
+def test_on_by_default_off_with_zero_and_decided_at_each_build(monkeypatch):
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    assert eo.requested() and eo.launch_smem(50176, SM120) == 232448 - 1024
+    assert "SM120's CTAs per SM" in eo.describe("SM120")
+    for off in ("0", "false", "OFF", " no "):
+        monkeypatch.setenv(eo.OCCUPANCY_ENV, off)
+        assert not eo.requested() and eo.launch_smem(50176, SM120) == 50176
+        assert f"{eo.OCCUPANCY_ENV}=0" in eo.describe("SM120")
     monkeypatch.setenv(eo.OCCUPANCY_ENV, "1")
-    assert eo.requested()
-    assert eo.OCCUPANCY_ENV in ARCH_VARIABLES
+    assert eo.launch_smem(50176, SM120) == 232448 - 1024
+
+
+def test_no_arch_known_pads_nothing(monkeypatch):
+    monkeypatch.delenv("CUTE_DSL_ARCH", raising=False)
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert eo.arch_here() is None and eo.launch_smem(50176, SM120) == 50176
+
+
+def test_the_setting_is_in_the_kernel_cache_fingerprint(monkeypatch, tmp_path):
+    module = tmp_path / "kernels.py"
+    module.write_text("# a kernel module\n")
+    monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    default = kernel_cache.fingerprint(str(module), "sm_90a")
+    monkeypatch.setenv(eo.OCCUPANCY_ENV, "1")
+    assert kernel_cache.fingerprint(str(module), "sm_90a") == default  # the same setting, the same cache
+    monkeypatch.setenv(eo.OCCUPANCY_ENV, "0")
+    assert kernel_cache.fingerprint(str(module), "sm_90a") != default
+
+
+def test_the_launch_the_dsl_builds_is_padded_once(monkeypatch):
+    from cutlass.cutlass_dsl.cutlass import KernelLauncher
+
+    seen = []
+    monkeypatch.setattr(KernelLauncher, "launch", lambda self, *a, **kw: seen.append(kw["smem"]))
+    eo.install(SM120)
+    eo.install(SM120)  # one padding, never two (a 2-CTA size padded twice would become 1 CTA)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    KernelLauncher.launch(object(), grid=[1, 1, 1], smem=37888)
+    KernelLauncher.launch(object(), grid=[1, 1, 1], smem=50176)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_120a")
+    KernelLauncher.launch(object(), grid=[1, 1, 1], smem=50176)
+    assert seen == [eo.padded_smem(37888, SM120, "sm_90a"), 232448 - 1024, 50176]
+    assert ctas(seen[0], eo.SMEM_PER_SM["sm_90a"]) == 2

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+from fa4tune import emulated_occupancy
 from fa4tune.config import ConfigError, Problem
 from fa4tune.harness import gpu
 from fa4tune.harness.evaluation import make_measurement
@@ -91,7 +92,8 @@ def prepare_sha256() -> str:
 
 
 def _header(context: RunContext, suite: str, problems: Sequence[Problem], settings: Settings, device: str) -> None:
-    emulated = f" (SM120 kernels emulated on {context.device.name}, FLASH_ATTENTION_NUM_SMS={context.device.num_sms})" if context.mode == gpu.EMULATED else ""
+    emulated = (f" (SM120 kernels emulated on {context.device.name}, FLASH_ATTENTION_NUM_SMS={context.device.num_sms}, "
+                f"{emulated_occupancy.describe(context.target.name)})" if context.mode == gpu.EMULATED else "")
     timer = "CUDA events, L2 flushed before each call" if device.startswith("cuda") else "wall clock"
     print(f"# run: {context.label}{emulated}", flush=True)
     print(f"# suite: {suite} ({len(problems)} problems); gate seed {settings.gate_seed}; "
