@@ -51,6 +51,14 @@ def requested() -> bool:
     return os.environ.get(OCCUPANCY_ENV, "1").strip().lower() not in OFF_VALUES
 
 
+TARGET, DEVICE = "target", "device"  # the occupancy an emulated measurement ran at
+
+
+def regime() -> str:
+    """TARGET when this process pads launches to the target's CTAs per SM, else DEVICE."""
+    return TARGET if requested() else DEVICE
+
+
 def describe(target_name: str) -> str:
     """How an emulated run's occupancy was set, for its labels."""
     if requested():

@@ -87,3 +87,19 @@ def test_the_launch_the_dsl_builds_is_padded_once(monkeypatch):
     KernelLauncher.launch(object(), grid=[1, 1, 1], smem=50176)
     assert seen == [eo.padded_smem(37888, SM120, "sm_90a"), 232448 - 1024, 50176]
     assert ctas(seen[0], eo.SMEM_PER_SM["sm_90a"]) == 2
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "target"), ("0", "device")])
+def test_an_emulated_trial_records_the_occupancy_it_ran_at(setting, expected, monkeypatch):
+    from fa4tune.harness.measurement import Measurement
+    from search.running.loop import measurement_attrs
+    from search.storing import schema
+
+    if setting is None:
+        monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(eo.OCCUPANCY_ENV, setting)
+    emulated = Measurement("fwd", "d128-causal-bf16", {}, (), "sm120", "NVIDIA H200", "emulated")
+    assert measurement_attrs(emulated)[schema.OCCUPANCY] == expected
+    native = Measurement("fwd", "d128-causal-bf16", {}, (), "sm120", "NVIDIA GeForce RTX 5090", "native")
+    assert schema.OCCUPANCY not in measurement_attrs(native)  # SM120 itself: its own occupancy is the target's

@@ -396,3 +396,30 @@ def test_the_real_study_exports_six_tma_entries_and_the_pr_carries_the_emulation
     pr = (tmp_path / "sm120-tuned.pr.md").read_text()
     assert "SM120 kernels emulated on NVIDIA H200" in pr and "RTX 5090 / RTX PRO 6000" in pr
     assert "SM120 kernels emulated on NVIDIA H200" in " ".join(text.split("\n---\n", 1)[0].split())
+
+
+def test_the_shipped_tables_export_says_which_winners_ran_at_the_h200s_occupancy(tmp_path):
+    """The standard study with the seven studies re-run at SM120's occupancy in place of its own (what experiment.py
+    ships since 2026-12-02): the older winners are marked, the caveat says why, the patch still applies."""
+    import optuna
+
+    db, occ = tmp_path / "shipped.db", tmp_path / "occupancy.db"
+    db.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-01-standard-study.db.xz").read_bytes()))
+    occ.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-02-occupancy-study.db.xz").read_bytes()))
+    url, occ_url = f"sqlite:///{db}", f"sqlite:///{occ}"
+    re_run = optuna.get_all_study_names(occ_url)
+    for name in re_run:
+        optuna.delete_study(study_name=name, storage=url)
+        optuna.copy_study(from_study_name=name, from_storage=occ_url, to_storage=url)
+    patch = tmp_path / "sm120-tuned.patch"
+    done = _export(url, out=patch)
+    assert done.returncode == 0, done.stderr
+    pr = (tmp_path / "sm120-tuned.pr.md").read_text()
+    assert exporter.OCCUPANCY_CAVEAT in pr
+    rows = {line.split(" | ")[0].lstrip("| ") + ":" + line.split(" | ")[1]: line for line in pr.splitlines()
+            if line.startswith("| fwd |") or line.startswith("| bwd |")}
+    marked = {key for key, line in rows.items() if "at NVIDIA H200's CTAs per SM" in line}
+    assert {f"{n.split(':')[0]}:{n.split(':')[1]}" for n in re_run} == set(rows) - marked
+    assert "fwd:d64-causal-bf16" in marked and "bwd:d128-causal-bf16" in marked
+    check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=_pristine_checkout(tmp_path / "fa"), capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr

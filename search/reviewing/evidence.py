@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import FrozenTrial
 
+from fa4tune import emulated_occupancy
 from fa4tune.config import ProblemClass
 from search.space import get_space
 from search.storing import schema
@@ -61,6 +62,14 @@ class StudyEvidence:
     def confirmed(self, number: int) -> list[TrialRecord]:
         """Confirmations of trial `number` that passed the gate within tolerance."""
         return [c for c in confirmations(self.history, number) if c.confirmed]
+
+    def occupancy(self, number: int) -> str:
+        """The CTAs per SM an emulated trial ran at: "target" (padded to the target's) or "device" (the emulating
+        GPU's own, as every trial before the padding existed); "" for a trial that was not emulated."""
+        t = next((t for t in self.trials if t.number == number), None)
+        if t is None or t.user_attrs.get(schema.MODE) != "emulated":
+            return ""
+        return t.user_attrs.get(schema.OCCUPANCY, emulated_occupancy.DEVICE)
 
     def source(self) -> tuple[str, str]:
         """(device, mode) of the evaluated trials, the most common pair."""

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
 
+from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import forward_kernel, upstream_class
@@ -54,6 +55,9 @@ UPSTREAM_INTERFACE_BLOB = "20636fa5d2e7ee4fb057d0b7c2637e45ee3b353d"  # git hash
 EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on NVIDIA H200 (SM80 mma.sync code with SM120's 99 KB "
                     "shared-memory rule, timed on the H200), not on SM120 hardware: the winners are to be confirmed "
                     "on an RTX 5090 / RTX PRO 6000 before this is merged.")
+OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before fa4-tune reproduced SM120's occupancy "
+                    "under emulation: that GPU then ran up to 3 CTAs per SM where SM120 runs one, which favours configs "
+                    "with more shared memory (the others ran with each launch padded to SM120's CTAs per SM).")
 
 
 @dataclass(frozen=True)
@@ -587,7 +591,14 @@ def _measured(w: Winner, needed: int) -> str:
     """How often the exported trial was measured, and whether that meets the confirmation rule."""
     times = 1 + len(w.confirmations)
     state = "confirmed" if len(w.confirmations) >= needed else f"UNCONFIRMED ({len(w.confirmations)} of {needed} confirmations)"
-    return f"measured {times} time{'s' if times > 1 else ''}, {state}"
+    return f"measured {times} time{'s' if times > 1 else ''}, {state}{_occupancy_note(w)}"
+
+
+def _occupancy_note(w: Winner) -> str:
+    """Where an emulated winner ran at the emulating GPU's own CTAs per SM (not the target's), the rows say so."""
+    if w.study.occupancy(w.trial.number) != emulated_occupancy.DEVICE:
+        return ""
+    return f", at {w.study.source()[0] or 'the GPU'}'s CTAs per SM"
 
 
 def _class_of(w: Winner) -> str:
@@ -599,7 +610,11 @@ def _class_of(w: Winner) -> str:
 def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
     """The emulation caveat when any winner was measured (or recorded) in emulation, else ''."""
     modes = {mode for w in winners for _, mode in [w.study.source()]} | {(table_meta or {}).get("mode")}
-    return EMULATION_CAVEAT if "emulated" in modes else ""
+    if "emulated" not in modes:
+        return ""
+    if any(_occupancy_note(w) for w in winners):
+        return EMULATION_CAVEAT + " " + OCCUPANCY_CAVEAT
+    return EMULATION_CAVEAT
 
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],

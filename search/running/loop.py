@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import optuna
 from optuna.trial import TrialState
 
+from fa4tune import emulated_occupancy
 from fa4tune.harness import results_tsv
 from fa4tune.harness.measurement import Measurement, ProblemResult
 from search.evaluating.protocol import Evaluator
@@ -541,4 +542,5 @@ def measurement_attrs(m: Measurement) -> dict:
         schema.STATUS: m.status, schema.REASON: m.reason, schema.GEOMEAN_TFLOPS: m.geomean_tflops(),
         schema.TFLOPS: {r.problem: r.tflops for r in m.results if r.tflops is not None},
         schema.DEVICE: m.device, schema.MODE: m.mode, schema.MEASUREMENT: m.to_dict(),
+        **({schema.OCCUPANCY: emulated_occupancy.regime()} if m.mode == "emulated" else {}),
     }

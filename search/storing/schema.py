@@ -41,6 +41,8 @@ TFLOPS = "tflops"  # {problem label: TFLOPS} of the problems that passed
 GEOMEAN_TFLOPS = "geomean_tflops"  # the trial value when ok, else None
 DEVICE = "device"  # the measuring GPU's name ("... (replayed from TABLE)" for a replay)
 MODE = "mode"  # "native" | "emulated" | "replay"
+OCCUPANCY = "occupancy"  # emulated trials: "target" (launches padded to the target's CTAs per SM) or "device" (the
+#   emulating GPU's own; trials without it ran before 2026-12-02, when there was no padding: fa4tune.emulated_occupancy)
 MEASUREMENT = "measurement"  # Measurement.to_dict() of an evaluated trial: results, static facts, evaluator, ...
 GIT_COMMIT = "git_commit"  # the fa4-tune commit that ran the trial ("+dirty" with local changes)
 EVALUATED = "evaluated"  # True when the config reached the evaluator (counts towards n_trials)
@@ -66,7 +68,7 @@ CONSTRAINT_KEY = "feasibility"  # the key of trial.set_constraint
 
 STUDY_ATTRS = (DIRECTION, PROBLEM_CLASS, TARGET, SPACE_SIGNATURE, SPACE, PROBLEMS, OBJECTIVE, REJECTED_PROPOSALS,
                SEARCH_SETTINGS, PROBLEM_SPECS, PENDING_TURNS)
-TRIAL_ATTRS = (PROPOSER, RATIONALE, CONFIG, STATUS, REASON, RULE, TFLOPS, GEOMEAN_TFLOPS, DEVICE, MODE, MEASUREMENT,
+TRIAL_ATTRS = (PROPOSER, RATIONALE, CONFIG, STATUS, REASON, RULE, TFLOPS, GEOMEAN_TFLOPS, DEVICE, MODE, OCCUPANCY, MEASUREMENT,
                TARGET, GIT_COMMIT, EVALUATED, CONSTRAINT, WORKER, CONFIRMATION_OF, CONFIRMED, DUPLICATE_OF, REQUEUED_FROM)
 LEGACY_TRIAL_ATTRS = (RESULTS, ERRORS, STATIC, EVALUATOR)
 STUDY_SYSTEM_ATTRS = (REPLAYED_TABLE,)
