@@ -36,7 +36,8 @@ case "${1:?compare or confirm}" in
     db="$OUT/standard-study.db"
     xz -dc docs/measurements/data/2026-12-01-standard-study.db.xz > "$db"
     start=$(date +%s)
-    timeout "${LIMIT:-300}" python3 -m search run --proposer none --storage "sqlite:///$db" --results "$OUT/results.tsv" > "$OUT/confirm.log" 2>&1
+    # that study was measured at the H200's own CTAs per SM (before the padding): continue it as it was measured
+    FA4TUNE_EMULATE_OCCUPANCY=0 timeout "${LIMIT:-300}" python3 -m search run --proposer none --storage "sqlite:///$db" --results "$OUT/results.tsv" > "$OUT/confirm.log" 2>&1
     echo "search run (resume): exit $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/confirm.log"
     python3 -m search report --storage "sqlite:///$db" > "$OUT/confirm-report.log" 2>&1
     xz -6 -f "$db"

@@ -103,3 +103,48 @@ def test_an_emulated_trial_records_the_occupancy_it_ran_at(setting, expected, mo
     assert measurement_attrs(emulated)[schema.OCCUPANCY] == expected
     native = Measurement("fwd", "d128-causal-bf16", {}, (), "sm120", "NVIDIA GeForce RTX 5090", "native")
     assert schema.OCCUPANCY not in measurement_attrs(native)  # SM120 itself: its own occupancy is the target's
+
+
+def _study_with_one_emulated_trial(url: str, occupancy: str | None):
+    import optuna
+
+    from search.storing import schema
+    from search.storing.storage import open_storage
+    from search_helpers import spec
+
+    s = spec()
+    study = optuna.create_study(study_name=s.name, storage=open_storage(url), direction="maximize")
+    for key, value in s.user_attrs().items():
+        study.set_user_attr(key, value)
+    attrs = {schema.EVALUATED: True, schema.MODE: "emulated", **({schema.OCCUPANCY: occupancy} if occupancy else {})}
+    study.add_trial(optuna.trial.create_trial(value=250.0, user_attrs=attrs))
+    return s
+
+
+@pytest.mark.parametrize("stored, this_run, refused", [
+    (None, "target", True),  # a study from before the padding, resumed with the padding on
+    ("device", "target", True), ("target", "device", True),
+    ("target", "target", False), (None, "device", False), (None, "", False),  # "": not emulated (SM120, replay)
+])
+def test_a_study_measured_at_another_occupancy_is_refused(tmp_path, stored, this_run, refused):
+    from fa4tune.config import ConfigError
+    from search.storing.storage import open_storage
+    from search.storing.study import check_existing
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    s = _study_with_one_emulated_trial(url, stored)
+    if not refused:
+        check_existing(open_storage(url), [s], this_run)
+        return
+    with pytest.raises(ConfigError) as err:
+        check_existing(open_storage(url), [s], this_run)
+    assert err.value.rule == "study_occupancy" and s.name in str(err.value) and "FA4TUNE_EMULATE_OCCUPANCY" in str(err.value)
+
+
+def test_only_an_emulating_evaluator_has_an_occupancy(monkeypatch):
+    from search.evaluating.protocol import occupancy_of
+
+    monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    assert occupancy_of(type("E", (), {"mode": "emulated"})()) == "target"
+    assert occupancy_of(type("N", (), {"mode": "native"})()) == ""
+    assert occupancy_of(object()) == ""  # a replay evaluator has no mode

@@ -5,6 +5,7 @@ search.evaluating.gpu_pipeline; this module also holds what both share (STATIC_E
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -57,6 +58,17 @@ class GpuEvaluator:
         self._checker = None  # fa4tune.static_check.StaticChecker, its compile worker kept between trials
         self._checker_lock = threading.Lock()  # a worker with --slots N evaluates from N threads; the checker is not shared
         self._server = None  # fa4tune.harness.step_server.StepServer, started on the first GPU step
+
+    @functools.cached_property
+    def mode(self) -> str:
+        """'native' or 'emulated' on this machine's GPU ('' without one): what its measurements will say."""
+        import torch
+
+        if not torch.cuda.is_available():
+            return ""
+        from fa4tune.harness import gpu
+
+        return gpu.select_mode(gpu.read_device(), self.target)
 
     @property
     def server(self):

@@ -27,6 +27,16 @@ class Evaluator(Protocol):
         reported as it comes; when `monitor.report` returns False the config's other problems are not measured."""
 
 
+def occupancy_of(evaluator) -> str:
+    """The CTAs per SM an evaluator's emulated measurements run at (fa4tune.emulated_occupancy.regime()), or ''
+    where it does not measure in emulation (SM120 itself, a replay, no GPU)."""
+    if getattr(evaluator, "mode", "") != "emulated":
+        return ""
+    from fa4tune import emulated_occupancy
+
+    return emulated_occupancy.regime()
+
+
 def default_compile_jobs(workers: int = 1) -> int:
     """CPU compile processes per worker by default: the machine's cores but one, shared by its workers."""
     return max(1, ((os.cpu_count() or 2) - 1) // max(1, workers))

@@ -18,7 +18,7 @@ from dataclasses import replace
 import optuna
 
 from fa4tune.config import ConfigError
-from search.evaluating.protocol import AUTO, default_compile_jobs
+from search.evaluating.protocol import AUTO, default_compile_jobs, occupancy_of
 from search.proposing.samplers import make_sampler
 from search.running.run_config import RunConfig
 from search.running.runner import plan
@@ -64,9 +64,10 @@ def worker_command(config: RunConfig, studies: list[str], compile_jobs: int = AU
 
 def prepare_studies(config: RunConfig, out) -> list[str]:
     """Checks everything, then creates or loads the studies and records settings and problems; their names."""
-    specs = plan(config, out).specs
+    run_plan = plan(config, out)
+    specs = run_plan.specs
     storage = open_storage(config.storage)
-    check_existing(storage, specs)
+    check_existing(storage, specs, occupancy_of(run_plan.evaluator))
     settings = {name: getattr(config, name) for name in SEARCH_FIELDS}
     for spec in specs:
         study = open_study(storage, spec, make_sampler(config.sampler, config.seed))

@@ -17,7 +17,7 @@ from fa4tune.config import ConfigError
 from fa4tune.suites import load_suite
 from fa4tune.targets import get_target
 from search.evaluating import protocol
-from search.evaluating.protocol import AUTO
+from search.evaluating.protocol import AUTO, occupancy_of
 from search.evaluating.pruning import make_pruner
 from search.evaluating.replay import ReplayEvaluator
 from search.proposing.samplers import make_sampler
@@ -171,7 +171,7 @@ def run(config: RunConfig, out=None) -> int:
         torch.set_num_threads(1)  # GP's small matrices: threads cost more than they give (2.5x slower with 2)
     print(f"storage: {describe(config.storage)}", file=out, flush=True)
     storage = open_storage(config.storage)
-    check_existing(storage, specs)
+    check_existing(storage, specs, occupancy_of(evaluator))
     slots = config.slots or evaluator.slots
     settings = loop_settings_of(config, config.results or None, git_commit(), config.description)
     stop = StopFlag()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from fa4tune import emulated_occupancy
 from fa4tune.config import ConfigError, Problem, ProblemClass
 from fa4tune.targets import Target
 from search.space import Space, get_space
@@ -92,8 +93,10 @@ def specs_for(problems: list[Problem], directions: list[str], target: Target, cl
     return specs
 
 
-def check_existing(storage, specs: list[StudySpec]) -> None:
-    """Reads only: refuses a study that exists with another space or other problems."""
+def check_existing(storage, specs: list[StudySpec], occupancy: str = "") -> None:
+    """Reads only: refuses a study that exists with another space or other problems, or (with `occupancy`, the
+    CTAs per SM this run's emulated measurements run at: fa4tune.emulated_occupancy.regime()) whose emulated
+    trials ran at another occupancy: their numbers and this run's would not compare."""
     existing = set(optuna.study.get_all_study_names(storage))
     for spec in specs:
         if spec.name not in existing:
@@ -112,6 +115,27 @@ def check_existing(storage, specs: list[StudySpec]) -> None:
                 f"study {spec.name!r} was measured on other problems ({', '.join(stored.get(schema.PROBLEMS) or [])}); "
                 f"this run has {', '.join(spec.labels())}",
             )
+        if occupancy:
+            _check_occupancy(storage, spec.name, occupancy)
+
+
+def _check_occupancy(storage, name: str, occupancy: str) -> None:
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials(deepcopy=False)
+    ran = {t.user_attrs.get(schema.OCCUPANCY, emulated_occupancy.DEVICE) for t in trials
+           if t.user_attrs.get(schema.EVALUATED) and t.user_attrs.get(schema.MODE) == "emulated"}
+    other = sorted(ran - {occupancy})
+    if other:
+        turn = ("set FA4TUNE_EMULATE_OCCUPANCY=0 to continue it as it was measured" if occupancy == emulated_occupancy.TARGET
+                else "leave FA4TUNE_EMULATE_OCCUPANCY unset to continue it as it was measured")
+        raise ConfigError(
+            "study_occupancy",
+            f"study {name!r} was measured in emulation at {' and '.join(OCCUPANCY_WORDS.get(o, repr(o)) for o in other)}; this run "
+            f"measures at {OCCUPANCY_WORDS[occupancy]}; use another --storage, or {turn}",
+        )
+
+
+OCCUPANCY_WORDS = {emulated_occupancy.TARGET: "the target's CTAs per SM (launches padded)",
+                   emulated_occupancy.DEVICE: "the emulating GPU's own CTAs per SM"}
 
 
 def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
