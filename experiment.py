@@ -573,7 +573,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
         extra={"num_splits": 1},
     ),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     "d64-causal-chunked-bf16": ForwardConfig(
@@ -583,19 +583,19 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
 
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
+        m_block_size=32, n_block_size=128, num_stages_Q=1, num_stages_dO=1, num_threads=256, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=4, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d128-causal-bf16": BackwardConfig(
         m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
         dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
     ),
     "d96-noncausal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d96-causal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-noncausal-bf16": BackwardConfig(
@@ -603,8 +603,8 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d64-causal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
+        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d128-causal-gqa4-bf16": BackwardConfig(
         m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
