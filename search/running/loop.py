@@ -9,9 +9,10 @@ both its sequential and its parallel `optimize`.
 A config that the static rules reject never reaches the evaluator: it is told with the penalty value
 and a constraint > 0, which TPE and GP both read (a FAIL trial would be ignored and re-proposed). A config
 measured before is copied (`duplicate_of`) and costs no budget: `n_trials` counts distinct configs that
-reached the evaluator. A hopeless config is pruned (search.evaluating.pruning). When every feasible config was
-measured the study stops and says so. After n_trials, the winner is re-measured (`confirmations` times) so
-that `apply` can trust it; a study already finished is left as it is.
+reached the evaluator. A hopeless config is pruned (search.evaluating.pruning); the baseline and the incumbent never
+are, since every winner is compared with them. When every feasible config was measured the study stops and
+says so. After n_trials, the winner is re-measured (`confirmations` times) so that `apply` can trust it; a study
+already finished is left as it is.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from search.storing import schema
 from search.storing.claims import counted_history, find_claim, in_flight_evaluations, pending_turns, set_pending_turn
 from search.storing.history import TrialRecord, best, config_key, confirmations, evaluated_count, measured, record, records, winner
 from search.storing.results_log import trial_row
-from search.storing.study import close_interrupted, enqueue_baseline, waiting
+from search.storing.study import BASELINE, INCUMBENT, close_interrupted, enqueue_baseline, waiting
 
 PENALTY = 0.0  # the value of an infeasible or failed trial (its constraint says why)
 CONFIRMATION = "confirmation"
@@ -414,7 +415,9 @@ class StudyLoop:
                 for step, v in earlier.intermediate.items():
                     trial.report(v, step)
         else:
-            monitor = None if confirmation_of is not None else TrialMonitor(trial, self._limits(history))
+            # the baseline and the incumbent are the references a winner is judged against: always measured whole
+            reference = confirmation_of is not None or proposer in (BASELINE, INCUMBENT)
+            monitor = None if reference else TrialMonitor(trial, self._limits(history))
             m = self._evaluate(config, monitor)
             value = m.geomean_tflops() if m.ok else PENALTY
             violation = 0.0 if m.ok else 1.0
