@@ -63,6 +63,23 @@ def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path,
     assert experiment_copy.read_text() == before
 
 
+def test_a_study_killed_before_its_first_trial_ended_is_named_empty_not_failed(tmp_path, experiment_copy):
+    """a run cut by its time limit leaves the study's trials RUNNING: nothing failed the gate, nothing finished."""
+    from search.proposing.samplers import make_sampler
+    from search.storing.study import open_study
+    from search_helpers import spec
+
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    study = open_study(open_storage(url), spec(), make_sampler("random", 0))
+    study.ask()  # left RUNNING, as a SIGKILL leaves it
+    before = experiment_copy.read_text()
+    done = run_cli("apply", "--storage", url, "--experiment", experiment_copy)
+    assert done.returncode == 2
+    (refusal,) = done.stderr.splitlines()
+    assert refusal.startswith(f"error: study_empty: {STUDY}: the study has no finished trials") and "gate" not in refusal
+    assert experiment_copy.read_text() == before
+
+
 def test_apply_refuses_a_replayed_winner_unless_allowed(confirmed_url, experiment_copy):
     url = confirmed_url
     before = experiment_copy.read_text()

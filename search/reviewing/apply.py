@@ -68,6 +68,9 @@ def _check_incumbent(decision: Decision, source: str, history) -> Decision:
 def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> Decision:
     direction, pc = meta[schema.DIRECTION], meta[schema.PROBLEM_CLASS]
     w = winner(history)
+    if w is None and not any(r.state in ("COMPLETE", "PRUNED") for r in history):
+        return Decision(name, direction, pc, None, f"study_empty: {name}: the study has no finished trials (a run killed before "
+                                                   "its first one ended leaves them RUNNING): run `python -m search run` again")
     if w is None:
         return Decision(name, direction, pc, None, f"no_winner: {name}: no trial passed the correctness gate, so there is no winner")
     head = f"{name}: best trial #{w.number} ({w.value:.1f} TFLOPS, {short_config(w.config)})"
