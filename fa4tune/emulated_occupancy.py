@@ -25,9 +25,13 @@ OCCUPANCY_ENV = "FA4TUNE_EMULATE_OCCUPANCY"
 RESERVED_PER_CTA = 1024  # shared memory the driver keeps per CTA (both arches)
 STATIC_SMEM = 1024  # the SM120 kernels' static shared memory (their cubins: 1 KB); the launch does not know it
 
-# Per SM / per CTA shared memory by the arch kernels are compiled for (CUDA C++ Programming Guide), bytes.
-SMEM_PER_SM = {"sm_80": 167936, "sm_87": 167936, "sm_90": 233472, "sm_90a": 233472, "sm_100": 233472, "sm_100a": 233472}
-SMEM_PER_CTA = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448, "sm_90a": 232448, "sm_100": 232448, "sm_100a": 232448}
+# Per SM / per CTA shared memory by the arch kernels are compiled for (CUDA C++ Programming Guide, its table of
+# technical specifications per compute capability), bytes. An arch missing here is not padded, and its runs say so.
+_KB = 1024
+_PER_SM_KB = {"sm_80": 164, "sm_86": 100, "sm_87": 164, "sm_89": 100, "sm_90": 228, "sm_100": 228, "sm_103": 228,
+              "sm_120": 100, "sm_121": 100}
+SMEM_PER_SM = {arch + a: kb * _KB for arch, kb in _PER_SM_KB.items() for a in ("", "a")}
+SMEM_PER_CTA = {arch: per_sm - _KB for arch, per_sm in SMEM_PER_SM.items()}  # the opt-in maximum: 1 KB less
 
 
 def padded_smem(smem: int, target_smem_per_sm: int, arch: str) -> int:
@@ -54,16 +58,27 @@ def requested() -> bool:
 TARGET, DEVICE = "target", "device"  # the occupancy an emulated measurement ran at
 
 
+def unknown_arch() -> str | None:
+    """This process's arch where SMEM_PER_SM does not know it (its launches cannot be padded), else None."""
+    arch = arch_here()
+    return arch if arch is not None and arch not in SMEM_PER_SM else None
+
+
 def regime() -> str:
-    """TARGET when this process pads launches to the target's CTAs per SM, else DEVICE."""
-    return TARGET if requested() else DEVICE
+    """TARGET when this process pads launches to the target's CTAs per SM, else DEVICE (padding off, or an arch
+    whose shared memory per SM is not known)."""
+    return TARGET if requested() and unknown_arch() is None else DEVICE
 
 
 def describe(target_name: str) -> str:
     """How an emulated run's occupancy was set, for its labels."""
-    if requested():
-        return f"at {target_name}'s CTAs per SM (launch shared memory padded)"
-    return f"at this GPU's CTAs per SM ({OCCUPANCY_ENV}=0)"
+    if not requested():
+        return f"at this GPU's CTAs per SM ({OCCUPANCY_ENV}=0)"
+    arch = unknown_arch()
+    if arch is not None:
+        return (f"at this GPU's CTAs per SM: the shared memory per SM of {arch} is not in "
+                "fa4tune/emulated_occupancy.py's table, so launches are not padded")
+    return f"at {target_name}'s CTAs per SM (launch shared memory padded)"
 
 
 def arch_here() -> str | None:

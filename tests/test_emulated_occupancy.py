@@ -61,6 +61,16 @@ def test_no_arch_known_pads_nothing(monkeypatch):
     assert eo.arch_here() is None and eo.launch_smem(50176, SM120) == 50176
 
 
+def test_an_arch_the_table_does_not_know_is_not_padded_and_its_runs_say_so(monkeypatch):
+    monkeypatch.delenv(eo.OCCUPANCY_ENV, raising=False)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_110a")  # not in the table
+    assert eo.launch_smem(50176, SM120) == 50176
+    assert eo.regime() == eo.DEVICE and "sm_110a" in eo.describe("SM120") and "not padded" in eo.describe("SM120")
+    for known in ("sm_90a", "sm_120a"):  # padded, or nothing to pad: the target's CTAs per SM either way
+        monkeypatch.setenv("CUTE_DSL_ARCH", known)
+        assert eo.regime() == eo.TARGET and "SM120's CTAs per SM" in eo.describe("SM120")
+
+
 def test_the_setting_is_in_the_kernel_cache_fingerprint(monkeypatch, tmp_path):
     module = tmp_path / "kernels.py"
     module.write_text("# a kernel module\n")
