@@ -15,7 +15,7 @@ from search.evaluating.table import load_table
 from search.proposing.proposer import Proposal, Proposer
 from search.storing import schema
 from search.storing.history import records
-from search_helpers import TARGET, make_loop, spec, write_table
+from search_helpers import ROOT, TARGET, make_loop, spec, write_table
 
 
 def test_an_infeasible_config_never_reaches_the_evaluator_and_is_told_as_a_constraint(tmp_path):
@@ -186,3 +186,15 @@ def test_an_evaluator_that_raises_gives_a_crash_trial_and_the_study_goes_on(tmp_
     assert "crash" in statuses and outcome.evaluated == 4
     crash = next(t for t in loop.study.trials if t.user_attrs[schema.STATUS] == "crash")
     assert "illegal memory access" in crash.user_attrs[schema.REASON] and crash.constraints[schema.CONSTRAINT_KEY] == 1.0
+
+
+def test_the_commit_a_run_records_is_fa4tunes_whatever_the_working_directory(tmp_path, monkeypatch):
+    import re
+    import subprocess
+
+    from search.running.runner import git_commit
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    monkeypatch.chdir(tmp_path)  # not a git checkout
+    commit = git_commit()
+    assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", commit) and commit.split("-")[0] == head  # prepare.py's suffix

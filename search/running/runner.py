@@ -35,12 +35,15 @@ INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
 
 
 def git_commit() -> str:
-    """The short commit of the working tree, '+dirty' when it has changes; 'unknown' outside git."""
+    """The short commit of fa4-tune's checkout, '-dirty' (as prepare.py's rows) when a tracked file has changes:
+    any one, since the evaluators in search/ measure too (prepare.py looks at experiment.py and fa4tune/ only);
+    'unknown' outside git."""
+    root = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
-        return commit + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
         return "unknown"
 
 

@@ -44,7 +44,7 @@ MODE = "mode"  # "native" | "emulated" | "replay"
 OCCUPANCY = "occupancy"  # emulated trials: "target" (launches padded to the target's CTAs per SM) or "device" (the
 #   emulating GPU's own; trials without it ran before 2026-12-02, when there was no padding: fa4tune.emulated_occupancy)
 MEASUREMENT = "measurement"  # Measurement.to_dict() of an evaluated trial: results, static facts, evaluator, ...
-GIT_COMMIT = "git_commit"  # the fa4-tune commit that ran the trial ("+dirty" with local changes)
+GIT_COMMIT = "git_commit"  # the fa4-tune commit that ran the trial ("-dirty" with local changes)
 EVALUATED = "evaluated"  # True when the config reached the evaluator (counts towards n_trials)
 CONSTRAINT = "constraint"  # [violation]: > 0 infeasible or failed, also set with trial.set_constraint
 WORKER = "worker"  # the worker that claimed the trial for evaluation ("host:pid", "host:pid/slot", "local/slot")
