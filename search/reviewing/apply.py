@@ -16,7 +16,7 @@ from fa4tune.config import ConfigError, ProblemClass
 from search.space import get_space
 from search.storing import schema
 from search.storing.dispatch_table import DISPATCH, edit_dispatch, effective_entry_config, entry_config
-from search.storing.history import config_key, confirmations, measured, records, short_config, winner
+from search.storing.history import FINISHED, config_key, confirmations, measured, records, short_config, winner
 
 
 
@@ -68,7 +68,7 @@ def _check_incumbent(decision: Decision, source: str, history) -> Decision:
 def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> Decision:
     direction, pc = meta[schema.DIRECTION], meta[schema.PROBLEM_CLASS]
     w = winner(history)
-    if w is None and not any(r.state in ("COMPLETE", "PRUNED") for r in history):
+    if w is None and not any(r.state in FINISHED for r in history):
         return Decision(name, direction, pc, None, f"study_empty: {name}: the study has no finished trials (a run killed before "
                                                    "its first one ended leaves them RUNNING): run `python -m search run` again")
     if w is None:
