@@ -361,15 +361,6 @@ class TmaForwardSm120(TunedForwardSm120):
                 smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V,
                 tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
             )
-            compute_one_n_block = partial(
-                self.compute_one_n_block,
-                mma_params=mma_params, smem_copy_params=smem_copy_params, softmax=softmax,
-                load_K=load_K, load_V=load_V,
-                wait_K=partial(self.wait_tma, mbar_K), wait_V=partial(self.wait_tma, mbar_V),
-                score_mod=self.score_mod, batch_idx=batch_size, head_idx=num_head, m_block=m_block,
-                aux_data=aux_data, fastdiv_mods=fastdiv_mods,
-            )
-
             # Prologue: Q, then K of the first num_stages blocks and V of the first num_stages-1
             if const_expr(self.use_tma_Q):
                 gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
@@ -411,7 +402,7 @@ class TmaForwardSm120(TunedForwardSm120):
             if const_expr(not self.Q_in_regs):
                 wait_Q()
 
-            # Mainloop: iteration i reads stage i % S at barrier phase (i // S) % 2
+            # Mainloop: the KV blocks in the schedule of self.mainloop (a subclass may reorder them)
             mask = AttentionMask(
                 self.tile_m, self.tile_n, seqlen, window_size_left, window_size_right,
                 self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
@@ -421,27 +412,11 @@ class TmaForwardSm120(TunedForwardSm120):
                 mask_causal=self.is_causal, mask_local=self.is_local, aux_data=aux_data,
                 fastdiv_mods=fastdiv_mods if const_expr(self.mask_mod is not None) else None,
             )
-            iteration = Int32(0)
-            compute_one_n_block(
-                n_block, iteration, is_first_n_block=True, seqlen=seqlen,
-                mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+            self.mainloop(
+                block_info, seqlen, m_block, n_block_min, n_block_max, mask_fn, mma_params, smem_copy_params,
+                softmax, load_K, load_V, partial(self.wait_tma, mbar_K), partial(self.wait_tma, mbar_V),
+                batch_size, num_head, aux_data, fastdiv_mods,
             )
-            iteration += 1
-            if const_expr(self.is_causal or self.is_local):
-                n_block_min_causal_local_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
-                for n_tile in cutlass.range(n_block_max - 1 - n_block_min_causal_local_mask, unroll=1):
-                    n_block = n_block_max - 2 - n_tile
-                    compute_one_n_block(
-                        n_block, iteration, seqlen=seqlen,
-                        mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
-                    )
-                    iteration += 1
-            for n_tile in cutlass.range(n_block, unroll=1):
-                compute_one_n_block(
-                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
-                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
-                )
-                iteration += 1
 
             row_scale = softmax.finalize()
             softmax.rescale_O(acc_O, row_scale)
@@ -450,6 +425,59 @@ class TmaForwardSm120(TunedForwardSm120):
                 acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv, tidx,
                 m_block, num_head, batch_size,
             )
+
+    @cute.jit
+    def mainloop(
+        self,
+        block_info: BlockInfo,
+        seqlen: SeqlenInfoQK,
+        m_block: Int32,
+        n_block_min: Int32,
+        n_block_max: Int32,
+        mask_fn: Callable,
+        mma_params: SimpleNamespace,
+        smem_copy_params: SimpleNamespace,
+        softmax: Softmax,
+        load_K: Callable,
+        load_V: Callable,
+        wait_K: Callable,
+        wait_V: Callable,
+        batch_idx: Int32,
+        head_idx: Int32,
+        aux_data: AuxData,
+        fastdiv_mods,
+    ):
+        """The KV blocks from the last down (upstream's order): iteration i reads stage i % S at barrier phase
+        (i // S) % 2; the last block and the causal diagonal's blocks masked, the rest not."""
+        compute_one_n_block = partial(
+            self.compute_one_n_block,
+            mma_params=mma_params, smem_copy_params=smem_copy_params, softmax=softmax,
+            load_K=load_K, load_V=load_V, wait_K=wait_K, wait_V=wait_V,
+            score_mod=self.score_mod, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
+            aux_data=aux_data, fastdiv_mods=fastdiv_mods,
+        )
+        n_block = cutlass.max(n_block_max - 1, 0)
+        iteration = Int32(0)
+        compute_one_n_block(
+            n_block, iteration, is_first_n_block=True, seqlen=seqlen,
+            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+        )
+        iteration += 1
+        if const_expr(self.is_causal or self.is_local):
+            n_block_min_causal_local_mask = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
+            for n_tile in cutlass.range(n_block_max - 1 - n_block_min_causal_local_mask, unroll=1):
+                n_block = n_block_max - 2 - n_tile
+                compute_one_n_block(
+                    n_block, iteration, seqlen=seqlen,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+                )
+                iteration += 1
+        for n_tile in cutlass.range(n_block, unroll=1):
+            compute_one_n_block(
+                n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
+                mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
+            )
+            iteration += 1
 
     @cute.jit
     def compute_one_n_block(
