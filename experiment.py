@@ -568,10 +568,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
     # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
     # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md).
-    "d128-causal-chunked-bf16": ForwardConfig(
-        tile_m=256, tile_n=64, num_threads=256, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
-        extra={"num_splits": 1},
-    ),
+    "d128-causal-chunked-bf16": ForwardConfig(tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
         tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
@@ -607,7 +604,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
     ),
     "d128-causal-gqa4-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
         dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
     ),
 }
