@@ -38,8 +38,9 @@ def dashboard(tmp_path_factory):
     """A study (baseline, two scripted configs with a rationale, random ones, confirmations) served on a free port."""
     tmp = tmp_path_factory.mktemp("dashboard")
     url = f"sqlite:///{tmp / 'search.db'}"
-    # seed 3: the random sampler's trials include an infeasible config and one that fails the (synthetic) gate
-    run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp), [FWD_MHA, FWD_MHA_RUNNER_UP], sampler_trials=4, seed=3)
+    # seed 7: the random sampler's trials include infeasible configs and 192-row tiles that fail the (synthetic) gate
+    # (the seed depends on the search space: a new kernel value reorders the random draws; the tests say so if it misses)
+    run_study(url, "fwd", "d128-causal-bf16", forward_table(tmp), [FWD_MHA, FWD_MHA_RUNNER_UP], sampler_trials=4, seed=7)
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "search", "dashboard", "--storage", url, "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,7 +88,8 @@ def test_notes_show_feasibility_and_the_study_baseline(dashboard):
     infeasible = next(t for t in detail["trials"] if _attrs(t).get("status") == "infeasible")
     note = infeasible["note"]["body"]
     assert note.startswith(f"**feasible: no** · rule `{_attrs(infeasible)['rule']}`: {_attrs(infeasible)['reason']}")
-    incorrect = next(t for t in detail["trials"] if _attrs(t).get("status") == "incorrect")
+    incorrect = next((t for t in detail["trials"] if _attrs(t).get("status") == "incorrect"), None)
+    assert incorrect, "the random sampler's trials include no config that fails the gate: pick another seed"
     assert incorrect["note"]["body"].startswith("**feasible: yes** · **incorrect**: incorrect: failed the correctness gate")
     scripted = next(t for t in detail["trials"] if _attrs(t)["proposer"] == "scripted")
     assert "**feasible: yes** · **ok**" in scripted["note"]["body"] and f"> {RATIONALE}" in scripted["note"]["body"]
