@@ -453,7 +453,7 @@ class TmaForwardSm120(TunedForwardSm120):
             self.compute_one_n_block,
             mma_params=mma_params, smem_copy_params=smem_copy_params, softmax=softmax,
             load_K=load_K, load_V=load_V, wait_K=wait_K, wait_V=wait_V,
-            score_mod=self.score_mod, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
+            batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
             aux_data=aux_data, fastdiv_mods=fastdiv_mods,
         )
         n_block = cutlass.max(n_block_max - 1, 0)
@@ -491,7 +491,6 @@ class TmaForwardSm120(TunedForwardSm120):
         load_V: Callable,
         wait_K: Callable,
         wait_V: Callable,
-        score_mod: Callable | None,
         batch_idx: cutlass.Int32,
         head_idx: cutlass.Int32,
         m_block: cutlass.Int32,
@@ -513,16 +512,8 @@ class TmaForwardSm120(TunedForwardSm120):
             load_V(n_block, 0)
         elif n_block - num_stages + 1 >= 0:
             load_V(n_block - num_stages + 1, (iteration + num_stages - 1) % num_stages)
-        sm80_utils.gemm(
-            mma_params.thr_mma_qk, acc_S, mma_params.tSrQ, mma_params.tSrK, smem_copy_params.tSsQ,
-            smem_copy_params.tSsK[None, None, None, stage], smem_copy_params.smem_thr_copy_Q,
-            smem_copy_params.smem_thr_copy_K, A_in_regs=self.Q_in_regs,
-        )
-        if const_expr(score_mod is not None):
-            self.apply_score_mod(
-                mma_params.thr_mma_qk, batch_idx, head_idx, m_block, acc_S, n_block,
-                softmax_scale=softmax.softmax_scale, seqlen=seqlen, aux_data=aux_data, fastdiv_mods=fastdiv_mods,
-            )
+        self.gemm_QK(acc_S, stage, n_block, mma_params, smem_copy_params, softmax, seqlen, batch_idx, head_idx, m_block,
+                     aux_data, fastdiv_mods)
         if const_expr(num_stages == 1):
             wait_V(stage, phase)  # V of this block; everyone is done with this block's K
             if n_block - 1 >= 0:
@@ -533,12 +524,44 @@ class TmaForwardSm120(TunedForwardSm120):
         softmax.rescale_O(mma_params.acc_O, row_scale)
         rP = cute.make_fragment_like(acc_S, self.dtype)
         rP.store(acc_S.load().to(self.dtype))
-        tOrP = layout_utils.reshape_acc_to_frgA(rP)
         if const_expr(num_stages > 1):
             wait_V(stage, phase)
             if n_block - num_stages >= 0:
                 load_K(n_block - num_stages, stage)
+        self.gemm_PV(rP, stage, mma_params, smem_copy_params)
+
+    @cute.jit
+    def gemm_QK(
+        self,
+        acc_S: cute.Tensor,
+        stage: Int32,
+        n_block: Int32,
+        mma_params: SimpleNamespace,
+        smem_copy_params: SimpleNamespace,
+        softmax: Softmax,
+        seqlen: SeqlenInfoQK,
+        batch_idx: Int32,
+        head_idx: Int32,
+        m_block: Int32,
+        aux_data: AuxData,
+        fastdiv_mods,
+    ):
+        """acc_S += Q K^T from K's buffer `stage` (Q from registers with Q_in_regs), then the score_mod if any."""
+        sm80_utils.gemm(
+            mma_params.thr_mma_qk, acc_S, mma_params.tSrQ, mma_params.tSrK, smem_copy_params.tSsQ,
+            smem_copy_params.tSsK[None, None, None, stage], smem_copy_params.smem_thr_copy_Q,
+            smem_copy_params.smem_thr_copy_K, A_in_regs=self.Q_in_regs,
+        )
+        if const_expr(self.score_mod is not None):
+            self.apply_score_mod(
+                mma_params.thr_mma_qk, batch_idx, head_idx, m_block, acc_S, n_block,
+                softmax_scale=softmax.softmax_scale, seqlen=seqlen, aux_data=aux_data, fastdiv_mods=fastdiv_mods,
+            )
+
+    @cute.jit
+    def gemm_PV(self, P: cute.Tensor, stage: Int32, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace):
+        """O += P V from V's buffer `stage` (P: the softmax's probabilities in the input dtype, S's layout)."""
         sm80_utils.gemm_rs(
-            mma_params.thr_mma_pv, mma_params.acc_O, tOrP, mma_params.tOrVt,
+            mma_params.thr_mma_pv, mma_params.acc_O, layout_utils.reshape_acc_to_frgA(P), mma_params.tOrVt,
             smem_copy_params.tOsVt[None, None, None, stage], smem_copy_params.smem_thr_copy_V,
         )

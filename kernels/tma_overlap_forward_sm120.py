@@ -20,12 +20,10 @@ from typing import Callable
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from flash_attn.cute import ampere_helpers as sm80_utils
 from flash_attn.cute.block_info import BlockInfo
 from flash_attn.cute.seqlen_info import SeqlenInfoQK
 from flash_attn.cute.softmax import Softmax
 from flash_attn.cute.utils import AuxData
-from quack import layout_utils
 
 from fa4tune.kernel_class import Limits
 from kernels.tma_forward_sm120 import TmaForwardSm120
@@ -90,15 +88,7 @@ class TmaOverlapForwardSm120(TmaForwardSm120):
         cute.arch.barrier()
         load_V(n_block_min, 0)
         wait_V(0, (iteration + 1) % 2)
-        self.gemm_PV(P, mma_params, smem_copy_params)
-
-    @cute.jit
-    def gemm_PV(self, P: cute.Tensor, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace):
-        """O += P V from the single V buffer."""
-        sm80_utils.gemm_rs(
-            mma_params.thr_mma_pv, mma_params.acc_O, layout_utils.reshape_acc_to_frgA(P), mma_params.tOrVt,
-            smem_copy_params.tOsVt[None, None, None, 0], smem_copy_params.smem_thr_copy_V,
-        )
+        self.gemm_PV(P, 0, mma_params, smem_copy_params)
 
     @cute.jit
     def overlap_step(
@@ -130,16 +120,8 @@ class TmaOverlapForwardSm120(TmaForwardSm120):
         wait_K(0, iteration % 2)  # K(n) landed; every thread is done with the previous step (its PV read V)
         if const_expr(not is_first):
             load_V(n_block + 1, 0)
-        sm80_utils.gemm(
-            mma_params.thr_mma_qk, acc_S, mma_params.tSrQ, mma_params.tSrK, smem_copy_params.tSsQ,
-            smem_copy_params.tSsK[None, None, None, 0], smem_copy_params.smem_thr_copy_Q,
-            smem_copy_params.smem_thr_copy_K, A_in_regs=self.Q_in_regs,
-        )
-        if const_expr(self.score_mod is not None):
-            self.apply_score_mod(
-                mma_params.thr_mma_qk, batch_idx, head_idx, m_block, acc_S, n_block,
-                softmax_scale=softmax.softmax_scale, seqlen=seqlen, aux_data=aux_data, fastdiv_mods=fastdiv_mods,
-            )
+        self.gemm_QK(acc_S, 0, n_block, mma_params, smem_copy_params, softmax, seqlen, batch_idx, head_idx, m_block,
+                     aux_data, fastdiv_mods)
         if const_expr(is_first):
             cute.arch.barrier()  # every thread is done with K(n)
         else:
@@ -147,7 +129,7 @@ class TmaOverlapForwardSm120(TmaForwardSm120):
         if n_block - 1 >= n_block_min:
             load_K(n_block - 1, 0)
         if const_expr(not is_first):
-            self.gemm_PV(P, mma_params, smem_copy_params)  # independent of S: the softmax below overlaps its MMAs
+            self.gemm_PV(P, 0, mma_params, smem_copy_params)  # independent of S: the softmax below overlaps its MMAs
         mask_fn(acc_S, n_block=n_block, mask_mod=self.mask_mod, mask_seqlen=mask_seqlen)
         row_scale = softmax.online_softmax(acc_S, is_first=is_first, check_inf=True)
         softmax.rescale_O(mma_params.acc_O, row_scale)
