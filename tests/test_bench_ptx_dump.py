@@ -1,0 +1,35 @@
+"""bench/ptx_dump.py: an unknown config name is refused with the known ones; the dump of one config is deterministic
+(two processes write byte-identical PTX for the target arch), which is what lets a refactor be checked by a diff."""
+
+import subprocess
+import sys
+
+import pytest
+
+import bench_helpers
+
+ROOT = bench_helpers.ROOT
+
+
+def test_an_unknown_config_name_is_refused_with_the_known_ones(tmp_path, capsys):
+    bench = bench_helpers.load_bench("ptx_dump")
+    with pytest.raises(SystemExit) as done:
+        bench.main([str(tmp_path), "--configs", "tma_64x64_qr_chunked_gqa4,tma_999x1"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "--configs: unknown name(s) ['tma_999x1']" in err and "overlap_128x64_t256_d64" in err
+    assert not any(tmp_path.iterdir())  # refused before any compile or file
+
+
+@pytest.mark.compile
+def test_two_dumps_of_one_config_are_byte_identical(tmp_path):
+    name = "overlap_128x64_t256_d64"
+    for run in ("a", "b"):
+        done = subprocess.run([sys.executable, "bench/ptx_dump.py", str(tmp_path / run), "--configs", name],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert f"{name}: 1 kernel(s)" in done.stdout
+    first, second = (tmp_path / run / f"{name}.ptx" for run in ("a", "b"))
+    text = first.read_text()
+    assert ".target sm_120a" in text and ".entry" in text and "mma.sync" in text
+    assert first.read_bytes() == second.read_bytes()
