@@ -22,7 +22,7 @@ def _run_parser(sub) -> None:
     p.add_argument("--problem-class", action="append", dest="problem_classes", help="tune only this class (repeatable)")
     p.add_argument("--target", help="target rules (default sm120)")
     p.add_argument("--n-trials", type=int, help="evaluated configs per study (default 40)")
-    p.add_argument("--sampler", help="tpe, gp or random")
+    p.add_argument("--sampler", help="tpe, gp, random or sweep (every feasible config once, in a seeded order)")
     p.add_argument("--seed", type=int, help="sampler seed (default 0)")
     p.add_argument("--proposer", help="claude or none (default claude)")
     p.add_argument("--model", help="Claude model")
@@ -168,7 +168,7 @@ def _apply(args) -> int:
 
 def _bench(args) -> int:
     from search.running import bench
-    from search.proposing.samplers import DEFAULT_SAMPLER, make_sampler
+    from search.proposing.samplers import DEFAULT_SAMPLER, check_sampler
 
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in bench.STRATEGIES]
@@ -189,7 +189,7 @@ def _bench(args) -> int:
     if not classes:
         raise ConfigError("table_file", f"table {path!r} has no problem class with a passing {direction} config")
     sampler = args.sampler or DEFAULT_SAMPLER
-    make_sampler(sampler)  # a one-line error for an unknown name
+    check_sampler(sampler)  # a one-line error for an unknown name
     print(bench.header(table, classes, args.seeds, args.threshold, kind), flush=True)
     for strategy in strategies:  # row by row: a long GP row does not hold back the others
         runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, kind, jobs=args.jobs, sampler=sampler)

@@ -75,7 +75,7 @@ def make_loop(table_path, sampler="tpe", proposers=(), weights=None, storage=Non
     """A StudyLoop on the synthetic table (in-memory storage unless one is given); returns (loop, evaluator, view)."""
     storage = storage or optuna.storages.InMemoryStorage()
     s = spec()
-    study = open_study(storage, s, make_sampler(sampler, seed))
+    study = open_study(storage, s, make_sampler(sampler, seed, s))
     evaluator = evaluator or ReplayEvaluator(load_table(str(table_path)))
     view = Recorder()
     settings = {"results_path": None, **settings}

@@ -1,22 +1,41 @@
-"""Optuna samplers by name. All three read the feasibility constraint that each trial sets.
+"""Optuna samplers by name. The model-based ones read the feasibility constraint that each trial sets.
 
 The default is TPE, by measurement (docs/measurements/2026-11-29-search-bench.md): on the H200 forward sweep TPE and
 GP tie (median 12 evaluated configs to 99% of the best, random 20.5; 9 and 10 after upstream's default as the first
 trial, as `search run` does), and TPE proposes in milliseconds where GP takes about a second on a CPU.
+
+`sweep` is exhaustive: every feasible config of the study's problem class once (search.space.Space.feasible: the
+static rules decide, so nothing infeasible is drawn), in an order shuffled by the seed, so that a sweep cut short
+is a uniform sample. It answers "is there any config better than this?" for a class whose feasible space is small
+enough to measure whole (a few hundred configs at a few seconds each with compile-ahead).
 """
 
 from __future__ import annotations
 
+import random
+from typing import Any, Callable, Hashable
+
 import optuna
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial
 
 from fa4tune.config import ConfigError
+from search.storing.history import config_key
 
-SAMPLERS = ("tpe", "gp", "random")
+SAMPLERS = ("tpe", "gp", "random", "sweep")
 DEFAULT_SAMPLER = "tpe"
+SWEEP = "sweep"
 
 
-def make_sampler(name: str, seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """A fresh sampler; a one-line error for an unknown name."""
+def check_sampler(name: str) -> None:
+    """A one-line error for an unknown sampler name."""
+    if name not in SAMPLERS:
+        raise ConfigError("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
+
+
+def make_sampler(name: str, seed: int | None = None, spec=None) -> optuna.samplers.BaseSampler:
+    """A fresh sampler; a one-line error for an unknown name. `sweep` needs the study's spec (its feasible configs)."""
+    check_sampler(name)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "tpe":
@@ -25,4 +44,52 @@ def make_sampler(name: str, seed: int | None = None) -> optuna.samplers.BaseSamp
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8, deterministic_objective=False)
-    raise ConfigError("sampler", f"sampler must be one of {', '.join(SAMPLERS)}, got {name!r}")
+    if spec is None:
+        raise ConfigError("sampler", "the sweep sampler needs the study's space (a StudySpec), got none")
+    space = spec.space
+    points = [space.params(c) for c in space.feasible(spec.problem_class, spec.target)]
+    return SweepSampler(points, space.distributions(), seed, key=lambda params: _config_of(space, params))
+
+
+class SweepSampler(optuna.samplers.BaseSampler):
+    """Each of `points` (trial params) once, in an order shuffled by `seed`; a point is taken once any trial of the
+    study holds its config (asked, queued or finished, whoever proposed it; `key` maps params to the config they
+    stand for, so that knobs another kernel class ignores do not count). When every point is taken it draws random
+    points again: those are duplicates, which cost no budget, and the search loop then reports the space exhausted."""
+
+    def __init__(self, points: list[dict[str, Any]], distributions: dict[str, BaseDistribution], seed: int | None = None,
+                 key: Callable[[dict[str, Any]], Hashable] | None = None):
+        if not points:
+            raise ConfigError("sampler", "the sweep sampler has no feasible config to measure")
+        self.points = list(points)
+        random.Random(seed).shuffle(self.points)
+        self.distributions = dict(distributions)
+        self.key = key or (lambda params: tuple(sorted(params.items())))
+        self.rng = random.Random(seed)
+        self.fallback = optuna.samplers.RandomSampler(seed=seed)  # a knob outside `distributions` (none in search run)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return dict(self.distributions)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        # a queued trial's config is in its fixed params until it is asked (as Optuna's own enqueue_trial reads it)
+        taken = {self.key(t.system_attrs.get("fixed_params", t.params)) for t in study.get_trials(deepcopy=False)
+                 if t.number != trial.number}
+        point = next((p for p in self.points if self.key(p) not in taken), None)
+        if point is None:  # all taken: a measured feasible config again (a duplicate, never an infeasible draw)
+            point = self.rng.choice(self.points)
+        return {name: value for name, value in point.items() if name in search_space}
+
+    def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
+        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def reseed_rng(self) -> None:
+        self.fallback.reseed_rng()  # the sweep's order stays: every slot and worker walks the same one
+
+
+def _config_of(space, params: dict[str, Any]) -> Hashable:
+    """The config a trial's params stand for; the params themselves where they make no config of this space."""
+    try:
+        return config_key(space.config(params).to_dict())
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return tuple(sorted(params.items()))

@@ -108,9 +108,9 @@ def one_run(table: ReplayTable, strategy: str, kind: str, pc_name: str, seed: in
         import torch
 
         torch.set_num_threads(1)  # one run per process: GP's small matrices lose time to thread hand-offs
-    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed), direction="maximize")
     space = table.space(kind)
     spec = StudySpec(kind, pc, tuple(table.problems(pc_name)), target, space)
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=make_sampler(sampler_name, seed, spec), direction="maximize")
     if strategy == "default":  # as `search run` does: the table's other classes' best configs after the baseline
         spec = replace(spec, transfer=tuple(transfer_configs(table, kind, pc, spec.space, target)))
     proposers, weights = [], {sampler_name: 1.0}

@@ -70,7 +70,7 @@ def prepare_studies(config: RunConfig, out) -> list[str]:
     check_existing(storage, specs, occupancy_of(run_plan.evaluator))
     settings = {name: getattr(config, name) for name in SEARCH_FIELDS}
     for spec in specs:
-        study = open_study(storage, spec, make_sampler(config.sampler, config.seed))
+        study = open_study(storage, spec, make_sampler(config.sampler, config.seed, spec))
         with StudyLock(storage, spec.name).held():
             if study.user_attrs.get(schema.SEARCH_SETTINGS) not in (None, settings):
                 print(f"{spec.name}: search settings replaced by this run's", file=out)

@@ -20,7 +20,7 @@ from search.evaluating import protocol
 from search.evaluating.protocol import AUTO, occupancy_of
 from search.evaluating.pruning import make_pruner
 from search.evaluating.replay import ReplayEvaluator
-from search.proposing.samplers import make_sampler
+from search.proposing.samplers import check_sampler, make_sampler
 from search.proposing.turns import make_policy, parse_ratio
 from search.running.loop import EXHAUSTED, FINISHED, STALLED, LocalLock, Outcome, StopFlag, StudyLoop, loop_settings_of, run_study
 from search.running.loop import INTERRUPTED as INTERRUPTED_STOP
@@ -159,7 +159,7 @@ def plan(config: RunConfig, out) -> Plan:
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
     specs = _transfers(_incumbents(specs, evaluator), evaluator, config.transfer_table)
-    make_sampler(config.sampler, config.seed)  # an unknown sampler fails here
+    check_sampler(config.sampler)  # an unknown sampler fails here
     policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     return Plan(evaluator, specs, policy)
 
@@ -211,7 +211,7 @@ def run(config: RunConfig, out=None) -> int:
 
 def _loops(storage, spec, config: RunConfig, evaluator, proposers, policy, settings, view, stop, disabled, slots: int) -> list[StudyLoop]:
     """One loop per slot on one study object (its sampler asks for each slot in turn) and one lock of this process."""
-    study = open_study(storage, spec, make_sampler(config.sampler, config.seed), make_pruner(config.prune_factor))
+    study = open_study(storage, spec, make_sampler(config.sampler, config.seed, spec), make_pruner(config.prune_factor))
     lock = LocalLock()
     return [StudyLoop(study, spec, evaluator, config.sampler, proposers, policy, settings, view, stop, disabled,
                       lock=lock, worker_id=f"local/{i}" if slots > 1 else "local") for i in range(slots)]

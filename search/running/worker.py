@@ -201,7 +201,7 @@ def main(args, out=None) -> int:
     replay = _make_evaluator(args, None) if args.evaluator == "replay" else None  # a replay needs no target
     plans = [(study, spec_of(study, "standard", replay.table.space if replay else get_space), settings_of(study)) for study in studies]
     for _, spec, settings in plans:
-        make_sampler(settings.sampler, settings.seed)
+        make_sampler(settings.sampler, settings.seed, spec)  # an unknown sampler, or a sweep with nothing feasible, fails here
         make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
     evaluator = replay or _make_evaluator(args, plans[0][1].target)
     requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
@@ -243,7 +243,7 @@ def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluat
     loops = []
     for i in range(slots):
         slot_id = worker_id if slots == 1 else f"{worker_id}/{i}"
-        study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, slot_id)),
+        study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, slot_id), spec),
                                   pruner=make_pruner(settings.prune_factor))
         loops.append(WorkerLoop(study, spec, evaluator, settings.sampler, proposers, policy, loop_settings, WorkerView(f"[{slot_id}]", out),
                                 stop, disabled, worker_id=slot_id, lock=lock, requeue=requeue))
