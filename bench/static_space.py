@@ -8,7 +8,7 @@ What a sweep of the class on a GPU (`search run --sampler sweep`) will meet befo
 configs compile, how many spill, and how many warps each keeps resident per SM. The facts go through
 fa4tune.static_check.run_static, so they land in the facts cache (.cache/static-facts.jsonl) that `search run`'s
 static stage reads: a later run on this machine skips these compiles. Prints a summary per kernel class, then
-the `--top` configs by resident warps per SM (ties: fewer spilled bytes, then more registers per thread).
+the `--top` configs by resident warps per SM (ties: fewer spilled bytes, then fewer registers: more headroom).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def summary(facts) -> list[str]:
 def top(facts, n: int) -> list[str]:
     """The n ok configs with the most resident warps per SM."""
     ok = [f for f in facts if f.ok]
-    ok.sort(key=lambda f: (-f.blocks_per_sm * f.num_threads, f.spill_store_bytes + f.spill_load_bytes, -f.registers))
+    ok.sort(key=lambda f: (-f.blocks_per_sm * f.num_threads, f.spill_store_bytes + f.spill_load_bytes, f.registers))
     lines = ["| config | registers | spill B (st/ld) | smem B | CTAs/SM | warps/SM | limiter |", "|---|---|---|---|---|---|---|"]
     for f in ok[:n]:
         lines.append(f"| {label(f.config)} | {f.registers} | {f.spill_store_bytes}/{f.spill_load_bytes} | {f.smem_bytes} | "
