@@ -37,6 +37,9 @@ from pg_server import postgres  # noqa: F401  (the session's server)
 STUDY = f"fwd:{CLASS}:sm120"
 N_TRIALS = 12
 DELAY = 0.8  # seconds per replayed config: trials of different workers overlap, and one can be killed inside one
+# the worker that is killed measures slower, so that the test's poll (a storage query, slow on a loaded 2-core CI
+# machine) finds it early in a trial: with 0.8 s trials the 0.4 s window was missed under load
+KILLED_DELAY = 3.0
 
 
 def _settings(url: str, table, **extra) -> RunConfig:
@@ -45,11 +48,11 @@ def _settings(url: str, table, **extra) -> RunConfig:
     return RunConfig(**{**settings, **extra})
 
 
-def _worker(url: str, table, results, name: str) -> subprocess.Popen:
+def _worker(url: str, table, results, name: str, delay: float = DELAY) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     return subprocess.Popen(
         [sys.executable, "-m", "search", "worker", "--storage", url, "--study", STUDY, "--evaluator", "replay", "--table", str(table),
-         "--replay-delay", str(DELAY), "--results", str(results), "--heartbeat", "1", "--grace", "3", "--worker-id", name],
+         "--replay-delay", str(delay), "--results", str(results), "--heartbeat", "1", "--grace", "3", "--worker-id", name],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -60,14 +63,14 @@ def _study(url: str) -> optuna.Study:
 def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial.FrozenTrial:
     """SIGKILL the worker early in the measurement of a trial it claimed (after it finished one); that trial."""
     study = _study(url)
-    deadline = time.time() + 90
+    deadline = time.time() + 180
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         trials = study.get_trials()
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
         mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(schema.WORKER) == name
                 and t.user_attrs.get(schema.CONFIRMATION_OF) is None]
-        if done and mine and (datetime.now() - mine[0].datetime_start).total_seconds() < DELAY / 2:
+        if done and mine and (datetime.now() - mine[0].datetime_start).total_seconds() < KILLED_DELAY / 2:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             killed = study._storage.get_trial(mine[0]._trial_id)
@@ -86,7 +89,7 @@ def _workers_check():
 def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     table, results = write_table(tmp_path), tmp_path / "results.tsv"
     prepare_studies(_settings(url, table), open(os.devnull, "w"))
-    procs = {name: _worker(url, table, results, name) for name in ("w0", "w1", "w2")}
+    procs = {name: _worker(url, table, results, name, KILLED_DELAY if name == "w0" else DELAY) for name in ("w0", "w1", "w2")}
     killed = _kill_mid_trial(url, procs["w0"], "w0")
     outputs = {}
     for name in ("w1", "w2"):
