@@ -102,4 +102,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fa4tune.config import ConfigError
+
+    try:
+        sys.exit(main())
+    except ConfigError as err:  # bad input: one line naming the rule and the value
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

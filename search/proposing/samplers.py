@@ -24,7 +24,6 @@ from search.storing.history import config_key
 
 SAMPLERS = ("tpe", "gp", "random", "sweep")
 DEFAULT_SAMPLER = "tpe"
-SWEEP = "sweep"
 
 
 def check_sampler(name: str) -> None:
@@ -84,7 +83,7 @@ class SweepSampler(optuna.samplers.BaseSampler):
         return self.fallback.sample_independent(study, trial, param_name, param_distribution)
 
     def reseed_rng(self) -> None:
-        self.fallback.reseed_rng()  # the sweep's order stays: every slot and worker walks the same one
+        self.fallback.reseed_rng()  # the sweep's order stays as the seed drew it
 
 
 def _config_of(space, params: dict[str, Any]) -> Hashable:
