@@ -20,6 +20,7 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
 from fa4tune.config import ConfigError
+from search.storing import schema
 from search.storing.history import config_key
 
 SAMPLERS = ("tpe", "gp", "random", "sweep")
@@ -72,7 +73,7 @@ class SweepSampler(optuna.samplers.BaseSampler):
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         # a queued trial's config is in its fixed params until it is asked (as Optuna's own enqueue_trial reads it)
-        taken = {self.key(t.system_attrs.get("fixed_params", t.params)) for t in study.get_trials(deepcopy=False)
+        taken = {self.key(t.system_attrs.get(schema.FIXED_PARAMS, t.params)) for t in study.get_trials(deepcopy=False)
                  if t.number != trial.number}
         point = next((p for p in self.points if self.key(p) not in taken), None)
         if point is None:  # all taken: a measured feasible config again (a duplicate, never an infeasible draw)
