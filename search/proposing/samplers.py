@@ -66,19 +66,29 @@ class SweepSampler(optuna.samplers.BaseSampler):
         self.distributions = dict(distributions)
         self.key = key or (lambda params: tuple(sorted(params.items())))
         self.rng = random.Random(seed)
+        self.keys: dict[int, Hashable] = {}  # trial id -> its config's key (a trial's config never changes once set)
         self.fallback = optuna.samplers.RandomSampler(seed=seed)  # a knob outside `distributions` (none in search run)
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         return dict(self.distributions)
 
     def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        # a queued trial's config is in its fixed params until it is asked (as Optuna's own enqueue_trial reads it)
-        taken = {self.key(t.system_attrs.get(schema.FIXED_PARAMS, t.params)) for t in study.get_trials(deepcopy=False)
-                 if t.number != trial.number}
+        taken = {self._key_of(t) for t in study.get_trials(deepcopy=False) if t.number != trial.number}
         point = next((p for p in self.points if self.key(p) not in taken), None)
         if point is None:  # all taken: a measured feasible config again (a duplicate, never an infeasible draw)
             point = self.rng.choice(self.points)
         return {name: value for name, value in point.items() if name in search_space}
+
+    def _key_of(self, t: FrozenTrial) -> Hashable:
+        """A trial's config key, computed once (38 us each: a sweep asks about every trial on every ask)."""
+        known = self.keys.get(t._trial_id)
+        if known is None:
+            # a queued trial's config is in its fixed params until it is asked (as Optuna's own enqueue_trial reads it)
+            params = t.system_attrs.get(schema.FIXED_PARAMS, t.params)
+            known = self.key(params)
+            if params:  # a trial without params yet may get them later
+                self.keys[t._trial_id] = known
+        return known
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution) -> Any:
         return self.fallback.sample_independent(study, trial, param_name, param_distribution)
