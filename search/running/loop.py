@@ -152,6 +152,7 @@ class StudyLoop:
         self.trials_run = 0
         self.repeats = 0  # sampler proposals in a row that were already measured
         self.exhausted = False
+        self.announces = True  # says the study's stop (run_study: the first slot only)
         self.rng = random.Random(f"{spec.name}:{len(study.trials)}:{worker_id}")
 
     # -- the run ---------------------------------------------------------------------------------
@@ -224,6 +225,8 @@ class StudyLoop:
         if self.stop.requested:
             return INTERRUPTED
         if self.exhausted:
+            if not self.announces:  # every slot of a run stops here; the first one says so
+                return EXHAUSTED
             total = len(self.space.feasible(self.spec.problem_class, self.spec.target))
             self.view.message(f"[{self.spec.name}] stopped: the space is exhausted, all {total} feasible configs were measured "
                               f"({evaluated} of --n-trials {self.settings.n_trials})")
@@ -504,7 +507,7 @@ def run_study(loops: list[StudyLoop]) -> Outcome:
         return first._outcome(FINISHED)
     requeued = first._resume()
     for loop in loops:
-        loop.resume = False
+        loop.resume, loop.announces = False, loop is first
     with ThreadPoolExecutor(len(loops), thread_name_prefix="slot") as pool:
         outcomes = [f.result() for f in [pool.submit(loop.run) for loop in loops]]
     outcome = outcomes[0]
