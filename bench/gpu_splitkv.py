@@ -3,7 +3,7 @@ matrix, then TFLOPS and the HBM bound on the decode suite against the dispatch t
 defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
-        [--configs 16x64x32x1:0,64x64x128x2:0] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
+        [--configs 16x64x32x1:0,64x64x128x2:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
 
 Part 1, matrix (gate only, one timed round): every split config over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -48,13 +48,13 @@ FORCED_SPLITS = 4
 COLUMNS = ("problem", "candidate", "status", "TFLOPS", "ms", "% HBM bound", "max errors (error/tolerance)")
 
 
-def parse_configs(text: str) -> list[ForwardConfig]:
-    """'16x64x32x1:0,...' (tile_m x tile_n x num_threads x num_stages : num_splits) as sm120_splitkv configs."""
+def parse_configs(text: str, kernel: str = "sm120_splitkv") -> list[ForwardConfig]:
+    """'16x64x32x1:0,...' (tile_m x tile_n x num_threads x num_stages : num_splits) as configs of `kernel`."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, splits = item.split(":")
         tile_m, tile_n, threads, stages = (int(x) for x in tile.split("x"))
-        configs.append(ForwardConfig(tile_m, tile_n, threads, stages, kernel="sm120_splitkv", extra={"num_splits": int(splits)}))
+        configs.append(ForwardConfig(tile_m, tile_n, threads, stages, kernel=kernel, extra={"num_splits": int(splits)}))
     return configs
 
 
@@ -200,6 +200,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("matrix", "timing", "both"), default="both")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="tile_m x tile_n x threads x stages : num_splits, comma-separated")
+    parser.add_argument("--kernel", default="sm120_splitkv", choices=("sm120_splitkv", "sm120_splitkv_cluster"),
+                        help="the split class the --configs run (sm120_splitkv_cluster: num_splits 2, 4 or 8)")
     parser.add_argument("--suite", default="decode")
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: fa4tune.harness.settings.TIMED_ROUNDS)")
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
     parser.add_argument("--combine-launch", choices=("pdl", "stream"), default="pdl",
                         help="the combine kernel as a programmatic dependent launch (the default) or plainly stream-ordered")
     args = parser.parse_args(argv)
-    configs = parse_configs(args.configs)
+    configs = parse_configs(args.configs, args.kernel)
     from fa4tune import sm120_interface
 
     sm120_interface.COMBINE_PDL = args.combine_launch == "pdl"

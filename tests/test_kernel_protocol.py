@@ -92,19 +92,20 @@ def agent(tmp_path_factory):
 
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
-    # experiment.py's own split-KV class (issue #13) joins ours
+    # experiment.py's own split-KV classes (issue #13) join ours
     assert forward_kernels(experiment) == {"sm120": TunedForwardSm120, "sm120_tma": TmaForwardSm120,
                                            "sm120_tma_overlap": TmaOverlapForwardSm120,
-                                           "sm120_splitkv": experiment.SplitKvForwardSm120}
+                                           "sm120_splitkv": experiment.SplitKvForwardSm120,
+                                           "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_overlap", "sm120_splitkv", "sm120_spare"]
+    assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_overlap", "sm120_splitkv", "sm120_splitkv_cluster", "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
 
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_overlap", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_overlap", "sm120_splitkv", "sm120_splitkv_cluster", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)
     own = [c for c in feasible if c.kernel == "sm120_spare"]
