@@ -1,7 +1,11 @@
 """Facts read from a compiled cubin with the CUDA tools that ship inside the triton wheel.
 
 `cuobjdump --dump-resource-usage` gives registers, stack frame, static shared and local memory per
-kernel. Spill traffic is read from the SASS: the bytes moved by local-memory store (STL) and load
+kernel. Its SHARED figure for an sm_90+ cubin includes the 1 KB the GPU reserves per CTA whenever the kernel uses
+shared memory (SHARED:1024 with no static declaration, 1124 for a 100-byte one, where `ptxas -v` says 0 and 100 bytes);
+the driver counts that kilobyte once, as its reserved shared memory per block
+(docs/measurements/2026-12-03-h200-smem-accounting.md). So `static_smem_bytes` here is the kernel's own static shared
+memory, ptxas's figure: SHARED less that kilobyte on sm_90+. Spill traffic is read from the SASS: the bytes moved by local-memory store (STL) and load
 (LDL) instructions, which is what ptxas -v reports as "spill stores/loads" when the stack holds only
 spills (the triton wheel's ptxas is too old for the DSL's PTX 9.4, so we read the real cubin instead). A cubin
 with no stack frame and no local memory has no such instructions, and its SASS is not read.
@@ -16,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+RESERVED_SMEM_IN_CUBIN = 1024  # the per-CTA reserved shared memory that sm_90+ cubins carry in cuobjdump's SHARED
 _RESOURCE = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _LOCAL_OP = re.compile(r"\b(STL|LDL)((?:\.[A-Z0-9]+)*)\b")
 _WIDTH = {".64": 8, ".128": 16, ".U8": 1, ".S8": 1, ".U16": 2, ".S16": 2}
@@ -48,7 +53,7 @@ class CubinFacts:
 
     registers: int
     stack_bytes: int
-    static_smem_bytes: int
+    static_smem_bytes: int  # the kernel's own (ptxas -v): cuobjdump's SHARED less the reserved KB on sm_90+
     local_bytes: int
     spill_store_bytes: int
     spill_load_bytes: int
@@ -87,6 +92,22 @@ def has_local_memory(text: str) -> bool:
     return any(int(stack) or int(local) for _, stack, _, local in _RESOURCE.findall(text))
 
 
+def cubin_sm(cubin: bytes) -> int | None:
+    """The SM version a cubin is built for (90 for sm_90a, 120 for sm_120a), from its ELF header's e_flags; None for
+    bytes that are not an ELF file. CUDA's ELF ABI version 8 keeps it in bits 8-15, earlier versions in bits 0-7."""
+    if len(cubin) < 52 or cubin[:4] != b"\x7fELF":
+        return None
+    flags = int.from_bytes(cubin[48:52], "little")
+    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
+
+
+def own_static_smem(shared: int, sm: int | None) -> int:
+    """The kernel's own static shared memory from cuobjdump's SHARED: less the reserved kilobyte on sm_90+."""
+    if sm is not None and sm >= 90 and shared >= RESERVED_SMEM_IN_CUBIN:
+        return shared - RESERVED_SMEM_IN_CUBIN
+    return shared
+
+
 def read_cubin(cubin: bytes) -> CubinFacts:
     """Run cuobjdump on cubin bytes and return the kernel's facts.
 
@@ -103,4 +124,4 @@ def read_cubin(cubin: bytes) -> CubinFacts:
         if has_local_memory(usage.stdout):
             sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True, timeout=120)
             stores, loads = local_traffic_bytes(sass.stdout)
-    return CubinFacts(registers, stack, shared, local, stores, loads)
+    return CubinFacts(registers, stack, own_static_smem(shared, cubin_sm(cubin)), local, stores, loads)

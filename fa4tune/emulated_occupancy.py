@@ -11,7 +11,8 @@ unchanged (the rules read the traced storage, not the launch), and the registers
 `FA4TUNE_EMULATE_OCCUPANCY=0` turns it off (the emulating GPU's own occupancy, as every run before 2026-12-02 had).
 The padded size is part of the compiled host code, so the setting is in the kernel cache's fingerprint. Shown on
 the H200: docs/measurements/2026-12-02-h200-target-occupancy.md (the d128 causal TMA 64x64 entry, 3 CTAs per SM
-there and 1 on SM120, went from 0.454 to 0.627 ms).
+there, went from 0.454 to 0.627 ms at the 1 CTA per SM this module then gave it; SM120 gives it 2: until 2026-12-03
+the reserved kilobyte was counted twice, docs/measurements/2026-12-03-h200-smem-accounting.md).
 
 A preferred shared-memory carveout (CUDA's hint) was tried first and had no measurable effect on the H200.
 """
@@ -23,7 +24,9 @@ import os
 
 OCCUPANCY_ENV = "FA4TUNE_EMULATE_OCCUPANCY"
 RESERVED_PER_CTA = 1024  # shared memory the driver keeps per CTA (both arches)
-STATIC_SMEM = 1024  # the SM120 kernels' static shared memory (their cubins: 1 KB); the launch does not know it
+# The DSL kernels declare no static shared memory (ptxas: 0 B). The 1 KB their cubins show in cuobjdump's SHARED is
+# the reserved kilobyte above, counted once by the driver (docs/measurements/2026-12-03-h200-smem-accounting.md); until
+# 2026-12-03 it was counted here a second time, which gave kernels near a boundary one CTA per SM fewer than SM120.
 
 # Per SM / per CTA shared memory by the arch kernels are compiled for (CUDA C++ Programming Guide, its table of
 # technical specifications per compute capability), bytes. An arch missing here is not padded, and its runs say so.
@@ -40,11 +43,11 @@ def padded_smem(smem: int, target_smem_per_sm: int, arch: str) -> int:
     device = SMEM_PER_SM.get(arch)
     if device is None or device <= target_smem_per_sm:
         return smem
-    per_cta = smem + STATIC_SMEM + RESERVED_PER_CTA
+    per_cta = smem + RESERVED_PER_CTA
     on_target = max(1, target_smem_per_sm // per_cta)
     if device // per_cta <= on_target:
         return smem
-    return max(smem, min(device // on_target, SMEM_PER_CTA[arch] + RESERVED_PER_CTA) - RESERVED_PER_CTA - STATIC_SMEM)
+    return max(smem, min(device // on_target, SMEM_PER_CTA[arch] + RESERVED_PER_CTA) - RESERVED_PER_CTA)
 
 
 OFF_VALUES = ("0", "false", "off", "no")

@@ -143,13 +143,14 @@ NOT_CACHED = ("compile_timeout", "compile_error", "static_error")
 
 
 def cache_key(job: StaticJob, target: Target, experiment_path: str) -> str:
-    """Every knob, the problem class, the target rules, the kernel classes' sources and package versions."""
+    """Every knob, the problem class, the target rules, the kernel classes' sources, the cubin reader and package versions."""
     source = Path(experiment_path).read_text()
     parts = [
         job.kind, repr(job.config.key()), repr(job.problem_class.key()), repr(target),
         version("flash-attn-4"), version("nvidia-cutlass-dsl"),
         hashlib.sha256(source.encode()).hexdigest(),
         hashlib.sha256(inspect.getsource(__import__("fa4tune.sm120_interface").sm120_interface).encode()).hexdigest(),
+        hashlib.sha256(inspect.getsource(__import__("fa4tune.cubin").cubin).encode()).hexdigest(),  # how facts are read
         *(hashlib.sha256(path.read_bytes()).hexdigest() for path in kernel_sources()),
     ]
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()

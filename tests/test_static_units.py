@@ -35,20 +35,55 @@ def test_resource_usage_parse():
         parse_resource_usage("nothing here")
 
 
+def elf_header(abi_version: int, flags: int) -> bytes:
+    """The first 52 bytes of a CUDA ELF file: what fa4tune.cubin.cubin_sm reads."""
+    header = bytearray(52)
+    header[:4] = b"\x7fELF"
+    header[7], header[8] = 0x41, abi_version  # CUDA's OS/ABI byte, its ABI version
+    header[48:52] = flags.to_bytes(4, "little")
+    return bytes(header)
+
+
+def test_the_sm_of_a_cubin_from_its_elf_flags():
+    from fa4tune.cubin import cubin_sm
+
+    # the e_flags of cubins ptxas 13.0 writes (ABI version 8) for sm_80, sm_90a and sm_120a
+    assert [cubin_sm(elf_header(8, f)) for f in (0x6005004, 0x6005A04, 0x6007802)] == [80, 90, 120]
+    assert cubin_sm(elf_header(7, 0x5A)) == 90  # ABI version 7 kept the SM in the low byte
+    assert cubin_sm(b"not an ELF file") is None
+
+
+@pytest.mark.parametrize("shared, sm, own", [
+    (1024, 120, 0),  # dynamic shared memory only: cuobjdump shows the reserved KB, ptxas -v shows none
+    (1124, 90, 100),  # a 100-byte static array: 1124 in cuobjdump, 100 bytes in ptxas -v
+    (0, 120, 0),  # no shared memory at all: no reserved KB in the cubin
+    (1024, 80, 1024),  # before sm_90 the cubin's SHARED is the kernel's own
+    (1024, None, 1024),  # not a cubin we can read the SM of: taken as it is
+])
+def test_the_kernels_own_static_shared_memory(shared, sm, own):
+    from fa4tune.cubin import own_static_smem
+
+    assert own_static_smem(shared, sm) == own
+
+
 def test_local_traffic_counts_only_local_memory_ops_by_width():
     assert local_traffic_bytes(SASS) == (4 + 8 + 16, 4 + 8)
 
 
 def test_occupancy_limits():
     # 128 threads, 255 regs -> 256 regs/thread per warp alloc = 8192 regs/warp, 8 warps fit -> 2 blocks
-    occ = occupancy(TARGET, 128, 255, 1024 + 32768)
+    occ = occupancy(TARGET, 128, 255, 32768)
     assert (occ.blocks_per_sm, occ.limiter) == (2, "registers")
     # 65 KB of shared memory: one block per SM
-    occ = occupancy(TARGET, 128, 128, 1024 + 65536)
+    occ = occupancy(TARGET, 128, 128, 65536)
     assert (occ.blocks_per_sm, occ.limiter) == (1, "smem")
     # tiny kernel: threads limit (1536 / 256 = 6 blocks)
     occ = occupancy(TARGET, 256, 32, 1024)
     assert (occ.blocks_per_sm, occ.limiter) == (6, "threads") and occ.occupancy == 1.0
+    # 32 KB of tiles with the reserved KB: 3 x 33,792 <= 102,400, so 3 per SM when registers allow (168 x 128 x 3)
+    occ = occupancy(TARGET, 128, 168, 32768)
+    assert (occ.blocks_per_sm, occ.limiter) == (3, "registers")
+    assert occupancy(TARGET, 128, 168, 33109).blocks_per_sm == 3 and occupancy(TARGET, 128, 168, 33110).blocks_per_sm == 2
 
 
 def test_metric_lines_format():
