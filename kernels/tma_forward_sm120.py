@@ -1,8 +1,9 @@
 """The TMA-fed SM120 forward (kernel "sm120_tma"): upstream's math, Q/K/V tiles loaded by TMA on mbarriers.
 
-Its shared memory is upstream's tiles (each 1024-B aligned, as the 128-byte TMA swizzle needs) plus one 8-byte
-mbarrier for Q and one per K stage and per V stage, the whole rounded up to 1024 B: the compiled kernel's
-`SharedStorage.size_in_bytes()` (tests/test_tma_kernel.py checks that).
+Its shared memory is upstream's tiles (each a whole number of KB from a 1024-B aligned base, as the 128-byte TMA
+swizzle needs) plus one 8-byte mbarrier for Q and one per K stage and per V stage after them, with no padding after
+the barriers: the compiled kernel's `SharedStorage.size_in_bytes()` (tests/test_tma_kernel.py checks that). Until
+2026-12-03 the struct rounded up to 1024 B, so 32 KB of tiles took 33 KB: 2 CTAs per SM120 SM where 32,792 B make 3.
 """
 
 # No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time (cute.struct
@@ -55,11 +56,10 @@ class TmaForwardSm120(TunedForwardSm120):
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
-        """Upstream's tiles, then the mbarriers; the struct's size rounds up to its 1024-byte alignment."""
+        """Upstream's tiles (whole KBs), then the mbarriers, unpadded."""
         tiles, breakdown = super().smem_bytes(config, problem_class)
         barriers = cls.num_mbarriers(config.num_stages) * MBARRIER_BYTES
-        total = round_up(tiles + barriers, TILE_ALIGN)
-        return total, f"{breakdown} + {barriers} B of mbarriers, padded to {TILE_ALIGN} B alignment"
+        return tiles + barriers, f"{breakdown} + {barriers} B of mbarriers"
 
     @staticmethod
     def num_mbarriers(num_stages: int) -> int:
@@ -86,15 +86,14 @@ class TmaForwardSm120(TunedForwardSm120):
         return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
 
     def _get_shared_storage_cls(self):
-        # upstream's tiles (1024-aligned, as the 128-byte TMA swizzle needs) plus the mbarriers; the
-        # struct's size rounds up to its 1024-byte alignment, so the barriers cost 1024 bytes
-        tile_structs = [
-            cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(layout)], 1024]
-            for layout in (self.sQ_layout, self.sK_layout, self.sV_layout)
-        ]
-        sQ_struct, sK_struct, sV_struct = tile_structs
-        cosize_sQV = max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout))
-        sQV_struct = cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_sQV], 1024]
+        # upstream's tiles, each a whole number of KB so that each starts 1024-aligned on the 1024-aligned base
+        # (`kernel` allocates the struct so), as the 128-byte TMA swizzle needs; then the mbarriers. No member is
+        # marked Align[1024]: that would round the struct's size up to 1024 and cost the barriers a whole KB.
+        def tile(cosize: int):
+            return cute.struct.MemRange[self.dtype, round_up(cosize * self.dtype.width // 8, TILE_ALIGN) * 8 // self.dtype.width]
+
+        sQ_struct, sK_struct, sV_struct = (tile(cute.cosize(layout)) for layout in (self.sQ_layout, self.sK_layout, self.sV_layout))
+        sQV_struct = tile(max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout)))
         mbar_struct = cute.struct.MemRange[cutlass.Int64, self.num_mbarriers(self.num_stages)]
 
         @cute.struct
@@ -220,7 +219,12 @@ class TmaForwardSm120(TunedForwardSm120):
             sQ_tma_layout, sK_tma_layout, sV_tma_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_O, tiled_mma_qk, tiled_mma_pv,
             SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods,
-        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
+                 **self.launch_bounds())
+
+    def launch_bounds(self) -> dict:
+        """Extra launch arguments (a subclass's occupancy bound); none here: the compiler's own register budget."""
+        return {}
 
     @cute.jit
     def load_tma(self, copy_fn: Callable, mbar: cute.Pointer, num_bytes: cutlass.Constexpr, block: Int32, stage: Int32):
@@ -281,7 +285,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 if const_expr(tma_atom is not None):
                     cpasync.prefetch_descriptor(tma_atom)
         smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
+        storage = smem.allocate(SharedStorage, byte_alignment=TILE_ALIGN)  # the tiles' base (see _get_shared_storage_cls)
         # barriers: [Q, K stage 0..S-1, V stage 0..S-1], one arrival each (the expect_tx of the issuing lane)
         mbar_Q = storage.mbar.data_ptr()
         mbar_K = mbar_Q + 1
