@@ -56,16 +56,17 @@ def test_compiles_for_sm120a_and_static_facts_are_read(facts, name):
     assert f.status == "ok", f.reason
     assert 0 < f.registers <= 255 and f.num_threads == job.config.num_threads
     assert f.spill_store_bytes >= 0 and f.stack_bytes >= 0
-    # the launch's shared storage is exactly the feasibility formula: tiles + mbarriers, padded to 1024 B
+    # the launch's shared storage is exactly the feasibility formula: tiles + mbarriers (8 B each, no padding)
     assert f.dynamic_smem_bytes == f.declared_smem_bytes == TmaForwardSm120.smem_bytes(job.config, job.problem_class)[0]
     assert f.blocks_per_sm >= 1 and f.occupancy > 0
 
 
 def test_shared_storage_measured(facts):
-    # Recorded 2026-11-29 (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1): tiles + 1024 B (5 or 3 barriers)
-    assert facts["d128_2stage"].dynamic_smem_bytes == 98304 + 1024  # Q 32 KB + 2 x (K 16 KB + V 16 KB)
-    assert facts["d128_causal_1stage"].dynamic_smem_bytes == 65536 + 1024
-    assert facts["d64_1stage"].dynamic_smem_bytes == 49152 + 1024
+    # Recorded 2026-12-03 (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1): tiles + 8 B per mbarrier (5 or 3); until
+    # 2026-12-02 the storage padded its mbarriers to 1024 B
+    assert facts["d128_2stage"].dynamic_smem_bytes == 98304 + 40  # Q 32 KB + 2 x (K 16 KB + V 16 KB)
+    assert facts["d128_causal_1stage"].dynamic_smem_bytes == 65536 + 24
+    assert facts["d64_1stage"].dynamic_smem_bytes == 49152 + 24
 
 
 def test_tma_loads_need_fewer_registers_than_cp_async(facts):
@@ -137,29 +138,29 @@ def test_space_enumerates_tma_configs():
     assert all(forward_smem_bytes(c, D128_CAUSAL)[0] <= TARGET.smem_per_block for c in tma_configs)
 
 
-def test_tma_shared_memory_counts_barriers_and_padding():
+def test_tma_shared_memory_counts_barriers():
     smem, breakdown = TmaForwardSm120.smem_bytes(tma(), D128)
-    assert smem == 98304 + 1024 and "Q 32768 + K 32768 + V 32768 + 40 B of mbarriers" in breakdown
+    assert smem == 98304 + 40 and "Q 32768 + K 32768 + V 32768 + 40 B of mbarriers" in breakdown
     assert forward_smem_bytes(tma(), D128) == (smem, breakdown)
     assert forward_smem_bytes(ForwardConfig(128, 64, 128, 2), D128)[0] == 98304  # the cp.async kernel: tiles only
     # Q_in_regs: V shares Q's buffer, as upstream's
-    assert TmaForwardSm120.smem_bytes(tma(num_stages=1, Q_in_regs=True), D128)[0] == 32768 + 16384 + 1024
+    assert TmaForwardSm120.smem_bytes(tma(num_stages=1, Q_in_regs=True), D128)[0] == 32768 + 16384 + 24
 
 
 def test_barriers_alone_can_break_the_budget():
-    # tiles of exactly 101376 B: the cp.async kernel fits, the TMA kernel's 3 mbarriers (padded to 1024 B) do not
+    # tiles of exactly 101376 B: the cp.async kernel fits, the TMA kernel's 3 mbarriers (24 B) do not
     pc = ProblemClass(96, 96, False)
     cp_async = ForwardConfig(tile_m=48, tile_n=240, num_threads=96, num_stages=1)
     assert forward_smem_bytes(cp_async, pc)[0] == TARGET.smem_per_block and check_forward(cp_async, pc, TARGET)
     verdict = check_forward(ForwardConfig(48, 240, 96, 1, kernel="sm120_tma"), pc, TARGET)
     assert verdict.rule == "smem_capacity"
-    assert "needs 102400 B" in verdict.message and "24 B of mbarriers" in verdict.message and "101376 B" in verdict.message
+    assert "needs 101400 B" in verdict.message and "24 B of mbarriers" in verdict.message and "101376 B" in verdict.message
 
 
 def test_over_99k_rejected_with_rule_and_numbers():
     verdict = check_forward(tma(tile_n=128), D128, TARGET)
     assert verdict.rule == "smem_capacity"
-    assert "164864 B" in verdict.message and "101376 B" in verdict.message
+    assert "163880 B" in verdict.message and "101376 B" in verdict.message
 
 
 @pytest.mark.parametrize("stages", [None, 0, 5, True, "2"])
@@ -211,7 +212,7 @@ def test_gpu_bench_compares_each_dispatch_config_with_its_tma_twins():
 def test_overlap_keeps_the_tma_storage_and_spends_registers_on_the_second_tile(facts):
     # Recorded 2026-12-02: the TMA class at this config has 214 registers; S and the previous P live together here
     f = facts["overlap_gqa4_causal"]
-    assert f.status == "ok" and f.dynamic_smem_bytes == 32768 + 1024
+    assert f.status == "ok" and f.dynamic_smem_bytes == 32768 + 24
     assert 214 < f.registers <= 255 and f.spill_store_bytes == 0 and f.blocks_per_sm == 2
 
 
