@@ -31,7 +31,7 @@ from flash_attn.cute.utils import AuxData
 from quack import copy_utils, layout_utils
 
 from fa4tune.kernel_class import Limits
-from kernels.tuned_forward_sm120 import TILE_ALIGN, TunedForwardSm120, round_up
+from kernels.tuned_forward_sm120 import TunedForwardSm120
 
 MBARRIER_BYTES = 8
 
@@ -50,6 +50,8 @@ class TmaForwardSm120(TunedForwardSm120):
     Q goes by TMA too, except with GQA packing when tile_m is not a multiple of qhead_per_kvhead
     (then upstream's cp.async PackGQA load).
     """
+
+    tile_align = 1024  # bytes: where each tile starts (upstream's Align[..., 1024]), as the 128-byte TMA swizzle needs
 
     name = "sm120_tma"
     limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
@@ -90,7 +92,9 @@ class TmaForwardSm120(TunedForwardSm120):
         # (`kernel` allocates the struct so), as the 128-byte TMA swizzle needs; then the mbarriers. No member is
         # marked Align[1024]: that would round the struct's size up to 1024 and cost the barriers a whole KB.
         def tile(cosize: int):
-            return cute.struct.MemRange[self.dtype, round_up(cosize * self.dtype.width // 8, TILE_ALIGN) * 8 // self.dtype.width]
+            nbytes = cosize * self.dtype.width // 8
+            nbytes = -(-nbytes // self.tile_align) * self.tile_align  # whole KBs
+            return cute.struct.MemRange[self.dtype, nbytes * 8 // self.dtype.width]
 
         sQ_struct, sK_struct, sV_struct = (tile(cute.cosize(layout)) for layout in (self.sQ_layout, self.sK_layout, self.sV_layout))
         sQV_struct = tile(max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout)))
@@ -285,7 +289,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 if const_expr(tma_atom is not None):
                     cpasync.prefetch_descriptor(tma_atom)
         smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(SharedStorage, byte_alignment=TILE_ALIGN)  # the tiles' base (see _get_shared_storage_cls)
+        storage = smem.allocate(SharedStorage, byte_alignment=self.tile_align)  # the tiles' base (see _get_shared_storage_cls)
         # barriers: [Q, K stage 0..S-1, V stage 0..S-1], one arrival each (the expect_tx of the issuing lane)
         mbar_Q = storage.mbar.data_ptr()
         mbar_K = mbar_Q + 1

@@ -357,6 +357,8 @@ def test_the_upstream_file_keeps_our_methods_verbatim_and_drops_only_the_protoco
 def test_a_carried_source_that_uses_more_of_ours_is_refused(tmp_path):
     source = Path(ROOT / carry.TMA.source).read_text()
     (tmp_path / "kernels").mkdir()
+    source = source.replace("from kernels.tuned_forward_sm120 import TunedForwardSm120",
+                            "from kernels.tuned_forward_sm120 import TunedForwardSm120, round_up")
     (tmp_path / carry.TMA.source).write_text(source.replace("return 1 + 2 * num_stages", "return round_up(1 + 2 * num_stages, 1)"))
     with pytest.raises(ConfigError, match="carry_source.*uses round_up from fa4-tune's own modules"):
         carry.upstream_source(carry.TMA, root=tmp_path)
