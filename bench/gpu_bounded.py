@@ -42,12 +42,16 @@ def _bench(name: str):
 
 
 def parse_configs(text: str) -> list[ForwardConfig]:
-    """'64x64x128:q:3,...' as one-stage sm120_tma_bounded configs (min_blocks_per_mp last, 2 if absent)."""
+    """'64x64x128:q:3,...' as one-stage sm120_tma_bounded configs (min_blocks_per_mp last, 2 if absent); the flag
+    `tma` makes one the unbounded sm120_tma (a dispatch candidate gated by the same matrix)."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, *flags = item.split(":")
         tile_m, tile_n, threads = (int(x) for x in tile.split("x"))
         blocks = next((int(f) for f in flags if f.isdigit()), 2)
+        if "tma" in flags:
+            configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=TMA))
+            continue
         configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=BOUNDED,
                                      extra={"min_blocks_per_mp": blocks}))
     return configs
