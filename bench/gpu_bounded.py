@@ -112,38 +112,17 @@ def main(argv=None) -> int:
     print(f"gate seed {settings.gate_seed}; bounded configs: {', '.join(overlap.name_of(c) for c in configs)}", flush=True)
     failures = overlap.run_matrix(configs, experiment, settings, matrix, target, sk) if args.part in ("matrix", "both") else 0
     if args.part in ("timing", "both"):
-        run_timing(experiment, settings, problems, target, args.runs, overlap.name_of)
+        run_timing(experiment, settings, problems, target, args.runs, overlap)
     return 1 if failures else 0
 
 
-def run_timing(experiment, settings, problems, target, runs: int, name_of) -> None:
+def run_timing(experiment, settings, problems, target, runs: int, overlap) -> None:
     """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
-    import torch
-
     from fa4tune.harness import gpu
-    from fa4tune.harness.candidates import experiment_candidate
-    from fa4tune.harness.steps import make_flusher, measure_step
 
-    device = torch.device("cuda")
-    flusher = make_flusher(device)
-    medians: dict[tuple[str, str], list[float]] = {}
-    names: dict[tuple[str, str], str] = {}
-    for run in range(runs):
-        for problem in problems:
-            named = timing_candidates(experiment, problem, target)
-            if run % 2:
-                named.reverse()
-            bwd = experiment.backward_config(problem.problem_class)
-            candidates = [experiment_candidate(experiment, cfg, bwd, name=label) for label, cfg in named]
-            results = measure_step(problem, "fwd", candidates, device=device, settings=settings, flusher=flusher)
-            for label, cfg in named:
-                r = results[label]
-                names[(problem.label, label)] = name_of(cfg)
-                status = r.status if r.status == "ok" else f"{r.status}: {r.reason[:120]}"
-                print(f"run {run + 1}  {problem.label:34s} {label:10s} {name_of(cfg):58s} {status:8s} "
-                      f"{r.tflops or 0:7.1f} TFLOPS {r.ms_median or 0:.4f} ms", flush=True)
-                if r.status == "ok":
-                    medians.setdefault((problem.label, label), []).append(r.ms_median)
+    medians, names = overlap.time_interleaved(experiment, settings, problems, runs,
+                                              lambda problem: timing_candidates(experiment, problem, target),
+                                              label_width=10, name_width=58)
     print("\n| problem | candidate | config | ms (runs) | vs tma twin | vs upstream |\n|---|---|---|---|---|---|")
     best: list[float] = []
     for problem in problems:

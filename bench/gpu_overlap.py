@@ -153,11 +153,12 @@ def run_matrix(configs, experiment, settings, matrix, target, sk) -> int:
     return failures
 
 
-def run_timing(experiment, settings, problems, target, runs: int) -> None:
-    """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
+def time_interleaved(experiment, settings, problems, runs: int, candidates_of, label_width: int = 13,
+                     name_width: int = 44) -> tuple[dict, dict]:
+    """Per problem, the candidates `candidates_of(problem)` (label, config) gated and timed in one step, `runs` times
+    (order reversed on odd runs); returns the ok medians by (problem label, candidate label) and the config names."""
     import torch
 
-    from fa4tune.harness import gpu
     from fa4tune.harness.candidates import experiment_candidate
     from fa4tune.harness.steps import make_flusher, measure_step
 
@@ -167,7 +168,7 @@ def run_timing(experiment, settings, problems, target, runs: int) -> None:
     names: dict[tuple[str, str], str] = {}
     for run in range(runs):
         for problem in problems:
-            named = timing_candidates(experiment, problem, target)
+            named = candidates_of(problem)
             if run % 2:
                 named.reverse()
             bwd = experiment.backward_config(problem.problem_class)
@@ -177,10 +178,19 @@ def run_timing(experiment, settings, problems, target, runs: int) -> None:
                 r = results[label]
                 names[(problem.label, label)] = name_of(cfg)
                 status = r.status if r.status == "ok" else f"{r.status}: {r.reason[:120]}"
-                print(f"run {run + 1}  {problem.label:34s} {label:13s} {name_of(cfg):44s} {status:8s} "
+                print(f"run {run + 1}  {problem.label:34s} {label:{label_width}s} {name_of(cfg):{name_width}s} {status:8s} "
                       f"{r.tflops or 0:7.1f} TFLOPS {r.ms_median or 0:.4f} ms", flush=True)
                 if r.status == "ok":
                     medians.setdefault((problem.label, label), []).append(r.ms_median)
+    return medians, names
+
+
+def run_timing(experiment, settings, problems, target, runs: int) -> None:
+    """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
+    from fa4tune.harness import gpu
+
+    medians, names = time_interleaved(experiment, settings, problems, runs,
+                                      lambda problem: timing_candidates(experiment, problem, target))
     print("\n| problem | candidate | config | ms (runs) | vs tma twin | vs upstream |\n|---|---|---|---|---|---|")
     ratios = {"vs tma twin": [], "vs upstream": [], "table vs upstream": []}
     for problem in problems:
