@@ -720,12 +720,17 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
     # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
-    # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md).
-    "d128-causal-chunked-bf16": ForwardConfig(tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True),
+    # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md); the d128 and d96 MHA
+    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md).
+    "d128-causal-chunked-bf16": ForwardConfig(
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+    ),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
         tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
-    "d96-causal-chunked-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
+    "d96-causal-chunked-bf16": ForwardConfig(
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+    ),
     "d64-causal-chunked-bf16": ForwardConfig(
         tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
