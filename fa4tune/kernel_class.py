@@ -9,6 +9,9 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
     class whose compiled storage is larger (`smem_understated`);
   - `can_implement(config, problem_class, target)`: every other rule, as a fa4tune.feasibility Verdict;
   - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
+  - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
+    or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
+    that measurements have not found winning, so that the search spends no evaluations on it;
   - optionally, per problem (defaults: OK, 1, None): `can_implement_problem(config, problem, target)`, rules that need
     the sequence lengths (fa4tune.feasibility.check_forward_problem runs it before any compile);
     `num_splits_for(config, problem, num_sms)`, the KV splits it runs a problem with (above 1 the host path
@@ -57,6 +60,7 @@ class ForwardKernel:
     knobs: ClassVar[dict[str, tuple]] = {}
     limits: ClassVar[Limits] = Limits()
     upstream: ClassVar[type | None] = None  # read from the class itself only: a subclass changes the code
+    searched: ClassVar[bool] = True  # in the search's `kernel` domain (False: dispatch entries and benches only)
 
     @classmethod
     def smem_bytes(cls, config: ForwardConfig, problem_class) -> tuple[int, str]:
@@ -172,3 +176,5 @@ def _check_declaration(cls: type) -> None:
     if not isinstance(cls.limits, Limits):
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
 
+    if not isinstance(cls.searched, bool):
+        raise bad(f"searched must be True or False (whether the search draws the class), got {cls.searched!r}")

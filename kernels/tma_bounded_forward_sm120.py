@@ -22,6 +22,9 @@ class TmaBoundedForwardSm120(TmaForwardSm120):
 
     name = "sm120_tma_bounded"
     knobs = {"min_blocks_per_mp": MIN_BLOCKS_DOMAIN}
+    # slower than sm120_tma on every chunked problem it was timed on, bound or not
+    # (docs/measurements/2026-12-03-h200-tma-bounded.md): the search spends no evaluations on it
+    searched = False
 
     def __init__(self, *args, min_blocks_per_mp: int = MIN_BLOCKS_DOMAIN[0], **kwargs):
         super().__init__(*args, **kwargs)

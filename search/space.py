@@ -8,8 +8,9 @@ layouts, for which Optuna has no distribution that samples only those values) st
 A direction ("fwd" or "bwd") fixes the config class, its knob domain, its feasibility rules and
 upstream's default. The space signature names all of that, so a study can refuse to continue
 under a different space. The forward's domain is read from the registered kernel classes
-(fa4tune.kernel_class): `kernel` ranges over their names, and each class's own knobs join the domain;
-a knob applies only to configs of its class (Optuna samples it for every trial, the config drops it).
+(fa4tune.kernel_class): `kernel` ranges over the names of those the search draws (`searched`), and each such
+class's own knobs join the domain; a knob applies only to configs of its class (Optuna samples it for every trial,
+the config drops it).
 """
 
 from __future__ import annotations
@@ -166,10 +167,16 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
     kernels = forward_kernels() if kernels is None else kernels
     known = _FORWARD_SPACES.get(id(kernels))
     if known is None or known[0] is not kernels:
-        space = Space("fwd", forward_domain(kernels), ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes,
-                      {name: tuple(cls.knobs) for name, cls in kernels.items()}, regime_domain={"decode": DECODE_FORWARD_DOMAIN})
+        searched = searched_kernels(kernels)
+        space = Space("fwd", forward_domain(searched), ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes,
+                      {name: tuple(cls.knobs) for name, cls in searched.items()}, regime_domain={"decode": DECODE_FORWARD_DOMAIN})
         known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]
+
+
+def searched_kernels(kernels: dict[str, type]) -> dict[str, type]:
+    """The classes the search draws: those whose `searched` is true (the rest run from dispatch entries only)."""
+    return {name: cls for name, cls in kernels.items() if cls.searched}
 
 
 def get_space(direction: str) -> Space:

@@ -107,7 +107,9 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_bounded", "sm120_tma_overlap", "sm120_splitkv", "sm120_splitkv_cluster", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    # sm120_tma_bounded is registered but not searched (searched = False): neither it nor its knob is in the domain
+    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_overlap", "sm120_splitkv", "sm120_splitkv_cluster", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert "min_blocks_per_mp" not in space.domain
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)
     own = [c for c in feasible if c.kernel == "sm120_spare"]
@@ -195,7 +197,24 @@ def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     assert "fake_experiment.FasterTma and kernels.tma_forward_sm120.TmaForwardSm120 both declare name = 'sm120_tma'" in str(err.value)
 
 
+def test_a_class_that_is_not_searched_runs_from_the_table_but_is_never_drawn():
+    module = _module({"cls": "Kept", "bases": (TmaForwardSm120,), "name": "sm120_kept", "knobs": {"depth": (1, 2)}, "searched": False},
+                     {"cls": "Drawn", "bases": (TmaForwardSm120,), "name": "sm120_drawn"})
+    kernels = forward_kernels(module)
+    space = forward_space(kernels)
+    assert "sm120_kept" in kernels and "sm120_kept" not in space.domain["kernel"] and "depth" not in space.domain
+    assert "sm120_tma_bounded" not in space.domain["kernel"] and "sm120_drawn" in space.domain["kernel"]
+    kept = ForwardConfig(64, 64, 128, 1, kernel="sm120_kept", extra={"depth": 1})
+    assert check_forward(kept, D64, TARGET, kernels)  # a dispatch entry of it stays feasible
+    assert not [c for c in space.feasible(D64, TARGET) if c.kernel in ("sm120_kept", "sm120_tma_bounded")]
+    assert space.in_domain(kept) == "kernel='sm120_kept' is not in the search domain (" + ", ".join(map(repr, space.domain["kernel"])) + ")"
+    # the flag is inherited: a subclass of a kept class is searched only if it says so
+    module = _module({"cls": "Mine", "bases": (TmaBoundedForwardSm120,), "name": "sm120_mine", "searched": True})
+    assert "sm120_mine" in forward_space(forward_kernels(module)).domain["kernel"]
+
+
 @pytest.mark.parametrize("attrs,words", [
+    ({"name": "x", "searched": "no"}, "searched must be True or False"),
     ({"name": "sm120 fast"}, "name must be an identifier-like string"),
     ({"name": "x", "knobs": {"tile_m": (64,)}}, "knob 'tile_m' is one of ForwardConfig's own knobs"),
     ({"name": "x", "knobs": {"depth": []}}, "knob 'depth' needs a non-empty tuple"),
