@@ -141,3 +141,22 @@ def test_an_entry_that_does_not_sit_on_its_own_lines_is_refused():
     source = 'FORWARD_DISPATCH = {"d128-causal-bf16": ForwardConfig(tile_m=128)}\n'
     with pytest.raises(ConfigError, match="dispatch_format"):
         dispatch_table.edit_dispatch(source, "fwd", "d128-causal-bf16", ForwardConfig())
+
+
+def test_an_entry_that_already_holds_the_winner_keeps_its_own_line_breaks():
+    """the shipped decode entries sit on two hand-wrapped lines; a decision that changes nothing leaves them as written"""
+    source = (ROOT / "experiment.py").read_text()
+    held = "d128-noncausal-gqa4-decode-bf16"
+    entry = dispatch_table.entry_config(source, "fwd", held)
+    assert dispatch_table.render_entry(held, ForwardConfig.from_dict(entry)) not in source  # not apply's own wrapping
+    same = apply_module.Decision(f"fwd:{held}:sm120", "fwd", held, entry)
+    assert apply_module.apply(source, [same]) == source
+    changed = {**entry, "tile_n": 32}
+    edited = apply_module.apply(source, [same, apply_module.Decision("fwd:d128-noncausal-gqa8-decode-bf16:sm120", "fwd",
+                                                                    "d128-noncausal-gqa8-decode-bf16", changed)])
+    diff = [line for line in apply_module.unified_diff(source, edited, "experiment.py").splitlines()
+            if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if '"d128-noncausal-gqa8-decode-bf16"' in line)
+    assert [line[1:] for line in diff if line[0] == "-"] == lines[start:start + 2]  # the changed entry's two lines only
+    assert dispatch_table.entry_config(edited, "fwd", "d128-noncausal-gqa8-decode-bf16") == changed

@@ -87,11 +87,16 @@ def _decide(name: str, meta: dict, history, needed: int, allow_replay: bool) -> 
 
 
 def apply(source: str, decisions: list[Decision]) -> str:
-    """The source with every accepted decision written; each written entry is read back and compared."""
+    """The source with every accepted decision written; each written entry is read back and compared. An entry
+    that already holds the decision's config is left as it is written (its line breaks too), so the diff shows only
+    the entries that change."""
     for d in decisions:
         if d.config is None:
             continue
         config = get_space(d.direction).config(d.config)
+        held = entry_config(source, d.direction, d.problem_class)
+        if held is not None and get_space(d.direction).config(held) == config:
+            continue
         source = edit_dispatch(source, d.direction, d.problem_class, config)
         written = entry_config(source, d.direction, d.problem_class)
         if get_space(d.direction).config(written or {}) != config:
