@@ -88,10 +88,14 @@ def ctas_per_sm(kernel: type, config: ForwardConfig, pc: ProblemClass, target) -
 def split_kv_heuristic(total_mblocks: int, num_n_blocks: int, slots: int, max_splits: int = SPLITS_DOMAIN[-1]) -> int:
     """How many KV splits: enough CTAs to fill `slots` (SMs x CTAs per SM) once, never more than one wave, each
     split at least MIN_BLOCKS_PER_SPLIT KV blocks long (upstream's num_splits_heuristic with CTAs per SM and a
-    minimum split length)."""
+    minimum split length), then the fewest splits that keep that length, so that no split is empty."""
     if total_mblocks <= 0 or num_n_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
         return 1
-    return max(1, min(slots // total_mblocks, num_n_blocks // MIN_BLOCKS_PER_SPLIT, max_splits))
+    splits = max(1, min(slots // total_mblocks, num_n_blocks // MIN_BLOCKS_PER_SPLIT, max_splits))
+    # the fewest splits with the same blocks per split: splits of ceil(n / S) blocks leave the last ones empty when S
+    # does not divide n (33 splits of 256 blocks: 32 of 8 blocks and an empty one), and an empty split still costs a
+    # CTA, a partial and a combine wider than 32 (docs/measurements/2026-12-03-h200-decode-split-rounding.md)
+    return -(-num_n_blocks // -(-num_n_blocks // splits))
 
 
 class SplitKvForwardSm120(TunedForwardSm120):
@@ -695,7 +699,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
     "d64-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
+    "d96-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=32, num_threads=64, num_stages=2, Q_in_regs=False,
                                                kernel="sm120_splitkv", extra={"num_splits": 0}),
     "d96-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),

@@ -113,13 +113,27 @@ def test_the_prefill_static_shape_runs_unsplit_for_every_config_of_the_space(num
 # ---- the heuristic ----
 
 def test_heuristic_fills_the_slots_once_with_splits_of_at_least_two_blocks():
-    assert split_kv_heuristic(total_mblocks=8, num_n_blocks=1024, slots=340) == 42  # 340 // 8: one wave
+    # 340 // 8 = 42 fills one wave, but 42 splits of ceil(1024 / 42) = 25 blocks need only 41 of them
+    assert split_kv_heuristic(total_mblocks=8, num_n_blocks=1024, slots=340) == 41
     assert split_kv_heuristic(total_mblocks=8, num_n_blocks=64, slots=340) == 32  # 64 blocks / 2 per split
     assert split_kv_heuristic(total_mblocks=64, num_n_blocks=1024, slots=340) == 5  # 320 CTAs, not 6 x 64 = 384
     assert split_kv_heuristic(total_mblocks=1, num_n_blocks=10**6, slots=10**4) == 128  # the knob's largest value
     assert split_kv_heuristic(total_mblocks=400, num_n_blocks=1024, slots=340) == 1  # already more than a wave
     assert split_kv_heuristic(total_mblocks=8, num_n_blocks=3, slots=340) == 1  # too short to split
     assert split_kv_heuristic(total_mblocks=0, num_n_blocks=64, slots=340) == 1
+
+
+def test_heuristic_leaves_no_split_empty():
+    # the GQA 8 decode at 16K: 4 m blocks on 132 slots would be 33 splits of 8 blocks, the 33rd empty
+    assert split_kv_heuristic(total_mblocks=4, num_n_blocks=256, slots=132) == 32
+    assert split_kv_heuristic(total_mblocks=4, num_n_blocks=256, slots=264) == 64  # 66 splits of 4 blocks: 64 are enough
+    for blocks in range(4, 300):
+        for slots in (132, 264, 340):
+            splits = split_kv_heuristic(total_mblocks=4, num_n_blocks=blocks, slots=slots)
+            per_split = -(-blocks // splits)
+            unrounded = min(slots // 4, blocks // 2, 128)
+            assert (splits - 1) * per_split < blocks  # the last split has a block
+            assert splits <= unrounded and per_split == -(-blocks // unrounded)  # as long as before, never more CTAs
 
 
 def test_ctas_per_sm_by_shared_memory_threads_and_registers():
@@ -134,7 +148,7 @@ def test_ctas_per_sm_by_shared_memory_threads_and_registers():
 def test_num_splits_for_decode_prefill_and_an_explicit_knob():
     cfg = split_config()  # 16x64, 1 warp, 1 stage: 2 CTAs per SM on 170 SMs = 340 slots
     assert SplitKvForwardSm120.num_splits_for(cfg, decode(seqlen_k=4096), 170) == 32  # 8 KV heads x 1 m block
-    assert SplitKvForwardSm120.num_splits_for(cfg, decode(seqlen_k=65536), 170) == 42
+    assert SplitKvForwardSm120.num_splits_for(cfg, decode(seqlen_k=65536), 170) == 41  # 340 // 8 = 42 splits of 25 blocks: 41 hold them all
     assert SplitKvForwardSm120.num_splits_for(cfg, decode(batch=8, seqlen_k=65536), 170) == 5
     prefill = Problem(1, 8192, 8192, 32, 8, 128, 128, True, backward=False)
     assert SplitKvForwardSm120.num_splits_for(split_config(128, 64, 128), prefill, 170) == 1
@@ -261,6 +275,15 @@ def test_gpu_bench_matrix_covers_the_issue_axes_with_partial_last_blocks():
     for cfg in configs + [dataclasses.replace(c, extra={"num_splits": bench.FORCED_SPLITS}) for c in configs]:
         for p in problems:  # every matrix row is a problem the rules accept: the gate, not a refusal, decides
             assert check_forward_problem(cfg, p, TARGET, forward_kernels(experiment)), (cfg, p)
+
+
+def test_gpu_bench_configs_name_their_knobs_and_q_in_registers():
+    bench = load_gpu_bench()
+    plain, in_regs = bench.parse_configs("32x96x64x2:0,32x64x64x1q:4")
+    assert plain == ForwardConfig(32, 96, 64, 2, False, kernel="sm120_splitkv", extra={"num_splits": 0})
+    assert in_regs == ForwardConfig(32, 64, 64, 1, True, kernel="sm120_splitkv", extra={"num_splits": 4})
+    assert bench.config_name(in_regs) == "sm120_splitkv 32x64 t64 s1 Q_in_regs splits=4"
+    assert bench.config_name(plain) == "sm120_splitkv 32x96 t64 s2 splits=auto"
 
 
 def test_gpu_bench_hbm_bound_reads_k_and_v_once():
