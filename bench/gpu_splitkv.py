@@ -3,7 +3,7 @@ matrix, then TFLOPS and the HBM bound on the decode suite against the dispatch t
 defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
-        [--configs 16x64x32x1:0,64x64x128x2:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
+        [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
 
 Part 1, matrix (gate only, one timed round): every split config over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -49,12 +49,14 @@ COLUMNS = ("problem", "candidate", "status", "TFLOPS", "ms", "% HBM bound", "max
 
 
 def parse_configs(text: str, kernel: str = "sm120_splitkv") -> list[ForwardConfig]:
-    """'16x64x32x1:0,...' (tile_m x tile_n x num_threads x num_stages : num_splits) as configs of `kernel`."""
+    """'16x64x32x1:0,...' (tile_m x tile_n x num_threads x num_stages : num_splits; a `q` after the stages puts Q in
+    registers: '32x64x64x1q:0') as configs of `kernel`."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, splits = item.split(":")
-        tile_m, tile_n, threads, stages = (int(x) for x in tile.split("x"))
-        configs.append(ForwardConfig(tile_m, tile_n, threads, stages, kernel=kernel, extra={"num_splits": int(splits)}))
+        Q_in_regs = tile.endswith("q")
+        tile_m, tile_n, threads, stages = (int(x) for x in tile.removesuffix("q").split("x"))
+        configs.append(ForwardConfig(tile_m, tile_n, threads, stages, Q_in_regs, kernel=kernel, extra={"num_splits": int(splits)}))
     return configs
 
 
@@ -103,7 +105,7 @@ def result_row(label: str, name: str, result, bound_ms: float | None) -> tuple:
 
 def config_name(cfg: ForwardConfig) -> str:
     splits = f" splits={cfg.extra_knobs['num_splits'] or 'auto'}" if "num_splits" in cfg.extra_knobs else ""
-    return f"{cfg.kernel} {cfg.tile_m}x{cfg.tile_n} t{cfg.num_threads} s{cfg.num_stages}{splits}"
+    return f"{cfg.kernel} {cfg.tile_m}x{cfg.tile_n} t{cfg.num_threads} s{cfg.num_stages}{' Q_in_regs' if cfg.Q_in_regs else ''}{splits}"
 
 
 def matrix_configs(configs: list[ForwardConfig]) -> list[ForwardConfig]:

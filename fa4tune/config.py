@@ -227,6 +227,15 @@ class ProblemClass(_Record):
         class (a causal prefill's entry, tuned or upstream's); the others to upstream's default (None)."""
         return dataclasses.replace(self, regime="prefill") if self.regime == "chunked" else None
 
+    def shortest_problem(self) -> "Problem":
+        """The class's shortest problem (one batch, one KV head): a decode of 1 query over 1 key, a chunked prefill
+        of DECODE_MAX_SEQLEN_Q + 1 queries over CHUNKED_MIN_KV_PER_Q times as many keys, a prefill of
+        DECODE_MAX_SEQLEN_Q + 1 over as many. A dispatch entry runs every problem of its class, this one too."""
+        seqlen_q = 1 if self.regime == "decode" else DECODE_MAX_SEQLEN_Q + 1
+        seqlen_k = CHUNKED_MIN_KV_PER_Q * seqlen_q if self.regime == "chunked" else seqlen_q
+        return Problem(1, seqlen_q, seqlen_k, self.qhead_per_kvhead, 1, self.head_dim, self.head_dim_v, self.causal,
+                       self.dtype, backward=False, name=f"{self.name} at seqlen_q={seqlen_q}, seqlen_k={seqlen_k}")
+
 
 @dataclass(frozen=True)
 class Problem(_Record):

@@ -3,7 +3,7 @@
 import experiment
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.defaults import upstream_backward, upstream_forward
-from fa4tune.feasibility import check_backward, check_forward
+from fa4tune.feasibility import check_backward, check_forward, check_forward_problem
 from fa4tune.suites import load_suite, problem_classes, suite_names
 from fa4tune.targets import get_target
 
@@ -29,6 +29,25 @@ def test_every_suite_problem_class_has_a_feasible_table_entry():
                 assert _entry_key(experiment.BACKWARD_DISPATCH, pc) in experiment.BACKWARD_DISPATCH, (name, pc.name)
                 bwd = experiment.backward_config(pc)
                 assert check_backward(bwd, pc, TARGET), (pc.name, check_backward(bwd, pc, TARGET))
+
+
+def test_every_forward_entry_runs_its_class_s_shortest_and_its_suites_problems():
+    """an entry runs every length of its class: the shortest (1 key for a decode) and every suite problem of it"""
+    for key, cfg in experiment.FORWARD_DISPATCH.items():
+        shortest = ProblemClass.parse(key).shortest_problem()
+        assert shortest.problem_class.name == key
+        assert check_forward_problem(cfg, shortest, TARGET), (key, check_forward_problem(cfg, shortest, TARGET))
+    for name in suite_names():
+        for problem in load_suite(name):
+            cfg = experiment.forward_config(problem.problem_class)
+            assert check_forward_problem(cfg, problem, TARGET), (name, problem.label, check_forward_problem(cfg, problem, TARGET))
+
+
+def test_shortest_problem_of_each_regime_is_in_its_class():
+    shortest = {name: ProblemClass.parse(name).shortest_problem()
+                for name in ("d128-noncausal-gqa4-decode-bf16", "d128-causal-gqa4-chunked-bf16", "d64-causal-bf16", "d96-noncausal-bf16")}
+    assert [(p.seqlen_q, p.seqlen_k) for p in shortest.values()] == [(1, 1), (17, 34), (17, 17), (17, 17)]
+    assert all(p.problem_class.name == name for name, p in shortest.items())
 
 
 def test_table_keys_are_problem_class_names_and_values_configs():

@@ -160,3 +160,18 @@ def test_an_entry_that_already_holds_the_winner_keeps_its_own_line_breaks():
     start = next(i for i, line in enumerate(lines) if '"d128-noncausal-gqa8-decode-bf16"' in line)
     assert [line[1:] for line in diff if line[0] == "-"] == lines[start:start + 2]  # the changed entry's two lines only
     assert dispatch_table.entry_config(edited, "fwd", "d128-noncausal-gqa8-decode-bf16") == changed
+
+
+def test_a_winner_that_refuses_its_class_s_shortest_problem_is_not_applied():
+    """a fixed split count measured on 16K keys is refused for a 1-key decode, which the entry would also run"""
+    decode = "d96-noncausal-gqa8-decode-bf16"
+    fixed = {"tile_m": 32, "tile_n": 64, "num_threads": 64, "num_stages": 2, "Q_in_regs": False, "kernel": "sm120_splitkv",
+             "num_splits": 32}
+    note = f"fwd:{decode}:sm120: best trial #89 (9.6 TFLOPS, ...), confirmed at 9.5, 9.6 TFLOPS"
+    refused = apply_module._check_shortest_problem(apply_module.Decision(f"fwd:{decode}:sm120", "fwd", decode, fixed, note=note), "sm120")
+    assert refused.config is None and refused.refusal.startswith(f"entry_refuses_short_problems: fwd:{decode}:sm120: best trial #89")
+    assert f"{decode} at seqlen_q=1, seqlen_k=1: num_splits_le_kv_blocks: num_splits=32 is more than the 1 KV blocks" in refused.refusal
+    heuristic = apply_module.Decision(f"fwd:{decode}:sm120", "fwd", decode, {**fixed, "num_splits": 0}, note=note)
+    assert apply_module._check_shortest_problem(heuristic, "sm120") == heuristic
+    backward = apply_module.Decision("bwd:d128-causal-bf16:sm120", "bwd", "d128-causal-bf16", {"m_block_size": 64})
+    assert apply_module._check_shortest_problem(backward, "sm120") == backward  # no per-problem rules there

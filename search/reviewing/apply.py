@@ -43,10 +43,31 @@ def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | N
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         decision = _decide(summary.study_name, meta, records(study), needed, allow_replay)
+        if decision.config is not None:
+            decision = _check_shortest_problem(decision, meta.get(schema.TARGET))
         if source is not None and decision.config is not None:
             decision = _check_incumbent(decision, source, records(study))
         decisions.append(decision)
     return decisions
+
+
+def _check_shortest_problem(decision: Decision, target_name: str | None) -> Decision:
+    """The decision, or a refusal when the winner's per-problem rules refuse its class's shortest problem: an entry
+    runs every problem of its class, and a winner measured on long KVs may not run short ones (a fixed num_splits
+    needs as many KV blocks)."""
+    if decision.direction != "fwd":
+        return decision
+    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.targets import get_target
+
+    problem = ProblemClass.parse(decision.problem_class).shortest_problem()
+    verdict = check_forward_problem(get_space("fwd").config(decision.config), problem, get_target(target_name))
+    if verdict:
+        return decision
+    return replace(decision, config=None, refusal=(
+        f"entry_refuses_short_problems: {decision.note.split(', confirmed')[0]} would be {DISPATCH['fwd']}"
+        f"[{decision.problem_class!r}], which runs every problem of the class, and its rules refuse {problem.name}: "
+        f"{verdict}; a config whose choice depends on the length (num_splits=0: the heuristic) can be the entry"))
 
 
 def _check_incumbent(decision: Decision, source: str, history) -> Decision:
