@@ -119,14 +119,26 @@ def check_forward_problem(cfg: ForwardConfig, problem: Problem, target: Target, 
     this problem (can_implement_problem)."""
     kernels = forward_kernels() if kernels is None else kernels
     verdict = check_forward(cfg, problem.problem_class, target, kernels)
-    if not verdict:
-        return verdict
+    return verdict and _problem_rules(cfg, problem, target, kernels)
+
+
+def _problem_rules(cfg: ForwardConfig, problem: Problem, target: Target, kernels: dict[str, type]) -> Verdict:
+    """The kernel class's sequence-length limits, then its own rules for the problem (a config check_forward passed)."""
     limits = kernels[cfg.kernel].limits
     for name, value in (("seqlen_q", problem.seqlen_q), ("seqlen_k", problem.seqlen_k)):
         low, high = getattr(limits, name)
         if value < low or (high is not None and value > high):
             return _fail(f"{name}_domain", f"kernel {cfg.kernel!r} runs {name} in [{low}, {high if high is not None else 'any'}], got {value}")
     return kernels[cfg.kernel].can_implement_problem(cfg, problem, target)
+
+
+def check_forward_entry(cfg: ForwardConfig, pc: ProblemClass, target: Target, kernels: dict[str, type] | None = None) -> Verdict:
+    """check_forward, then the class's rules for the problem class's shortest problem (ProblemClass.shortest_problem):
+    what a dispatch entry must pass, since it runs every problem of its class (a fixed num_splits above 1 does not
+    run a 1-key decode). The search proposes only such configs; the bench scripts may time the others."""
+    kernels = forward_kernels() if kernels is None else kernels
+    verdict = check_forward(cfg, pc, target, kernels)
+    return verdict and _problem_rules(cfg, pc.shortest_problem(), target, kernels)
 
 
 def _kernel_knobs(cfg: ForwardConfig, cls: type) -> Verdict:

@@ -26,7 +26,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
-from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward, forward_smem_bytes
+from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward_entry, forward_smem_bytes
 from fa4tune.kernel_class import forward_kernels
 from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
@@ -168,7 +168,7 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
     known = _FORWARD_SPACES.get(id(kernels))
     if known is None or known[0] is not kernels:
         searched = searched_kernels(kernels)
-        space = Space("fwd", forward_domain(searched), ForwardConfig, check_forward, defaults.upstream_forward, forward_smem_bytes,
+        space = Space("fwd", forward_domain(searched), ForwardConfig, check_forward_entry, defaults.upstream_forward, forward_smem_bytes,
                       {name: tuple(cls.knobs) for name, cls in searched.items()}, regime_domain={"decode": DECODE_FORWARD_DOMAIN})
         known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]

@@ -69,6 +69,11 @@ def test_a_decode_study_searches_small_tiles_and_few_warps():
     assert space.in_domain(entry) == "" and get_space("fwd").in_domain(entry) != ""
     assert space.in_domain(space.upstream(decode)) == ""  # the baseline is in it too
     assert all(space.check(c, decode, TARGET) for c in space.feasible(decode, TARGET))
+    # an entry runs the class's 1-key decode too: the search proposes no fixed split count above 1
+    assert set(space.domain["num_splits"]) == {0, 1}
+    fixed = ForwardConfig(32, 64, 64, 2, kernel="sm120_splitkv", extra={"num_splits": 32})
+    verdict = get_space("fwd").check(fixed, decode, TARGET)
+    assert verdict.rule == "num_splits_le_kv_blocks" and "seqlen_k=1 " in verdict.message
 
 
 def test_a_new_study_measures_the_dispatch_table_entry_after_the_baseline():

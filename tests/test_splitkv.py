@@ -48,7 +48,10 @@ def test_registered_under_its_name_with_num_splits_in_the_search_space():
     assert "num_splits" in space.distributions()
     assert space.kernel_knobs["sm120_splitkv"] == ("num_splits",)
     feasible = [c for c in space.feasible(GQA4, TARGET) if c.kernel == "sm120_splitkv"]
-    assert {c.extra_knobs["num_splits"] for c in feasible} == set(SplitKvForwardSm120.knobs["num_splits"])
+    # the search proposes entries, and an entry runs its class's shortest problem (one KV block): the heuristic or 1
+    assert {c.extra_knobs["num_splits"] for c in feasible} == {0, 1}
+    assert all(check_forward(dataclasses.replace(c, extra={"num_splits": n}), GQA4, TARGET, forward_kernels(experiment))
+               for c in feasible[:5] for n in SplitKvForwardSm120.knobs["num_splits"])  # every count is a valid config
     # the decode tiles (16 rows, one warp) are outside the shared FORWARD_DOMAIN (tile_m >= 64, 128/256 threads),
     # so the search does not propose them yet; the rules accept them, so a dispatch entry can carry them
     assert not any(c.tile_m == 16 for c in feasible)
