@@ -538,6 +538,9 @@ class ClusterSplitKvForwardSm120(SplitKvForwardSm120):
     """
 
     name = "sm120_splitkv_cluster"
+    # every cluster size (2-8 splits) needs as many KV blocks, so no config of it runs a class's 1-key decode and none
+    # can be a dispatch entry (fa4tune.feasibility.check_forward_entry): the bench scripts time it, the search does not
+    searched = False
     knobs = {"num_splits": CLUSTER_SPLITS_DOMAIN}
     limits = SplitKvForwardSm120.limits
 

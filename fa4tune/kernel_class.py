@@ -175,6 +175,5 @@ def _check_declaration(cls: type) -> None:
             raise bad(f"knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
     if not isinstance(cls.limits, Limits):
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
-
     if not isinstance(cls.searched, bool):
         raise bad(f"searched must be True or False (whether the search draws the class), got {cls.searched!r}")

@@ -57,16 +57,16 @@ def _check_shortest_problem(decision: Decision, target_name: str | None) -> Deci
     needs as many KV blocks)."""
     if decision.direction != "fwd":
         return decision
-    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.feasibility import check_forward_entry
     from fa4tune.targets import get_target
 
-    problem = ProblemClass.parse(decision.problem_class).shortest_problem()
-    verdict = check_forward_problem(get_space("fwd").config(decision.config), problem, get_target(target_name))
+    pc = ProblemClass.parse(decision.problem_class)
+    verdict = check_forward_entry(get_space("fwd").config(decision.config), pc, get_target(target_name))
     if verdict:
         return decision
     return replace(decision, config=None, refusal=(
         f"entry_refuses_short_problems: {decision.note.split(', confirmed')[0]} would be {DISPATCH['fwd']}"
-        f"[{decision.problem_class!r}], which runs every problem of the class, and its rules refuse {problem.name}: "
+        f"[{decision.problem_class!r}], which runs every problem of the class, and its rules refuse {pc.shortest_problem().name}: "
         f"{verdict}; a config whose choice depends on the length (num_splits=0: the heuristic) can be the entry"))
 
 
