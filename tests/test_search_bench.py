@@ -38,7 +38,8 @@ def test_default_measures_upstreams_default_first(tmp_path):
     threshold = default / table.best("fwd", CLASS)
     assert one_run(table, "default", "fwd", CLASS, seed=0, threshold=threshold).needed == 1
     # the sampler alone does not start there: some seed needs more than one config to reach the default's speed
-    assert any(one_run(table, "tpe", "fwd", CLASS, seed=s, threshold=threshold).needed > 1 for s in range(5))
+    # (which seeds do depends on the space: 5 and 7 of 0-11 since the cluster class left it; 20 seeds take ~4 s)
+    assert any(one_run(table, "tpe", "fwd", CLASS, seed=s, threshold=threshold).needed > 1 for s in range(20))
 
 
 def test_the_space_is_the_tables_and_its_gaps_are_not_evaluations(tmp_path):
