@@ -694,8 +694,10 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                kernel="sm120_splitkv", extra={"num_splits": 0}),
     "d64-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d64-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
+    "d64-noncausal-gqa8-decode-bf16": ForwardConfig(
+        tile_m=32, tile_n=96, num_threads=64, num_stages=3, Q_in_regs=False, kernel="sm120_splitkv",
+        extra={"num_splits": 0},
+    ),
     "d64-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
                                             kernel="sm120_splitkv", extra={"num_splits": 0}),
     "d64-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
