@@ -230,6 +230,15 @@ class TmaForwardSm120(TunedForwardSm120):
         """Extra launch arguments (a subclass's occupancy bound); none here: the compiler's own register budget."""
         return {}
 
+    def mainloop_extras(self, storage, tidx: Int32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
+        """What a subclass's compute_one_n_block needs beyond upstream's operands (its buffers, copies and partitions),
+        made once before the mainloop and passed as `mma_params.extra`; none here."""
+        return None
+
+    def finalize_softmax(self, softmax: Softmax, mma_params: SimpleNamespace) -> cute.Tensor:
+        """The softmax's last step after the mainloop (the rows' LSE and O's scale): upstream's finalize."""
+        return softmax.finalize()
+
     @cute.jit
     def load_tma(self, copy_fn: Callable, mbar: cute.Pointer, num_bytes: cutlass.Constexpr, block: Int32, stage: Int32):
         """Warp 0 arms the stage's barrier with the tile's bytes and issues its TMA copy (one elected lane)."""
@@ -364,7 +373,8 @@ class TmaForwardSm120(TunedForwardSm120):
 
             softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1], softmax_scale=softmax_scale)
             softmax.reset()
-            mma_params = SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O)
+            mma_params = SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O,
+                                         extra=self.mainloop_extras(storage, tidx, tiled_mma_qk, tiled_mma_pv))
             smem_copy_params = SimpleNamespace(
                 smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V,
                 tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
@@ -426,7 +436,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 batch_size, num_head, aux_data, fastdiv_mods,
             )
 
-            row_scale = softmax.finalize()
+            row_scale = self.finalize_softmax(softmax, mma_params)
             softmax.rescale_O(acc_O, row_scale)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             self.epilogue(
