@@ -18,6 +18,11 @@ exchange shares the V wait's barrier with one stage) and the sP and row-stats bu
 
 Everything else is TmaForwardSm120's: the TMA loads on mbarriers, the masks, the epilogue (upstream's, which
 partitions O by the PV MMA, any layout), GQA packing.
+
+Measured (docs/measurements/2026-12-04-h200-tma-pairs.md, H200 with SM120 kernels emulated): correct on the gate
+matrix, and 5-15 % slower than the table on the chunked suite (about 5 % slower than the TMA class at the same
+64x64 tile): the extra barrier and P's round trip cost more than the reads saved. Hence `searched = False`.
+Only one stage was gated; two stages compile (sm_120a, 64x64 t128: 158 registers, 90,664 B, 1 CTA per SM).
 """
 
 # No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time.
@@ -42,8 +47,10 @@ from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tuned_forward_sm120 import tile_bytes
 
 WARPS_N = 2  # warps of a pair: across the keys of S and the head dim of O
-MMA_N_PER_WARP = 16  # keys (S) or head-dim columns (O) a warp takes from each MMA tile: ldmatrix x4 loads 16 of B
-PAIR_N = WARPS_N * MMA_N_PER_WARP  # tile_n and the head dims must be multiples of this
+# each warp's half of the keys (S) and of the head dim (O) must be a multiple of 32 columns: at head_dim 96 (halves of
+# 48) the DSL's compiler aborts (SIGABRT in the compile process, seen on the H200 with 64x64 and 128x64 tiles)
+HALF_MULTIPLE = 32
+PAIR_N = WARPS_N * HALF_MULTIPLE  # tile_n and the head dims must be multiples of this
 STAT_BYTES = 4  # fp32 row max / row sum per (row, warp of the pair)
 
 
@@ -52,7 +59,7 @@ class TmaPairsForwardSm120(TmaForwardSm120):
 
     name = "sm120_tma_pairs"
     limits = Limits(num_stages=(1, 2), num_threads=(128, 256))
-    searched = False  # until a measurement finds it winning
+    searched = False  # slower than the table everywhere it was timed (see the module's docstring)
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -65,28 +72,37 @@ class TmaPairsForwardSm120(TmaForwardSm120):
     @classmethod
     def can_implement(cls, config, problem_class, target) -> Verdict:
         """TmaForwardSm120's rules (rows: num_warps/2 warp rows of 32 make tile_m*2 a multiple of num_threads, the
-        same rule), then the pair's: tile_n and the head dims split in MMA tiles of 16 per warp."""
+        same rule), then the pair's: tile_n and the head dims split in halves of a multiple of 32."""
         verdict = super().can_implement(config, problem_class, target)
         if not verdict:
             return verdict
         if config.tile_n % PAIR_N:
             return Verdict(False, "pairs_tile_n_multiple",
-                           f"tile_n={config.tile_n} is not a multiple of {PAIR_N} (the 2 warps of a pair take "
-                           f"{MMA_N_PER_WARP} keys each of every MMA tile)")
+                           f"tile_n={config.tile_n} is not a multiple of {PAIR_N} (each warp of a pair takes half of "
+                           f"the keys, a multiple of {HALF_MULTIPLE})")
         for name, dim in (("head_dim", problem_class.head_dim), ("head_dim_v", problem_class.head_dim_v)):
             if dim % PAIR_N:
                 return Verdict(False, "pairs_head_dim_multiple",
-                               f"{name}={dim} is not a multiple of {PAIR_N} (the 2 warps of a pair take "
-                               f"{MMA_N_PER_WARP} columns each of every MMA tile of O)")
+                               f"{name}={dim} is not a multiple of {PAIR_N} (each warp of a pair takes half of O's "
+                               f"columns, a multiple of {HALF_MULTIPLE})")
         return OK
 
+    @staticmethod
+    def halves(n: int) -> cute.Layout:
+        """The N permutation that gives warp j of a pair the contiguous columns [j*n/2, (j+1)*n/2): the MMA's N index
+        (8 columns of an atom, then the 2 warps, then the repeats) to the column. A thread's columns are then 8 apart
+        in each n8 tile, as in upstream's layout, which the masks' register-to-predicate trick assumes (an interleaved
+        layout, 8 columns a warp in turn, masked the wrong columns: gate failures on every causal problem)."""
+        return cute.make_layout((8, WARPS_N, n // (8 * WARPS_N)), stride=(1, n // WARPS_N, 8))
+
     def _get_tiled_mma(self):
-        """(num_warps / 2) x 2 warps: each warp 32 rows (two MMA tiles of 16) and 16 of every 32 columns."""
+        """(num_warps / 2) x 2 warps: each warp 32 rows (two MMA tiles of 16) and half of S's keys / O's head dim."""
         warps_m = self.num_threads // 32 // WARPS_N
-        permutation = (warps_m * 16, PAIR_N, 16)
         atom = warp.MmaF16BF16Op(self.dtype, Float32, (16, 8, 16))
-        tiled_mma_qk = cute.make_tiled_mma(atom, (warps_m, WARPS_N, 1), permutation_mnk=permutation)
-        tiled_mma_pv = cute.make_tiled_mma(atom, (warps_m, WARPS_N, 1), permutation_mnk=permutation)
+        tiled_mma_qk = cute.make_tiled_mma(atom, (warps_m, WARPS_N, 1),
+                                           permutation_mnk=(warps_m * 16, self.halves(self.tile_n), 16))
+        tiled_mma_pv = cute.make_tiled_mma(atom, (warps_m, WARPS_N, 1),
+                                           permutation_mnk=(warps_m * 16, self.halves(self.tile_hdimv), 16))
         return tiled_mma_qk, tiled_mma_pv
 
     def _get_shared_storage_cls(self):
@@ -145,7 +161,7 @@ class TmaPairsForwardSm120(TmaForwardSm120):
             smem_thr_copy_P=smem_thr_copy_P, tOsP=smem_thr_copy_P.partition_S(sP),
             tOrP=thr_mma_pv.make_fragment_A(thr_mma_pv.partition_A(sP)),
             sStat=sStat, rows=rows,
-            col=(first_col // 8) % WARPS_N,  # MMA tiles of n8: warp j of a pair holds columns 8j..8j+7 of every 16
+            col=first_col // (self.tile_n // WARPS_N),  # warp j of a pair holds keys [j*tile_n/2, (j+1)*tile_n/2)
             first_of_quad=first_col % 8 == 0,  # the thread of each row's quad that carries the pair's row sum
         )
 
