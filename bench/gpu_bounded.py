@@ -15,11 +15,9 @@ times, the order reversed in alternate runs. Per problem: each candidate's media
 over upstream's defaults. On a GPU that is not SM 12.0 the SM120 kernels run emulated (label the figures).
 """
 
-import argparse
 import dataclasses
 import importlib.util
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -27,7 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fa4tune.config import ForwardConfig  # noqa: E402
-from fa4tune.suites import load_suite  # noqa: E402
 
 BOUNDED, TMA = "sm120_tma_bounded", "sm120_tma"
 DEFAULT_CONFIGS = "64x64x128:q:3,64x64x128:q:2,128x64x256:q:2"
@@ -76,53 +73,17 @@ def timing_candidates(experiment, problem, target) -> list[tuple[str, ForwardCon
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("matrix", "timing", "both"), default="both")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="tile_m x tile_n x threads[:q][:min_blocks], comma-separated")
-    parser.add_argument("--suites", default="chunked,standard")
-    parser.add_argument("--only", default="", help="only problems whose label contains this")
-    parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
-    args = parser.parse_args(argv)
-    configs = parse_configs(args.configs)
-    overlap, sk = _bench("gpu_overlap"), _bench("gpu_splitkv")
-
-    from fa4tune.feasibility import check_forward_problem
-    from fa4tune.harness.candidates import load_experiment
-    from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
-    from fa4tune.targets import get_target
-
-    target = get_target()
-    settings = Settings(gate_seed=new_gate_seed())
-    experiment = load_experiment(EXPERIMENT_PATH)
-    matrix = [p for p in sk.matrix_problems() + overlap.prefill_problems() if args.only in p.label]
-    problems = [p for suite in args.suites.split(",") for p in load_suite(suite) if args.only in p.label and p.problem_class.regime != "decode"]
-    pairs = []
-    if args.part in ("matrix", "both"):
-        pairs += [("fwd", c, p) for c in configs for p in matrix if check_forward_problem(c, p, target)]
-    if args.part in ("timing", "both"):
-        pairs += [("fwd", c, p) for p in problems for _, c in timing_candidates(experiment, p, target)]
-    if args.compile_jobs:
-        from search.evaluating.ahead import group_jobs, precompile, use_kernel_cache
-
-        use_kernel_cache()
-        precompile(group_jobs(pairs), settings, args.compile_jobs, name=overlap.name_of, log=lambda line: print(line, flush=True))
-    import experiment
-
-    print(f"gate seed {settings.gate_seed}; bounded configs: {', '.join(overlap.name_of(c) for c in configs)}", flush=True)
-    failures = overlap.run_matrix(configs, experiment, settings, matrix, target, sk) if args.part in ("matrix", "both") else 0
-    if args.part in ("timing", "both"):
-        run_timing(experiment, settings, problems, target, args.runs, overlap)
-    return 1 if failures else 0
+    return _bench("gpu_overlap").twin_bench_main(
+        argv, __doc__.splitlines()[0], "bounded", DEFAULT_CONFIGS, "tile_m x tile_n x threads[:q][:min_blocks], comma-separated",
+        parse_configs, lambda experiment, problem, target, configs: timing_candidates(experiment, problem, target), run_timing)
 
 
-def run_timing(experiment, settings, problems, target, runs: int, overlap) -> None:
+def run_timing(experiment, settings, problems, target, runs: int, candidates_of) -> None:
     """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
     from fa4tune.harness import gpu
 
-    medians, names = overlap.time_interleaved(experiment, settings, problems, runs,
-                                              lambda problem: timing_candidates(experiment, problem, target),
-                                              label_width=10, name_width=58)
+    medians, names = _bench("gpu_overlap").time_interleaved(experiment, settings, problems, runs, candidates_of,
+                                                            label_width=10, name_width=58)
     print("\n| problem | candidate | config | ms (runs) | vs tma twin | vs upstream |\n|---|---|---|---|---|---|")
     best: list[float] = []
     for problem in problems:

@@ -93,15 +93,26 @@ def timing_candidates(experiment, problem: Problem, target) -> list[tuple[str, F
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    return twin_bench_main(argv, __doc__.splitlines()[0], "overlap", DEFAULT_CONFIGS, "tile_m x tile_n x threads[:q], comma-separated",
+                           parse_configs, lambda experiment, problem, target, configs: timing_candidates(experiment, problem, target),
+                           run_timing)
+
+
+def twin_bench_main(argv, description: str, what: str, default_configs: str, configs_help: str, parse, candidates,
+                    timing, default_suites: str = "chunked,standard") -> int:
+    """The command line of the benches that gate a kernel class's configs over the matrix and time them against the
+    table's entries (this one, bench/gpu_bounded.py, bench/gpu_pairs.py): `parse(text)` makes --configs' configs,
+    `candidates(experiment, problem, target, configs)` a problem's (label, config) list, and `timing(experiment,
+    settings, problems, target, runs, candidates_of)` times them. Returns 1 when a matrix row is not ok."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--part", choices=("matrix", "timing", "both"), default="both")
-    parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="tile_m x tile_n x threads[:q], comma-separated")
-    parser.add_argument("--suites", default="chunked,standard")
+    parser.add_argument("--configs", default=default_configs, help=configs_help)
+    parser.add_argument("--suites", default=default_suites)
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     args = parser.parse_args(argv)
-    configs = parse_configs(args.configs)
+    configs = parse(args.configs)
     sk = _splitkv_bench()
 
     from fa4tune.feasibility import check_forward_problem
@@ -114,22 +125,22 @@ def main(argv=None) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)
     matrix = [p for p in sk.matrix_problems() + prefill_problems() if args.only in p.label]
     problems = [p for suite in args.suites.split(",") for p in load_suite(suite) if args.only in p.label and p.problem_class.regime != "decode"]
+    candidates_of = lambda problem: candidates(experiment, problem, target, configs)  # noqa: E731
     pairs = []
     if args.part in ("matrix", "both"):
         pairs += [("fwd", c, p) for c in configs for p in matrix if check_forward_problem(c, p, target)]
     if args.part in ("timing", "both"):
-        pairs += [("fwd", c, p) for p in problems for _, c in timing_candidates(experiment, p, target)]
+        pairs += [("fwd", c, p) for p in problems for _, c in candidates_of(p)]
     if args.compile_jobs:
         from search.evaluating.ahead import group_jobs, precompile, use_kernel_cache
 
         use_kernel_cache()
         precompile(group_jobs(pairs), settings, args.compile_jobs, name=name_of, log=lambda line: print(line, flush=True))
-    import experiment
 
-    print(f"gate seed {settings.gate_seed}; overlap configs: {', '.join(name_of(c) for c in configs)}", flush=True)
+    print(f"gate seed {settings.gate_seed}; {what} configs: {', '.join(name_of(c) for c in configs)}", flush=True)
     failures = run_matrix(configs, experiment, settings, matrix, target, sk) if args.part in ("matrix", "both") else 0
     if args.part in ("timing", "both"):
-        run_timing(experiment, settings, problems, target, args.runs)
+        timing(experiment, settings, problems, target, args.runs, candidates_of)
     return 1 if failures else 0
 
 
@@ -185,12 +196,11 @@ def time_interleaved(experiment, settings, problems, runs: int, candidates_of, l
     return medians, names
 
 
-def run_timing(experiment, settings, problems, target, runs: int) -> None:
+def run_timing(experiment, settings, problems, target, runs: int, candidates_of) -> None:
     """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
     from fa4tune.harness import gpu
 
-    medians, names = time_interleaved(experiment, settings, problems, runs,
-                                      lambda problem: timing_candidates(experiment, problem, target))
+    medians, names = time_interleaved(experiment, settings, problems, runs, candidates_of)
     print("\n| problem | candidate | config | ms (runs) | vs tma twin | vs upstream |\n|---|---|---|---|---|---|")
     ratios = {"vs tma twin": [], "vs upstream": [], "table vs upstream": []}
     for problem in problems:
