@@ -1,0 +1,98 @@
+"""The TMA forward with its tiles handed out longest first (kernels/tma_lpt_forward_sm120.py, "sm120_tma_lpt") on a GPU:
+the gate over a correctness matrix, then each problem's dispatch-table entry against its TMA twin and its LPT twin.
+
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_lpt.py [--part matrix|timing|both]
+        [--configs 64x96x128:q,128x64x128] [--suites chunked,standard] [--only SUBSTRING] [--runs 2]
+
+Part 1, matrix: each --configs entry (tile_m x tile_n x num_threads, `:q` for Q in registers, one stage) as
+sm120_tma_lpt over bench/gpu_overlap.py's matrix (the LSE gated too). A row that is not ok fails the exit code.
+Part 2, timing: per forward problem of --suites (decodes left out), the table's entry, its TMA twin (same tile,
+threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt) and upstream's SM120 defaults, gated, then
+timed interleaved in one step, the whole list --runs times, the order reversed in alternate runs. Per problem: each
+candidate's medians and its speedup over the TMA twin and over upstream; then the LPT twin's geomean over the TMA
+twin, causal problems and others apart. On a GPU that is not SM 12.0 the SM120 kernels run emulated (label the figures).
+"""
+
+import dataclasses
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fa4tune.config import ForwardConfig  # noqa: E402
+
+LPT, TMA = "sm120_tma_lpt", "sm120_tma"
+DEFAULT_CONFIGS = "64x96x128:q,128x64x128"
+
+
+def _overlap():
+    """bench/gpu_overlap.py as a module (the twin benches' command line, matrix and timing loop)."""
+    spec = importlib.util.spec_from_file_location("gpu_overlap", ROOT / "bench" / "gpu_overlap.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def parse_configs(text: str) -> list[ForwardConfig]:
+    """'64x96x128:q,...' as one-stage sm120_tma_lpt configs."""
+    configs = []
+    for item in filter(None, text.split(",")):
+        tile, *flags = item.split(":")
+        tile_m, tile_n, threads = (int(x) for x in tile.split("x"))
+        configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=LPT))
+    return configs
+
+
+def timing_candidates(experiment, problem, target, configs) -> list[tuple[str, ForwardConfig]]:
+    """The entry, its TMA twin and its LPT twin (where the problem admits them), upstream's defaults (always)."""
+    from fa4tune import defaults
+    from fa4tune.feasibility import check_forward_problem
+
+    entry = experiment.forward_config(problem.problem_class)
+    twin = dataclasses.replace(entry, num_stages=1, extra={}, kernel=TMA)
+    named = [("table", entry), ("tma twin", twin), ("lpt twin", dataclasses.replace(twin, kernel=LPT))]
+    seen, out = set(), []
+    for label, cfg in named:
+        if cfg.key() not in seen and check_forward_problem(cfg, problem, target):
+            seen.add(cfg.key())
+            out.append((label, cfg))
+    return out + [("upstream", defaults.upstream_forward(problem.problem_class))]
+
+
+def run_timing(experiment, settings, problems, target, runs: int, candidates_of) -> None:
+    """Part 2: per problem, the candidates gated and timed interleaved, `runs` times; medians and speedups."""
+    from fa4tune.harness import gpu
+
+    medians, names = _overlap().time_interleaved(experiment, settings, problems, runs, candidates_of,
+                                                 label_width=10, name_width=44)
+    print("\n| problem | candidate | config | ms (runs) | vs tma twin | vs upstream |\n|---|---|---|---|---|---|")
+    gains: dict[bool, list[float]] = {True: [], False: []}
+    for problem in problems:
+        mean = {lab: sum(v) / len(v) for (p, lab), v in medians.items() if p == problem.label and len(v) == runs}
+        twin = mean.get("tma twin", mean.get("table"))  # the entry is its own TMA twin when it is on sm120_tma
+        for label in sorted(mean, key=lambda lab: mean[lab]):
+            vs_twin = f"{twin / mean[label]:.3f}" if twin else ""
+            vs_up = f"{mean['upstream'] / mean[label]:.3f}" if "upstream" in mean else ""
+            ms = " / ".join(f"{v:.4f}" for v in medians[(problem.label, label)])
+            print(f"| {problem.label} | {label} | {names[(problem.label, label)]} | {ms} | {vs_twin} | {vs_up} |")
+        if twin and "lpt twin" in mean:
+            gains[problem.causal].append(twin / mean["lpt twin"])
+    for causal, values in gains.items():
+        if values:
+            g = math.exp(sum(math.log(v) for v in values) / len(values))
+            print(f"geomean, the LPT twin over the TMA twin, {'causal' if causal else 'non-causal'}: {g:.3f} over {len(values)} problems")
+    mode = gpu.select_mode(gpu.read_device(), target)
+    print(f"mode: {mode} (SM120 kernels{' emulated on this device' if mode == 'emulated' else ''})")
+
+
+def main(argv=None) -> int:
+    return _overlap().twin_bench_main(argv, __doc__.splitlines()[0], "lpt", DEFAULT_CONFIGS,
+                                      "tile_m x tile_n x threads[:q], comma-separated", parse_configs, timing_candidates,
+                                      run_timing)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The TMA-fed SM120 forward with its tiles handed out longest first (kernel "sm120_tma_lpt"): TmaForwardSm120's code,
+the CTA with block index L running the tile that the longest-processing-time-first order puts at L.
+
+Why: upstream's SM80 path (and so TmaForwardSm120) runs m block `blockIdx.x`, and the GPU launches CTAs in block-index
+order, x fastest: in a causal problem, bottom-right aligned, a higher m block has more keys, so every head's longest
+tiles start last and end the kernel alone (the tail), and in a grid of one wave the longest tiles share SMs with each
+other. Upstream's SM90 and SM100 paths order causal tiles longest first (their LPT tile scheduler). Here the CTA of
+linear block index L = x + X (y + Y z) runs m block X - 1 - L // (Y Z), head (L % (Y Z)) % Y, batch (L % (Y Z)) // Y:
+every head's m block X-1 first, then X-2, and so on. It is a permutation of the same tiles, so the kernel computes
+the same outputs; only the schedule differs. In a non-causal problem every tile is as long as the others, and the
+order changes nothing but which tiles share an SM.
+"""
+
+from cutlass import Int32
+
+import cutlass.cute as cute
+
+from kernels.tma_forward_sm120 import TmaForwardSm120
+
+
+class TmaLptForwardSm120(TmaForwardSm120):
+    """TmaForwardSm120 with the m blocks handed out longest first (highest m block first, all heads of it together)."""
+
+    name = "sm120_tma_lpt"
+    searched = False  # a schedule under measurement (bench/gpu_lpt.py); the search does not draw it
+
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
+        num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
+        linear = m_block + num_m_blocks * (head + num_heads * batch)
+        per_m_block = num_heads * num_batch
+        rest = linear % per_m_block
+        return num_m_blocks - 1 - linear // per_m_block, rest % num_heads, rest // num_heads
