@@ -735,7 +735,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
         tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
     ),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(
         tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
