@@ -93,3 +93,23 @@ def test_a_new_study_measures_the_dispatch_table_entry_after_the_baseline():
         assert [t.user_attrs[schema.PROPOSER] for t in waiting] == proposers
         queued = waiting[-1].system_attrs[schema.FIXED_PARAMS]  # a waiting trial holds its params here
         assert spec.space.config(queued) == spec.space.config(incumbent or spec.space.upstream(pc).to_dict())
+
+
+def test_a_dispatch_entry_on_an_unsearched_kernel_class_is_not_enqueued_and_the_study_still_asks():
+    """The protocol lets a dispatch entry run a class the search does not draw (`searched = False`); its config is
+    outside the trials' distributions (Optuna's ask raises ValueError on such a fixed param), so the study leaves it
+    out rather than fail on its first trial."""
+    from fa4tune.config import ProblemClass
+    from search.storing import schema
+    from search.storing.study import StudySpec, enqueue_baseline
+
+    pc = ProblemClass(128, 128, True)
+    entry = {"tile_m": 64, "tile_n": 64, "num_threads": 128, "num_stages": 1, "Q_in_regs": True,
+             "kernel": "sm120_tma_bounded", "min_blocks_per_mp": 2}
+    spec = StudySpec("fwd", pc, (), TARGET, incumbent=entry)
+    assert "kernel='sm120_tma_bounded' is not in the search domain" in spec.space.in_domain(spec.space.config(entry))
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_baseline(study, spec)
+    assert [t.user_attrs[schema.PROPOSER] for t in study.get_trials(deepcopy=False)] == ["baseline"]
+    trial = study.ask(spec.space.distributions())  # the baseline's fixed params lie in the distributions
+    assert spec.space.config(trial.params) == spec.space.upstream(pc)

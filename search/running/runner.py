@@ -117,16 +117,25 @@ def _table_spaces(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
     return [replace(spec, space_override=table.space(spec.direction)) for spec in specs]
 
 
-def _incumbents(specs: list[StudySpec], evaluator) -> list[StudySpec]:
+def _incumbents(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
     """Each measured study knows experiment.py's dispatch entry for its class (enqueued after the baseline); a
-    replayed one does not (its table need not hold it, and the bench compares strategies from upstream's default)."""
+    replayed one does not (its table need not hold it, and the bench compares strategies from upstream's default).
+    An entry outside the search's domain (a kernel class that sets `searched = False`) is said and not enqueued."""
     if isinstance(evaluator, ReplayEvaluator):
         return specs
     from fa4tune.harness.settings import EXPERIMENT_PATH
     from search.storing.dispatch_table import effective_entry_config
 
     source = Path(getattr(evaluator, "experiment_path", None) or EXPERIMENT_PATH).read_text()
-    return [replace(spec, incumbent=effective_entry_config(source, spec.direction, spec.problem_class)) for spec in specs]
+    out_specs = []
+    for spec in specs:
+        entry = effective_entry_config(source, spec.direction, spec.problem_class)
+        outside = spec.space.in_domain(spec.space.config(entry)) if entry is not None else ""
+        if outside:
+            print(f"{spec.direction}:{spec.problem_class.name}: the dispatch entry is not measured in this study: {outside} "
+                  f"(its kernel class is not searched); `search apply` will not replace it", file=out)
+        out_specs.append(replace(spec, incumbent=entry))
+    return out_specs
 
 
 def _transfers(specs: list[StudySpec], evaluator, path: str) -> list[StudySpec]:
@@ -158,7 +167,7 @@ def plan(config: RunConfig, out) -> Plan:
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
-    specs = _transfers(_incumbents(specs, evaluator), evaluator, config.transfer_table)
+    specs = _transfers(_incumbents(specs, evaluator, out), evaluator, config.transfer_table)
     check_sampler(config.sampler)  # an unknown sampler fails here
     policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     return Plan(evaluator, specs, policy)

@@ -160,7 +160,9 @@ def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
     queued = [upstream]
     if spec.incumbent is not None:
         incumbent = spec.space.config(spec.incumbent)
-        if incumbent not in queued:
+        # an entry on a kernel class the search does not draw (`searched = False`) is outside the trials' distributions:
+        # a trial fixed to it could not even be asked for (search.running.runner._incumbents says so)
+        if incumbent not in queued and not spec.space.in_domain(incumbent):
             study.enqueue_trial(spec.space.params(incumbent), user_attrs={schema.PROPOSER: INCUMBENT})
             queued.append(incumbent)
     for values in spec.transfer:
