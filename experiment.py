@@ -51,6 +51,7 @@ from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass, regime_o
 from fa4tune.feasibility import OK, Verdict
 from fa4tune.kernel_class import Limits, forward_kernel
 from fa4tune.sm120_interface import build
+from kernels.tma_lpt_forward_sm120 import longest_first
 from kernels.tuned_forward_sm120 import TunedForwardSm120
 
 # ---------------------------------------------------------------------------------------------
@@ -288,6 +289,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tile_scheduler = SingleTileScheduler.create(tile_sched_params)
         work_tile = tile_scheduler.initial_work_tile_info()
         m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx
+        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx)
         qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
         block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.splits_in_grid,
                                qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
@@ -324,6 +326,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv,
                           tidx, m_block, head_idx, batch_idx)
+
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
+        """The tile a CTA runs, from its block index's (the grid's head mode holds head x split): the same here."""
+        return m_block, head, batch
 
     @cute.jit
     def mainloop(self, mQ, mK, mV, storage, sQ, sK_layout, sV_layout, gmem_tiled_copy_Q, gmem_tiled_copy_K,
@@ -508,6 +514,28 @@ class SplitKvForwardSm120(TunedForwardSm120):
                     col = tOcO[r, c][1]
                     if const_expr(not self.check_hdim_v_oob) or col < head_dim_v:
                         o_row[col] = rO[r, c]
+
+
+class LptForwardSm120(SplitKvForwardSm120):
+    """Upstream's SM120 forward (cp.async; the split-KV class's code at one split) with its tiles handed out longest
+    first, as kernels/tma_lpt_forward_sm120.py does for the TMA class (0.4-12 % faster there on causal problems:
+    docs/measurements/2026-12-04-h200-tma-lpt.md). For the classes whose entries are upstream's kernel (the d128 causal
+    prefills), where the TMA class loses; not yet gated or timed on a GPU, hence not searched."""
+
+    name = "sm120_lpt"
+    knobs = {}  # one split, always
+    searched = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, num_splits=1, **kwargs)
+
+    @classmethod
+    def num_splits_for(cls, config, problem, num_sms: int) -> int:
+        return 1
+
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
+        num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
+        return longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads, num_batch)
 
 
 CLUSTER_SPLITS_DOMAIN = (2, 4, 8)  # 8: the portable cluster size, which every GPU with clusters (SM120 too) runs

@@ -1,6 +1,8 @@
 """The TMA forward with its tiles handed out longest first (kernels/tma_lpt_forward_sm120.py, kernel="sm120_tma_lpt"):
 searched, the TMA class's storage and rules, a schedule that is a permutation of the grid's tiles with every m block's
-tiles before the next shorter one, and (compile-marked) an sm_120a compile of the GQA chunked entry.
+tiles before the next shorter one, and (compile-marked) an sm_120a compile of the GQA chunked entry. Its cp.async
+sibling in experiment.py (kernel="sm120_lpt", upstream's code at one split): not searched, one split always, and an
+sm_120a compile of the d128 causal prefill tile.
 
 Whether it pays on a GPU is bench/gpu_lpt.py's job (docs/measurements/2026-12-04-h200-tma-lpt.md).
 """
@@ -65,3 +67,23 @@ def test_gqa_chunked_entry_compiles_without_spills_at_two_ctas_per_sm(tmp_path):
     # Recorded 2026-12-04 (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1): 247 registers (sm120_tma: 240), no spills
     assert facts.spill_store_bytes == facts.spill_load_bytes == 0
     assert facts.dynamic_smem_bytes == 49176 and facts.blocks_per_sm == 2
+
+
+def test_the_cp_async_sibling_runs_one_split_and_is_not_searched():
+    cls = forward_kernels(experiment)["sm120_lpt"]
+    assert cls is experiment.LptForwardSm120 and cls.knobs == {} and cls.searched is False
+    assert "sm120_lpt" not in get_space("fwd").domain["kernel"]
+    cfg = ForwardConfig(64, 64, 128, 1, True, kernel="sm120_lpt")
+    d128_causal = ProblemClass(128, 128, True)
+    assert cls.num_splits_for(cfg, d128_causal.shortest_problem(), 132) == 1
+    assert check_forward(cfg, d128_causal, TARGET)
+
+
+@pytest.mark.compile
+def test_the_cp_async_sibling_compiles_like_upstreams_kernel(tmp_path):
+    jobs = [StaticJob("fwd", ForwardConfig(64, 64, 128, 1, True, kernel=k), ProblemClass(128, 128, True)) for k in ("sm120_lpt", "sm120")]
+    ours, upstream = run_static(jobs, TARGET, ROOT / "experiment.py", workers=2, cache_path=tmp_path / "facts.jsonl")
+    assert ours.status == upstream.status == "ok", (ours.reason, upstream.reason)
+    # Recorded 2026-12-04: both 254 registers, no spills, 32,768 B, 2 CTAs per SM
+    assert ours.spill_store_bytes == upstream.spill_store_bytes == 0
+    assert ours.dynamic_smem_bytes == upstream.dynamic_smem_bytes and ours.blocks_per_sm == upstream.blocks_per_sm == 2
