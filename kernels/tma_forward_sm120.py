@@ -87,15 +87,18 @@ class TmaForwardSm120(TunedForwardSm120):
         atom = warpgroup.make_smem_layout_atom(kind, self.dtype)
         return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
 
+    def tile_struct(self, cosize: int):
+        """A shared-storage member for `cosize` elements, a whole number of KBs (each tile then starts 1024-aligned on
+        the 1024-aligned base, as the 128-byte TMA swizzle needs)."""
+        nbytes = cosize * self.dtype.width // 8
+        nbytes = -(-nbytes // self.tile_align) * self.tile_align  # whole KBs
+        return cute.struct.MemRange[self.dtype, nbytes * 8 // self.dtype.width]
+
     def _get_shared_storage_cls(self):
         # upstream's tiles, each a whole number of KB so that each starts 1024-aligned on the 1024-aligned base
         # (`kernel` allocates the struct so), as the 128-byte TMA swizzle needs; then the mbarriers. No member is
         # marked Align[1024]: that would round the struct's size up to 1024 and cost the barriers a whole KB.
-        def tile(cosize: int):
-            nbytes = cosize * self.dtype.width // 8
-            nbytes = -(-nbytes // self.tile_align) * self.tile_align  # whole KBs
-            return cute.struct.MemRange[self.dtype, nbytes * 8 // self.dtype.width]
-
+        tile = self.tile_struct
         sQ_struct, sK_struct, sV_struct = (tile(cute.cosize(layout)) for layout in (self.sQ_layout, self.sK_layout, self.sV_layout))
         sQV_struct = tile(max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout)))
         mbar_struct = cute.struct.MemRange[cutlass.Int64, self.num_mbarriers(self.num_stages)]

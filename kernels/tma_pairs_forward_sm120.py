@@ -108,11 +108,7 @@ class TmaPairsForwardSm120(TmaForwardSm120):
     def _get_shared_storage_cls(self):
         # TmaForwardSm120's tiles (whole KBs from a 1024-B aligned base), P (whole KBs, so that it starts aligned
         # too), the row stats, then the mbarriers
-        def tile(cosize: int):
-            nbytes = cosize * self.dtype.width // 8
-            nbytes = -(-nbytes // self.tile_align) * self.tile_align
-            return cute.struct.MemRange[self.dtype, nbytes * 8 // self.dtype.width]
-
+        tile = self.tile_struct
         sQ_struct, sK_struct, sV_struct = (tile(cute.cosize(layout)) for layout in (self.sQ_layout, self.sK_layout, self.sV_layout))
         sP_struct = tile(self.tile_m * self.tile_n)  # P's swizzled layout (made in the kernel) is tile_m x tile_n, dense
         sQV_struct = tile(max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout)))
