@@ -2,7 +2,10 @@
 crashes, hangs, device faults and wrong results that cost only their own step (CPU fakes, no GPU)."""
 
 import os
+import sys
 from dataclasses import replace
+
+import pytest
 
 from fa4tune.config import Problem
 from fa4tune.harness import candidates, evaluation, gpu, step_server
@@ -14,6 +17,13 @@ TARGETS = "tests.prepare_child_targets"
 SMALL = Problem(1, 48, 48, 2, 2, 32, 32, True, backward=False, name="tiny causal")
 SETTINGS = Settings(gate_seed=7, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_loaded_experiment(monkeypatch):
+    """Two tests load a tiny experiment.py as module `experiment`; put the project's back after each (later tests'
+    kernel registry reads that module)."""
+    monkeypatch.setitem(sys.modules, "experiment", sys.modules.get("experiment"))
 
 
 def spec(name):
