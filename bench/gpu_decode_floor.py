@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from fa4tune.suites import load_suite  # noqa: E402
 
-GRIDS = ((4096, 1), (2048, 4), (1024, 8))  # (elements per load, loads per program) of the read-floor kernel
+GRIDS = ((4096, 1, 8), (2048, 4, 8), (1024, 8, 8))  # (elements per load, loads per program, warps) of the read kernel
 
 
 @functools.cache
@@ -56,19 +56,19 @@ def read_kernel():
 
 
 def floor_calls(k, v, grid_shape):
-    """One read of K and V by read_kv with (BLOCK, ITERS) = grid_shape."""
+    """One read of K and V by read_kv with (BLOCK, ITERS, num_warps) = grid_shape."""
     import torch
     import triton
 
     kernel = read_kernel()
-    block, iters = grid_shape
+    block, iters, warps = grid_shape
     n = k.numel()
     programs = triton.cdiv(n, block * iters)
     out = torch.empty(programs, device=k.device, dtype=torch.float32)
-    return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=8)
+    return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
 
 
-def candidates_for(problem, experiment, sets: int):
+def candidates_for(problem, experiment, sets: int, grids=GRIDS):
     """name -> one call per input set."""
     import torch
     import torch.nn.functional as F
@@ -90,8 +90,10 @@ def candidates_for(problem, experiment, sets: int):
         "events only": [lambda: None] * sets,
         "one tiny kernel": [lambda: tiny.add_(1)] * sets,
     }
-    for grid_shape in GRIDS:
-        out[f"read K+V ({grid_shape[0]}x{grid_shape[1]})"] = [floor_calls(k, v, grid_shape) for _, k, v in tensors]
+    for grid_shape in grids:
+        programs = -(-tensors[0][1].numel() // (grid_shape[0] * grid_shape[1]))
+        out[f"read K+V ({'x'.join(map(str, grid_shape))}: {programs} CTAs)"] = [
+            floor_calls(k, v, grid_shape) for _, k, v in tensors]
     two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
     out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
     out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
@@ -110,6 +112,8 @@ def main(argv=None) -> int:
     parser.add_argument("--suite", default="decode")
     parser.add_argument("--only", default="", help="problems whose label contains this")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: the harness's)")
+    parser.add_argument("--grids", default="", help="more read-kernel shapes, BLOCKxITERSxWARPS,... (for example "
+                        "4096x16x8: 64 CTAs at a b1 4K decode, what a one-cluster-per-KV-head kernel could have)")
     args = parser.parse_args(argv)
 
     import torch
@@ -132,15 +136,16 @@ def main(argv=None) -> int:
     rounds = args.rounds or settings.rounds
     for problem in [p for p in load_suite(args.suite) if args.only in p.label and not p.causal]:
         kv_bytes = problem.batch * problem.seqlen_k * problem.num_heads_kv * (problem.head_dim + problem.head_dim_v) * 2
-        calls = candidates_for(problem, experiment, settings.input_sets)
+        grids = GRIDS + tuple(tuple(int(x) for x in g.split("x")) for g in args.grids.split(",") if g)
+        calls = candidates_for(problem, experiment, settings.input_sets, grids)
         results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
         medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
         upstream = medians["upstream default"]
         print(f"\n== {problem.label}: K+V {kv_bytes / 1e6:.1f} MB; upstream {upstream:.4f} ms, 10x upstream {upstream / 10:.4f} ms ==")
-        print(f"{'candidate':34} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'upstream / it':>14} {'K+V GB/s':>9}")
+        print(f"{'candidate':44} {'median ms':>10} {'min ms':>9} {'max ms':>9} {'upstream / it':>14} {'K+V GB/s':>9}")
         for label, t in results.items():
             med = medians[label]
-            print(f"{label:34} {med:10.4f} {min(t.samples_ms):9.4f} {max(t.samples_ms):9.4f} {upstream / med:14.2f} "
+            print(f"{label:44} {med:10.4f} {min(t.samples_ms):9.4f} {max(t.samples_ms):9.4f} {upstream / med:14.2f} "
                   f"{kv_bytes / med / 1e6:9.0f}")
     return 0
 
