@@ -706,15 +706,18 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-noncausal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
     "d128-causal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
     "d96-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
+    # the causal prefills below: their TMA twins with tiles handed out longest first, faster on every problem of the
+    # class (docs/measurements/2026-12-04-h200-lpt-classes.md)
     "d96-causal-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_splitkv",
-        extra={"num_splits": 1},
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_lpt",
     ),
     "d64-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
     "d64-causal-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
-    "d128-causal-gqa4-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
+    "d128-causal-gqa4-bf16": ForwardConfig(
+        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
+    ),
     "d128-noncausal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV with its heuristic's split count
     # (docs/measurements/2026-12-01-h200-splitkv.md: 3.0-22x upstream's SM120 path, on par with SDPA).
@@ -758,18 +761,19 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
     # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
     # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md); the d128 and d96 MHA
-    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md).
+    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md), and every chunked
+    # class to the longest-first TMA class (docs/measurements/2026-12-04-h200-tma-lpt.md, 2026-12-04-h200-lpt-classes.md).
     "d128-causal-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
         tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_lpt",
     ),
     "d64-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
 }
 
