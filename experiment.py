@@ -51,7 +51,7 @@ from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass, regime_o
 from fa4tune.feasibility import OK, Verdict
 from fa4tune.kernel_class import Limits, forward_kernel
 from fa4tune.sm120_interface import build
-from kernels.tma_lpt_forward_sm120 import longest_first
+from kernels.tma_lpt_forward_sm120 import heads_per_l2_section, l2_sectioned_longest_first, longest_first
 from kernels.tuned_forward_sm120 import TunedForwardSm120
 
 # ---------------------------------------------------------------------------------------------
@@ -289,7 +289,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tile_scheduler = SingleTileScheduler.create(tile_sched_params)
         work_tile = tile_scheduler.initial_work_tile_info()
         m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx
-        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx)
+        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, mK.shape[0])
         qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
         block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.splits_in_grid,
                                qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
@@ -327,8 +327,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
             self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv,
                           tidx, m_block, head_idx, batch_idx)
 
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
-        """The tile a CTA runs, from its block index's (the grid's head mode holds head x split): the same here."""
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
+        """The tile a CTA runs, from its block index's (the grid's head mode holds head x split) and the keys per head:
+        the same here."""
         return m_block, head, batch
 
     @cute.jit
@@ -533,9 +534,26 @@ class LptForwardSm120(SplitKvForwardSm120):
     def num_splits_for(cls, config, problem, num_sms: int) -> int:
         return 1
 
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
         num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
         return longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads, num_batch)
+
+
+class LptL2ForwardSm120(LptForwardSm120):
+    """sm120_lpt with the heads in L2-sized sections, as upstream's SM90/SM100 LPT scheduler orders them: longest first
+    within a section of heads whose K and V fit L2_SECTION_BYTES, one section after the other. For the many-wave
+    prefills where sm120_lpt lost (b8 s1024 h16 d128: the same m block of all 128 heads at once, 64 MB of K and V in
+    use; docs/measurements/2026-12-04-h200-lpt-classes.md). Not yet gated or timed on a GPU, hence not searched."""
+
+    name = "sm120_lpt_l2"
+    searched = False
+
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
+        num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
+        key_bytes = (self.tile_hdim + self.tile_hdimv) * (self.dtype.width // 8)
+        section = heads_per_l2_section(seqlen_k, key_bytes, self.qhead_per_kvhead)
+        return l2_sectioned_longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads,
+                                          num_batch, section)
 
 
 CLUSTER_SPLITS_DOMAIN = (2, 4, 8)  # 8: the portable cluster size, which every GPU with clusters (SM120 too) runs

@@ -5,11 +5,12 @@ the gate over a correctness matrix, then each problem's dispatch-table entry aga
         [--configs 64x96x128:q,128x64x128] [--suites chunked,standard] [--only SUBSTRING] [--runs 2]
 
 Part 1, matrix: each --configs entry (tile_m x tile_n x num_threads, `:q` for Q in registers, one stage) as
-sm120_tma_lpt (`:cp`: as its cp.async sibling sm120_lpt) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
+sm120_tma_lpt (`:cp`: as its cp.async sibling sm120_lpt, `:p`: as sm120_tma_paired, `:l2`: as sm120_lpt_l2) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
 that is not ok fails the exit code.
 Part 2, timing: per forward problem of --suites (decodes left out), the table's entry, its TMA twin (same tile,
-threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt), where the entry is upstream's kernel its
-cp.async LPT twin (sm120_lpt, the entry's stages) and upstream's SM120 defaults, gated, then
+threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt), its paired twin (the same on
+sm120_tma_paired: kernels/tma_paired_forward_sm120.py), where the entry is upstream's kernel its
+cp.async LPT twins (sm120_lpt and sm120_lpt_l2, the entry's stages) and upstream's SM120 defaults, gated, then
 timed interleaved in one step, the whole list --runs times, the order reversed in alternate runs. Per problem: each
 candidate's medians and its speedup over the TMA twin and over upstream; then the LPT twin's geomean over the TMA
 twin, causal problems and others apart. On a GPU that is not SM 12.0 the SM120 kernels run emulated (label the figures).
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from fa4tune.config import ForwardConfig  # noqa: E402
 
-LPT, TMA, LPT_CP_ASYNC = "sm120_tma_lpt", "sm120_tma", "sm120_lpt"
+LPT, TMA, LPT_CP_ASYNC, PAIRED, LPT_L2 = "sm120_tma_lpt", "sm120_tma", "sm120_lpt", "sm120_tma_paired", "sm120_lpt_l2"
 DEFAULT_CONFIGS = "64x96x128:q,128x64x128"
 
 
@@ -39,12 +40,14 @@ def _overlap():
 
 
 def parse_configs(text: str) -> list[ForwardConfig]:
-    """'64x96x128:q,...' as one-stage sm120_tma_lpt configs; the flag `cp` makes one the cp.async sibling sm120_lpt."""
+    """'64x96x128:q,...' as one-stage sm120_tma_lpt configs; the flag `cp` makes one the cp.async sibling sm120_lpt,
+    `p` the paired order sm120_tma_paired, `l2` the cp.async sibling with L2-sized head sections sm120_lpt_l2."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, *flags = item.split(":")
         tile_m, tile_n, threads = (int(x) for x in tile.split("x"))
-        configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=LPT_CP_ASYNC if "cp" in flags else LPT))
+        kernel = LPT_CP_ASYNC if "cp" in flags else PAIRED if "p" in flags else LPT_L2 if "l2" in flags else LPT
+        configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=kernel))
     return configs
 
 
@@ -55,9 +58,11 @@ def timing_candidates(experiment, problem, target, configs) -> list[tuple[str, F
 
     entry = experiment.forward_config(problem.problem_class)
     twin = dataclasses.replace(entry, num_stages=1, extra={}, kernel=TMA)
-    named = [("table", entry), ("tma twin", twin), ("lpt twin", dataclasses.replace(twin, kernel=LPT))]
+    named = [("table", entry), ("tma twin", twin), ("lpt twin", dataclasses.replace(twin, kernel=LPT)),
+             ("paired twin", dataclasses.replace(twin, kernel=PAIRED))]
     if entry.kernel in ("sm120", "sm120_splitkv"):  # upstream's kernel (the split-KV class's at one split is its code)
         named.append(("lpt cp twin", dataclasses.replace(entry, extra={}, kernel=LPT_CP_ASYNC)))
+        named.append(("lpt l2 cp twin", dataclasses.replace(entry, extra={}, kernel=LPT_L2)))
     seen, out = set(), []
     for label, cfg in named:
         if cfg.key() not in seen and check_forward_problem(cfg, problem, target):

@@ -233,9 +233,10 @@ class TmaForwardSm120(TunedForwardSm120):
         """Extra launch arguments (a subclass's occupancy bound); none here: the compiler's own register budget."""
         return {}
 
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32):
-        """The tile a CTA of the (m blocks, heads, batch) grid runs, from its block index's: the same one here (a
-        subclass may hand the tiles out in another order)."""
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
+        """The tile a CTA of the (m blocks, heads, batch) grid runs, from its block index's (and the keys per head, for
+        an order that keeps the heads in use within the L2): the same one here (a subclass may hand the tiles out in
+        another order)."""
         return m_block, head, batch
 
     def mainloop_extras(self, storage, tidx: Int32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
@@ -323,7 +324,7 @@ class TmaForwardSm120(TunedForwardSm120):
         if work_tile.is_valid_tile:
             m_block, num_head, batch_size, _ = work_tile.tile_idx
             if const_expr(TileScheduler is SingleTileScheduler):
-                m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size)
+                m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size, mK.shape[0])
             block_info = BlockInfo(
                 self.tile_m, self.tile_n, self.is_causal, self.is_local, False, window_size_left, window_size_right,
                 qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,

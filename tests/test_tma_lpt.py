@@ -95,3 +95,36 @@ def test_the_cp_async_sibling_compiles_like_upstreams_kernel(tmp_path):
     # Recorded 2026-12-04: both 254 registers, no spills, 32,768 B, 2 CTAs per SM
     assert ours.spill_store_bytes == upstream.spill_store_bytes == 0
     assert ours.dynamic_smem_bytes == upstream.dynamic_smem_bytes and ours.blocks_per_sm == upstream.blocks_per_sm == 2
+
+
+@pytest.mark.parametrize("grid", [(16, 16, 8), (5, 3, 2), (1, 1, 1), (128, 16, 1)])
+@pytest.mark.parametrize("section", [1, 3, 8, 64, 1000])
+def test_l2_sections_are_a_permutation_longest_first_within_each(grid, section):
+    from kernels.tma_lpt_forward_sm120 import l2_sectioned_longest_first
+
+    m_blocks, heads, batch = grid
+    tiles = [l2_sectioned_longest_first(i, m_blocks, heads, batch, section) for i in range(m_blocks * heads * batch)]
+    assert sorted(tiles) == sorted(itertools.product(range(m_blocks), range(heads), range(batch)))
+    pairs = [h + heads * b for _, h, b in tiles]
+    for s in range(0, heads * batch, section):  # one section's tiles together, longest first within it
+        idx = [i for i, hb in enumerate(pairs) if s <= hb < s + section]
+        assert idx == list(range(idx[0], idx[0] + len(idx)))
+        assert [tiles[i][0] for i in idx] == sorted((tiles[i][0] for i in idx), reverse=True)
+    if section >= heads * batch:  # one section: longest_first's own order
+        assert tiles == [longest_first(i, m_blocks, heads, batch) for i in range(len(tiles))]
+
+
+def test_l2_section_sizes_follow_the_kv_bytes():
+    from kernels.tma_lpt_forward_sm120 import heads_per_l2_section
+
+    key_bytes = (128 + 128) * 2
+    assert heads_per_l2_section(1024, key_bytes, 1) == 100  # 512 KB of K and V per head: 100 heads in 50 MB
+    assert heads_per_l2_section(8192, key_bytes, 1) == 12
+    assert heads_per_l2_section(8192, key_bytes, 4) == 48  # GQA 4: four query heads read each KV head
+    assert heads_per_l2_section(1 << 21, key_bytes, 1) == 1  # a head larger than L2: one at a time
+    assert heads_per_l2_section(1 << 30, key_bytes, 1) == 1  # no overflow (keys first)
+
+
+def test_the_l2_sibling_is_not_searched():
+    assert "sm120_lpt_l2" not in get_space("fwd").domain["kernel"]
+    assert forward_kernels(experiment)["sm120_lpt_l2"].num_splits_for(None, None, 132) == 1
