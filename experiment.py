@@ -784,11 +784,13 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-causal-chunked-bf16": ForwardConfig(
         tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
     ),
+    # GQA 4 and d96: each odd round of SM-count CTAs reversed (kernels/tma_paired_forward_sm120.py), faster again on
+    # both classes (docs/measurements/2026-12-04-h200-tma-paired.md)
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_paired",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_lpt",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_paired",
     ),
     "d64-causal-chunked-bf16": ForwardConfig(
         tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",

@@ -48,8 +48,8 @@ class TmaPairedForwardSm120(TmaLptForwardSm120):
     """TmaLptForwardSm120 with each odd round of SM-count CTAs handed its tiles shortest first."""
 
     name = "sm120_tma_paired"
-    # not drawn by the search until a GPU run gates and times it (docs/gpu-runs.md)
-    searched = False
+    # searched (inherited): gated on the causal matrix and the entry of the GQA 4 and d96 chunked classes
+    # (docs/measurements/2026-12-04-h200-tma-paired.md)
 
     def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
         num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()

@@ -63,8 +63,11 @@ def test_the_schedule_is_a_permutation_longest_tiles_first(grid):
     assert tiles[0] == (m_blocks - 1, 0, 0) and tiles[-1] == (0, heads - 1, batch - 1)
 
 
-def test_the_gqa_chunked_entry_runs_it():
-    assert experiment.forward_config(GQA4_CAUSAL_CHUNKED) == lpt()
+def test_the_causal_entries_that_run_it():
+    # docs/measurements/2026-12-04-h200-lpt-classes.md (the GQA 4 and d96 chunked classes went on to sm120_tma_paired)
+    assert experiment.forward_config(ProblemClass.parse("d128-causal-chunked-bf16")) == lpt()
+    assert experiment.forward_config(ProblemClass.parse("d128-causal-gqa4-bf16")) == lpt(64, 64)
+    assert experiment.forward_config(ProblemClass.parse("d96-causal-bf16")) == lpt(64, 96, Q_in_regs=False)
 
 
 @pytest.mark.compile
