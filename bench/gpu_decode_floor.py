@@ -11,6 +11,9 @@ them interleaved in one benchmark per problem:
 - `read K+V (BxI)`: one Triton kernel that reads all of K and V once (each program B x I elements of each, fp32
   sums, one float out per program), for a few shapes of the grid: the cold-read floor of the problem's bytes;
 - `read K+V + tiny kernel`: the same, then a second launch: the floor of a two-kernel decode;
+- `read K+V + merge in last CTA` (--merge-splits): one kernel, `splits` programs per KV head, each writing an fp32
+  partial and counting itself on an acq_rel atomic; the last of a head sums the partials: the floor of a one-kernel
+  decode whose splits merge through global memory (checked against torch's sum once, before it is timed);
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
 
 Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
@@ -55,6 +58,69 @@ def read_kernel():
     return read_kv
 
 
+@functools.cache
+def read_merge_kernel():
+    """A one-kernel decode's floor with its merge: each program sums its keys' K and V rows of one KV head (a split),
+    writes that fp32 partial, then a CTA barrier and an acq_rel atomic on the head's counter; the program that counts
+    last reads every split's partial, writes their sum and resets the counter (the merge a fused split-KV decode needs,
+    through global memory, without the attention math)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_merge_kv(k_ptr, v_ptr, part_ptr, count_ptr, out_ptr, seqlen, H: tl.constexpr, D: tl.constexpr,
+                      SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, ITERS: tl.constexpr, MERGE: tl.constexpr):
+        split = tl.program_id(0)
+        hb = tl.program_id(1)  # batch * H + KV head
+        b = hb // H
+        h = hb % H
+        d = tl.arange(0, D)
+        acc = tl.zeros([D], dtype=tl.float32)
+        for i in tl.static_range(ITERS):
+            keys = split * BLOCK_N * ITERS + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = keys < seqlen
+            offs = ((b * seqlen + keys)[:, None] * H + h) * D + d[None, :]
+            acc += tl.sum(tl.load(k_ptr + offs, mask=mask[:, None], other=0.0).to(tl.float32), axis=0)
+            acc += tl.sum(tl.load(v_ptr + offs, mask=mask[:, None], other=0.0).to(tl.float32), axis=0)
+        tl.store(part_ptr + (hb * SPLITS + split) * D + d, acc)
+        if MERGE:  # without it: the same reads and partial writes, so the merge's cost is the difference
+            tl.debug_barrier()  # every thread's part of the partial is written before the release
+            done = tl.atomic_add(count_ptr + hb, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                s = tl.arange(0, SPLITS)
+                parts = tl.load(part_ptr + (hb * SPLITS + s)[:, None] * D + d[None, :], cache_modifier=".cg")
+                tl.store(out_ptr + hb * D + d, tl.sum(parts, axis=0))
+                tl.atomic_xchg(count_ptr + hb, 0)
+
+    return read_merge_kv
+
+
+def merge_calls(k, v, splits: int, warps: int = 4, merge: bool = True):
+    """One read of K and V with the merge in the last CTA of each KV head (read_merge_kernel), `splits` per head;
+    checked once against torch's sum before it is timed."""
+    import torch
+    import triton
+
+    batch, seqlen, heads, dim = k.shape
+    keys = triton.cdiv(seqlen, splits)
+    block_n = min(32, triton.next_power_of_2(keys))
+    iters = triton.cdiv(keys, block_n)
+    part = torch.empty(batch * heads, splits, dim, device=k.device, dtype=torch.float32)
+    count = torch.zeros(batch * heads, device=k.device, dtype=torch.int32)
+    out = torch.empty(batch * heads, dim, device=k.device, dtype=torch.float32)
+    kernel = read_merge_kernel()
+    call = lambda: kernel[(splits, batch * heads)](k, v, part, count, out, seqlen, H=heads, D=dim, SPLITS=splits,  # noqa: E731
+                                                    BLOCK_N=block_n, ITERS=iters, MERGE=merge, num_warps=warps)
+    call()
+    if not merge:
+        return call
+    expect = (k.float().sum(1) + v.float().sum(1)).reshape(batch * heads, dim)
+    err = (out - expect).abs().max().item()
+    assert err < 1e-2 * expect.abs().max().item() + 1e-2, f"read+merge floor kernel is wrong: max error {err}"
+    assert int(count.sum().item()) == 0, "the last CTA did not reset its counter"
+    return call
+
+
 def floor_calls(k, v, grid_shape):
     """One read of K and V by read_kv with (BLOCK, ITERS, num_warps) = grid_shape."""
     import torch
@@ -68,7 +134,7 @@ def floor_calls(k, v, grid_shape):
     return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
 
 
-def candidates_for(problem, experiment, sets: int, grids=GRIDS):
+def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=()):
     """name -> one call per input set."""
     import torch
     import torch.nn.functional as F
@@ -94,6 +160,11 @@ def candidates_for(problem, experiment, sets: int, grids=GRIDS):
         programs = -(-tensors[0][1].numel() // (grid_shape[0] * grid_shape[1]))
         out[f"read K+V ({'x'.join(map(str, grid_shape))}: {programs} CTAs)"] = [
             floor_calls(k, v, grid_shape) for _, k, v in tensors]
+    for splits in merge_splits:
+        out[f"read K+V per head, partials ({splits} splits, 4 warps)"] = [
+            merge_calls(k, v, splits, 4, merge=False) for _, k, v in tensors]
+        out[f"read K+V + merge in last CTA ({splits} splits, 4 warps)"] = [
+            merge_calls(k, v, splits, 4) for _, k, v in tensors]
     two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
     out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
     out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
@@ -114,6 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default: the harness's)")
     parser.add_argument("--grids", default="", help="more read-kernel shapes, BLOCKxITERSxWARPS,... (for example "
                         "4096x16x8: 64 CTAs at a b1 4K decode, what a one-cluster-per-KV-head kernel could have)")
+    parser.add_argument("--merge-splits", default="", help="splits per KV head of the read-and-merge floor kernel, "
+                        "comma-separated (one kernel: the reads, then the last CTA of a head merges the partials)")
     args = parser.parse_args(argv)
 
     import torch
@@ -137,7 +210,8 @@ def main(argv=None) -> int:
     for problem in [p for p in load_suite(args.suite) if args.only in p.label and not p.causal]:
         kv_bytes = problem.batch * problem.seqlen_k * problem.num_heads_kv * (problem.head_dim + problem.head_dim_v) * 2
         grids = GRIDS + tuple(tuple(int(x) for x in g.split("x")) for g in args.grids.split(",") if g)
-        calls = candidates_for(problem, experiment, settings.input_sets, grids)
+        merge = tuple(int(x) for x in args.merge_splits.split(",") if x)
+        calls = candidates_for(problem, experiment, settings.input_sets, grids, merge)
         results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
         medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
         upstream = medians["upstream default"]
