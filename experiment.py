@@ -539,6 +539,21 @@ class LptForwardSm120(SplitKvForwardSm120):
         return longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads, num_batch)
 
 
+class LptInHeadForwardSm120(LptForwardSm120):
+    """sm120_lpt with the longest-first order kept inside each (head, batch): the CTAs run the heads in upstream's order,
+    one head's m blocks together (its K and V in L2 together, as upstream's kernel has them), each head's from the
+    last m block down. For the many-wave d128 causal prefills where sm120_lpt (every head's longest m block first: all
+    heads' K and V in use at once) and sm120_lpt_l2 lost to upstream's order on the b8 s1024 h16 prefill
+    (docs/measurements/2026-12-04-h200-tma-paired.md). Not yet gated or timed on a GPU, hence not searched."""
+
+    name = "sm120_lpt_in_head"
+    searched = False
+
+    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
+        num_m_blocks, _, _ = cute.arch.grid_dim()
+        return num_m_blocks - 1 - m_block, head, batch
+
+
 class LptL2ForwardSm120(LptForwardSm120):
     """sm120_lpt with the heads in L2-sized sections, as upstream's SM90/SM100 LPT scheduler orders them: longest first
     within a section of heads whose K and V fit L2_SECTION_BYTES, one section after the other. For the many-wave

@@ -90,16 +90,6 @@ def test_the_cp_async_sibling_runs_one_split_and_is_not_searched():
     assert check_forward(cfg, d128_causal, TARGET)
 
 
-@pytest.mark.compile
-def test_the_cp_async_sibling_compiles_like_upstreams_kernel(tmp_path):
-    jobs = [StaticJob("fwd", ForwardConfig(64, 64, 128, 1, True, kernel=k), ProblemClass(128, 128, True)) for k in ("sm120_lpt", "sm120")]
-    ours, upstream = run_static(jobs, TARGET, ROOT / "experiment.py", workers=2, cache_path=tmp_path / "facts.jsonl")
-    assert ours.status == upstream.status == "ok", (ours.reason, upstream.reason)
-    # Recorded 2026-12-04: both 254 registers, no spills, 32,768 B, 2 CTAs per SM
-    assert ours.spill_store_bytes == upstream.spill_store_bytes == 0
-    assert ours.dynamic_smem_bytes == upstream.dynamic_smem_bytes and ours.blocks_per_sm == upstream.blocks_per_sm == 2
-
-
 @pytest.mark.parametrize("grid", [(16, 16, 8), (5, 3, 2), (1, 1, 1), (128, 16, 1)])
 @pytest.mark.parametrize("section", [1, 3, 8, 64, 1000])
 def test_l2_sections_are_a_permutation_longest_first_within_each(grid, section):
@@ -131,3 +121,33 @@ def test_l2_section_sizes_follow_the_kv_bytes():
 def test_the_l2_sibling_is_not_searched():
     assert "sm120_lpt_l2" not in get_space("fwd").domain["kernel"]
     assert forward_kernels(experiment)["sm120_lpt_l2"].num_splits_for(None, None, 132) == 1
+
+
+def test_the_in_head_sibling_reverses_m_blocks_within_each_head_and_is_not_searched():
+    cls = forward_kernels(experiment)["sm120_lpt_in_head"]
+    assert cls is experiment.LptInHeadForwardSm120 and cls.searched is False
+    assert "sm120_lpt_in_head" not in get_space("fwd").domain["kernel"]
+    assert cls.num_splits_for(None, None, 132) == 1
+
+
+@pytest.mark.compile
+def test_the_cp_async_siblings_compile_like_upstreams_kernel(tmp_path):
+    pc = ProblemClass.parse("d128-causal-bf16")
+    kernels = ("sm120", "sm120_lpt", "sm120_lpt_l2", "sm120_lpt_in_head")
+    facts = run_static([StaticJob("fwd", ForwardConfig(64, 64, 128, 1, True, kernel=k), pc) for k in kernels], TARGET,
+                       ROOT / "experiment.py", workers=1, cache_path=tmp_path / "facts.jsonl")
+    assert [f.status for f in facts] == ["ok"] * 4, [f.reason for f in facts]
+    # Recorded 2026-12-04 (sm_120a): 254 registers, no spills, 32,768 B, 2 CTAs per SM for all four
+    assert {(f.spill_store_bytes, f.dynamic_smem_bytes, f.blocks_per_sm) for f in facts} == {(0, 32768, 2)}
+
+
+def test_the_bench_reads_each_order_flag():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_lpt", ROOT / "bench" / "gpu_lpt.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    configs = bench.parse_configs("64x96x128:q,128x64x128,64x64x128:q:cp,64x96x128:q:p,64x64x128:q:l2,64x64x128:ih")
+    assert [c.kernel for c in configs] == ["sm120_tma_lpt", "sm120_tma_lpt", "sm120_lpt", "sm120_tma_paired",
+                                           "sm120_lpt_l2", "sm120_lpt_in_head"]
+    assert [c.Q_in_regs for c in configs] == [True, False, True, True, True, False]
