@@ -72,7 +72,9 @@ def test_panels_with_nothing_to_draw_are_left_out(studies):
     gqa = plots.tile_heatmap(found[("fwd", GQA)], "label", None)  # its trials all have num_threads=128
     assert [ax.get_title() for ax in gqa.axes if ax.images] == ["num_threads=128"]
     assert "no config with num_threads=256 measured" in " ".join(gqa._suptitle.get_text().split())
-    registers = plots.registers_spills(found[("fwd", MHA)], "label", None)  # no config spills
+    # the GQA study has no random draws (the MHA one's depend on the search space's domain), and none of its configs
+    # spills in the synthetic table's static facts (64x128 t128, 64x64 t128 and upstream's 128x64 t128: <= 160 registers)
+    registers = plots.registers_spills(found[("fwd", GQA)], "label", None)
     assert [ax.get_xlabel() for ax in registers.axes] == ["registers per thread"]
     assert "registers (no config spills)" in registers._suptitle.get_text()
 
