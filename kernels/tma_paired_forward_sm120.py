@@ -2,7 +2,7 @@
 
 Why: `sm120_tma_lpt` hands the tiles out longest first, in one sorted list. The GPU dispatches CTAs in block-index
 order, one per SM, round after round, while they fit. So when an SM holds two CTAs at once (the GQA chunked entry: two
-64x96 CTAs per SM on SM120), CTA L shares its SM with CTA L + S (S: the GPU's SMs), and the sorted list pairs the
+64x96 CTAs per SM on SM120) and CTA L shares its SM with CTA L + S (S: the GPU's SMs), the sorted list pairs the
 longest tile with the longest of the second round. At the issue's chunked prefill (sq 512 over sk 8K, 8 m blocks x 32
 heads = 256 CTAs on 132 SMs) the longest pair is m blocks 7 and 3 (86 + 83 key blocks of 96) where 7 and 0 would give
 86 + 81: the makespan of the one wave is the heaviest SM's.
@@ -11,7 +11,11 @@ Here the odd rounds of S are reversed (a boustrophedon over the sorted list): CT
 S + (n - 1 - p), n the tiles in that round, so round 1 starts with the shortest tiles, on the SMs whose first CTA has
 the longest. Every SM's pair then sums to about the same. It is a permutation of the same tiles for any S, so the
 kernel computes the same outputs whatever the dispatch really does; only the schedule depends on it. S is read from
-`%nsmid` (the GPU's SM identifiers), so the same cubin pairs right on an RTX 5090 (170 SMs) and on the H200 (132).
+`%nsmid` (the GPU's SM identifiers: 132 on the H200), so the same cubin counts rounds right on any GPU.
+
+Measured (docs/measurements/2026-12-04-h200-tma-paired.md, H200, SM120 kernels emulated): the H200 puts CTA L and
+CTA L + 132 on one SM for only 24 of 132 L (bench/gpu_sm_dispatch.py), so the pairing holds in part. Still +0.8 % on the
+sq 512 over 8K GQA prefill and +4-5 % on the d96 chunked problems over `sm120_tma_lpt`; level or slower elsewhere.
 """
 
 from cutlass import Int32
