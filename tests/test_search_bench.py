@@ -64,3 +64,24 @@ def test_a_row_of_unreached_runs_shows_the_budget(tmp_path):
 def test_gp_runs_on_the_table(tmp_path):
     table = load_table(str(write_table(tmp_path)))
     assert one_run(table, "gp", "fwd", CLASS, seed=0, threshold=0.9).needed is not None
+
+
+def test_the_reachable_best_leaves_out_configs_the_search_cannot_draw(tmp_path):
+    """A table may hold configs of a kernel class the search does not draw (`searched = False`: the bench scripts
+    time them); a search can never reach them, so 99 % of the best counts only the configs in its domain."""
+    from fa4tune.config import ProblemClass
+    from fa4tune.targets import get_target
+    from search.running.bench import reachable_best
+
+    table = load_table(str(write_table(tmp_path)))
+    space = table.space("fwd")
+    pc, target = ProblemClass.parse(CLASS), get_target("sm120")
+    ms = table.measurements("fwd", CLASS)
+    others = [m for m in ms if space.in_domain(space.config(m.config))]
+    assert others and {m.config["kernel"] for m in others} <= {"sm120_tma_bounded", "sm120_tma_pairs", "sm120_lpt",
+                                                                   "sm120_lpt_l2", "sm120_lpt_in_head", "sm120_splitkv_cluster"}
+    best_other = max(m.geomean_tflops() for m in others if m.ok)
+    assert best_other == table.best("fwd", CLASS)  # in this synthetic table an unsearched class holds the best
+    reachable = reachable_best(table, space, "fwd", pc, target)
+    assert reachable < best_other
+    assert reachable in {m.geomean_tflops() for m in ms if m not in others}

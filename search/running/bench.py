@@ -78,17 +78,23 @@ class _Until:
 
 
 def reachable_best(table: ReplayTable, space: Space, kind: str, pc: ProblemClass, target) -> float | None:
-    """The table's best among configs that pass today's rules (a rule found after the sweep may exclude its best)."""
-    values = [m.geomean_tflops() for m in table.measurements(kind, pc.name)
-              if m.ok and space.check(space.config(m.config), pc, target)]
+    """The table's best among the configs a search can draw: in today's domain (a table may hold configs of a kernel
+    class the search does not draw, `searched = False`) and passing today's rules (a rule found after the sweep may
+    exclude its best)."""
+    values = []
+    for m in table.measurements(kind, pc.name):
+        config = space.config(m.config)
+        if m.ok and not space.in_domain(config) and space.check(config, pc, target):
+            values.append(m.geomean_tflops())
     return max(values) if values else None
 
 
 def expert_script(table: ReplayTable, kind: str, pc: ProblemClass, target) -> list[dict]:
-    """The scripted proposer's order: upstream's default, then the table's feasible configs by shared memory used, most first."""
+    """The scripted proposer's order: upstream's default, then the table's feasible configs in the search's domain by
+    shared memory used, most first."""
     space = table.space(kind)
     configs = [space.config(m.config) for m in table.measurements(kind, pc.name)]
-    configs = [c for c in configs if space.check(c, pc, target)]
+    configs = [c for c in configs if not space.in_domain(c) and space.check(c, pc, target)]
     configs.sort(key=lambda c: (-space.smem_bytes(c, pc)[0], -c.to_dict().get("num_threads", 0)))
     upstream = space.upstream(pc)
     return [upstream.to_dict()] + [c.to_dict() for c in configs if c != upstream]
