@@ -521,7 +521,8 @@ class LptForwardSm120(SplitKvForwardSm120):
     """Upstream's SM120 forward (cp.async; the split-KV class's code at one split) with its tiles handed out longest
     first, as kernels/tma_lpt_forward_sm120.py does for the TMA class (0.4-12 % faster there on causal problems:
     docs/measurements/2026-12-04-h200-tma-lpt.md). For the classes whose entries are upstream's kernel (the d128 causal
-    prefills), where the TMA class loses; not yet gated or timed on a GPU, hence not searched."""
+    prefills), where the TMA class loses. Gated on the causal matrix; 9-30 % faster on three d128 causal prefills but
+    3.8 % slower on the b8 s1024 one (docs/measurements/2026-12-04-h200-lpt-classes.md), hence not searched."""
 
     name = "sm120_lpt"
     knobs = {}  # one split, always
@@ -558,7 +559,8 @@ class LptL2ForwardSm120(LptForwardSm120):
     """sm120_lpt with the heads in L2-sized sections, as upstream's SM90/SM100 LPT scheduler orders them: longest first
     within a section of heads whose K and V fit L2_SECTION_BYTES, one section after the other. For the many-wave
     prefills where sm120_lpt lost (b8 s1024 h16 d128: the same m block of all 128 heads at once, 64 MB of K and V in
-    use; docs/measurements/2026-12-04-h200-lpt-classes.md). Not yet gated or timed on a GPU, hence not searched."""
+    use; docs/measurements/2026-12-04-h200-lpt-classes.md). Gated on the causal matrix; it halved that loss, to 2.2 %,
+    and cost 0.4-0.8 % on the b1/b2 prefills (docs/measurements/2026-12-04-h200-tma-paired.md), hence not searched."""
 
     name = "sm120_lpt_l2"
     searched = False
