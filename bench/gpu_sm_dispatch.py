@@ -1,6 +1,6 @@
 """Which SM does each CTA of a one-wave grid land on? The assumption kernels/tma_paired_forward_sm120.py makes.
 
-    python3 bench/gpu_sm_dispatch.py [--per-sm 2] [--rounds 2]
+    python3 bench/gpu_sm_dispatch.py [--per-sm 2] [--rounds 2] [--dump cta_sm.json]
 
 A Triton kernel of `rounds x SMs` programs, each of 64 / per-sm warps so that `per-sm` of them fill an SM's 2,048
 threads (32 warps for 2), records its %smid and %nsmid and spins ~50 µs, so that the whole grid is resident together. Prints
@@ -18,6 +18,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-sm", type=int, default=2, choices=(2, 4), help="CTAs an SM holds at once")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dump", metavar="JSON", help="write every CTA's SM (a list indexed by CTA) to this file")
     args = parser.parse_args(argv)
 
     import torch
@@ -52,6 +53,11 @@ def main(argv=None) -> int:
         print(f"round {r}: CTA L + {r}*S on CTA L's SM for {same} of {sms} L")
     print("first 16 CTAs' SMs:", ids[:16])
     print(f"CTAs {sms}..{sms + 15}' SMs:", ids[sms:sms + 16])
+    if args.dump:
+        import json
+
+        with open(args.dump, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "sms": sms, "per_sm": args.per_sm, "smid": ids}, f)
     return 0
 
 

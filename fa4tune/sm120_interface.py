@@ -22,7 +22,8 @@ programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the defa
 while the split kernel drains and wait in the kernel's own `griddepcontrol_wait` until the partials are
 complete and visible (upstream's combine has that wait; the split kernel triggers it with
 `griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
-`PdlForwardCombine`, in a compile cache of its own.
+`PdlForwardCombine`, in a compile cache of its own. A kernel class with a tile counter (`tile_counter`,
+fa4tune.tile_counter) gets it in the launch's `cu_total_splits_m_blocks` slot, which SM120 leaves empty.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from fa4tune import emulated_occupancy
+from fa4tune import emulated_occupancy, tile_counter
 from fa4tune.config import BackwardConfig, Problem
 
 PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
@@ -104,6 +105,20 @@ FORWARD_EDITS = [
         UPSTREAM_FWD_CONSTRUCTOR,
         fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
         "forward SM120 constructor",
+    ),
+    (
+        "            elif arch // 10 in [8, 9, 12]:\n                compile_args.extend([\n                    cu_total_m_blocks_tensor,\n"
+        "                    cu_total_splits_m_blocks_tensor,\n",
+        "            elif arch // 10 in [8, 9, 12]:\n                compile_args.extend([\n                    cu_total_m_blocks_tensor,\n"
+        "                    _fa4tune_counter_slot(sm120_config, q, cu_total_splits_m_blocks_tensor, to_cute_tensor),\n",
+        "forward SM120 compile arguments",
+    ),
+    (
+        "            elif arch // 10 in [8, 9, 12]:\n                call_args.extend([\n                    cu_total_m_blocks,\n"
+        "                    cu_total_splits_m_blocks,\n",
+        "            elif arch // 10 in [8, 9, 12]:\n                call_args.extend([\n                    cu_total_m_blocks,\n"
+        "                    _fa4tune_counter_slot(sm120_config, q, cu_total_splits_m_blocks, None),\n",
+        "forward SM120 call arguments",
     ),
 ]
 
@@ -289,6 +304,18 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         namespace["_fa4tune_key"] = key
         namespace["_fa4tune_class"] = class_for
         namespace["_fa4tune_num_splits"] = num_splits
+
+        def counter_slot(config, q, upstream_value, to_cute):
+            # SM120 never fills cu_total_splits_m_blocks (no dynamic splits): a class with a tile counter gets it there
+            if not getattr(class_for(config), "tile_counter", False):
+                return upstream_value
+            if upstream_value is not None:
+                raise ValueError(f"{class_for(config).__name__} takes its tile counter where upstream passes "
+                                 "cu_total_splits_m_blocks, and upstream passed one")
+            counter = tile_counter.counter_for(q)
+            return counter if to_cute is None else to_cute(counter, assumed_align=4, leading_dim=0)
+
+        namespace["_fa4tune_counter_slot"] = counter_slot
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)

@@ -52,6 +52,10 @@ class TmaForwardSm120(TunedForwardSm120):
     """
 
     tile_align = 1024  # bytes: where each tile starts (upstream's Align[..., 1024]), as the 128-byte TMA swizzle needs
+    # True: the kernel takes a tile counter (int32 words in global memory, fa4tune.tile_counter) in the
+    # `mCuTotalSplitsMBlocks` slot, which SM120 never uses (no dynamic splits), and its CTAs claim tiles from it
+    # (`claim_tile`) instead of `order_tile`
+    tile_counter = False
 
     name = "sm120_tma"
     limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
@@ -142,6 +146,9 @@ class TmaForwardSm120(TunedForwardSm120):
         stream: cuda.CUstream = None,
     ):
         """Upstream's SM80 host code, plus the TMA atoms (descriptors) for Q, K and V."""
+        mTileCounter = None
+        if const_expr(self.tile_counter):
+            mTileCounter, mCuTotalSplitsMBlocks = mCuTotalSplitsMBlocks, None
         assert learnable_sink is None, "Learnable sink is not supported in this kernel"
         self._check_type(
             *(t.element_type if t is not None else None for t in (mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK))
@@ -225,7 +232,7 @@ class TmaForwardSm120(TunedForwardSm120):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             sQ_tma_layout, sK_tma_layout, sV_tma_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_O, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods,
+            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods, mTileCounter,
         ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
                  **self.launch_bounds())
 
@@ -238,6 +245,11 @@ class TmaForwardSm120(TunedForwardSm120):
         an order that keeps the heads in use within the L2): the same one here (a subclass may hand the tiles out in
         another order)."""
         return m_block, head, batch
+
+    def claim_tile(self, mTileCounter: cute.Tensor, smem_slot: cute.Pointer):
+        """The tile a CTA claims from the tile counter (classes with `tile_counter`; every thread of the CTA calls it
+        and gets the same tile). `smem_slot`: shared memory no load has written yet, for the claim's broadcast."""
+        raise NotImplementedError(f"{type(self).__name__} sets tile_counter but does not claim tiles (claim_tile)")
 
     def mainloop_extras(self, storage, tidx: Int32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
         """What a subclass's compute_one_n_block needs beyond upstream's operands (its buffers, copies and partitions),
@@ -299,6 +311,7 @@ class TmaForwardSm120(TunedForwardSm120):
         TileScheduler: cutlass.Constexpr[Callable],
         aux_data: AuxData = AuxData(),
         fastdiv_mods=None,
+        mTileCounter: Optional[cute.Tensor] = None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -324,7 +337,10 @@ class TmaForwardSm120(TunedForwardSm120):
         if work_tile.is_valid_tile:
             m_block, num_head, batch_size, _ = work_tile.tile_idx
             if const_expr(TileScheduler is SingleTileScheduler):
-                m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size, mK.shape[0])
+                if const_expr(mTileCounter is not None):
+                    m_block, num_head, batch_size = self.claim_tile(mTileCounter, storage.sQ.data_ptr())
+                else:
+                    m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size, mK.shape[0])
             block_info = BlockInfo(
                 self.tile_m, self.tile_n, self.is_causal, self.is_local, False, window_size_left, window_size_right,
                 qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
