@@ -545,7 +545,11 @@ class LptInHeadForwardSm120(LptForwardSm120):
     one head's m blocks together (its K and V in L2 together, as upstream's kernel has them), each head's from the
     last m block down. For the many-wave d128 causal prefills where sm120_lpt (every head's longest m block first: all
     heads' K and V in use at once) and sm120_lpt_l2 lost to upstream's order on the b8 s1024 h16 prefill
-    (docs/measurements/2026-12-04-h200-tma-paired.md). Not yet gated or timed on a GPU, hence not searched."""
+    (docs/measurements/2026-12-04-h200-tma-paired.md). Measured (docs/measurements/2026-12-04-h200-smpaired-in-head.md,
+    H200, SM120 kernels emulated): gated on the 34 causal matrix problems, 0 failing; 2-3 % faster than upstream's order
+    on the b1 s8192 and b1 s5000 prefills, level at b2 s4096, 0.8 % slower at b8 s1024, and slower than sm120_lpt on
+    all but b8. It loses on one problem of the class, so it is not searched and the d128 causal entry stays upstream's
+    kernel."""
 
     name = "sm120_lpt_in_head"
     searched = False

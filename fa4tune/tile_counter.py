@@ -24,11 +24,11 @@ def claimed_rank(back, front_before, back_before, total):
     return front_before + back * (total - 1 - back_before - front_before)
 
 
-def claim_ranks(arrival_sms: list[int], words: list[int] | None = None) -> tuple[list[int], list[int]]:
-    """The kernel's protocol replayed on the CPU: CTAs start in the order of `arrival_sms` (each one's SM id); their
-    ranks and the counter's words afterwards (a fresh zero counter unless `words` is given)."""
-    words = [0] * WORDS if words is None else list(words)
-    total, ranks = len(arrival_sms), []
+def claim_ranks(arrival_sms: list[int], total: int | None = None) -> tuple[list[int], list[int]]:
+    """The kernel's protocol replayed on the CPU from a zero counter: CTAs of a grid of `total` tiles (default: one per
+    arrival) start in the order of `arrival_sms` (each one's SM id); their ranks and the counter's words afterwards."""
+    words, ranks = [0] * WORDS, []
+    total = len(arrival_sms) if total is None else total
     for sm in arrival_sms:
         sm_word = CLAIM_WORDS + sm % SM_WORDS
         back = words[sm_word] % 2

@@ -79,7 +79,7 @@ def test_the_reachable_best_leaves_out_configs_the_search_cannot_draw(tmp_path):
     ms = table.measurements("fwd", CLASS)
     others = [m for m in ms if space.in_domain(space.config(m.config))]
     assert others and {m.config["kernel"] for m in others} <= {"sm120_tma_bounded", "sm120_tma_pairs", "sm120_lpt",
-                                                                   "sm120_lpt_l2", "sm120_lpt_in_head", "sm120_splitkv_cluster"}
+                                                                   "sm120_tma_smpaired", "sm120_lpt_l2", "sm120_lpt_in_head", "sm120_splitkv_cluster"}
     best_other = max(m.geomean_tflops() for m in others if m.ok)
     assert best_other == table.best("fwd", CLASS)  # in this synthetic table an unsearched class holds the best
     reachable = reachable_best(table, space, "fwd", pc, target)
