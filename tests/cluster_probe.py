@@ -36,11 +36,12 @@ cluster_class.__init__ = recording_init
 job = json.loads(sys.stdin.read())
 config, problem = ForwardConfig.from_dict(job["config"]), Problem.from_dict(job["problem"])
 facts = fake_compile.compile_shapes(experiment, "fwd", config, [problem])
-ptx = "".join(p.read_text() for p in probe_env.dump.glob("*ClusterSplitKv*.ptx"))
+ptx = "".join(p.read_text() for p in probe_env.dump.glob("*Cluster*SplitKv*.ptx"))
 print(json.dumps({
     "host_splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
     "cluster_splits": [k.cluster_splits for k in instances],
     "partials": [bool(k.is_split_kv) for k in instances],
+    "pack_gqa": [bool(k.pack_gqa) for k in instances],
     "combines": len(pdl_cache.cache) + len(plain_cache.cache) - combines_before,
     "cluster_arrives": ptx.count("barrier.cluster.arrive"),
     "cluster_waits": ptx.count("barrier.cluster.wait"),
