@@ -724,18 +724,6 @@ class ClusterSplitKvForwardSm120(SplitKvForwardSm120):
             cute.make_tensor(utils.elem_pointer(mRows, (coord, col)), cute.make_layout((1,)))[0] = value
 
 
-class ClusterHeadsSplitKvForwardSm120(ClusterSplitKvForwardSm120):
-    """sm120_splitkv_cluster without GQA packing: one cluster of `num_splits` CTAs per query head, not per KV head.
-    At the b1 4K GQA 4 decode (32 query / 8 KV heads) that is 256 CTAs where the packed class has 64: the one-kernel
-    read floors say 64 CTAs cannot read K and V within #13's 10x (11.8 µs) and 256 can (10.7 µs,
-    docs/measurements/2026-12-04-h200-decode-one-kernel-floors.md). The price: each KV head's K and V are read by its
-    4 query heads' clusters (from L2 after the first), and a 16-row MMA tile carries one query row. A bench probe of
-    that trade (bench/gpu_splitkv.py --kernel sm120_splitkv_cluster_heads), not searched, like its base."""
-
-    name = "sm120_splitkv_cluster_heads"
-    gqa_packing = False  # the host path's pack_gqa (None elsewhere: upstream's choice, packed when GQA)
-
-
 def qhead_packed_of(kernel) -> int:
     """Query heads packed into one M row block (1 without GQA packing)."""
     return kernel.qhead_per_kvhead if kernel.pack_gqa else 1
@@ -921,7 +909,6 @@ class _Attention(torch.autograd.Function):
         out, lse, *_ = host.flash_attn_fwd(
             q, k, v, softmax_scale=softmax_scale, causal=causal,
             tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config,
-            pack_gqa=getattr(kernel_class(fwd_config), "gqa_packing", None),
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config

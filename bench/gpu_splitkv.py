@@ -3,7 +3,7 @@ matrix, then TFLOPS and the HBM bound on the decode suite against the dispatch t
 defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
-        [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--kernel sm120_splitkv|sm120_splitkv_cluster|sm120_splitkv_cluster_heads] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
+        [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
 
 Part 1, matrix (gate only, one timed round): every split config over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=("matrix", "timing", "both"), default="both")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS, help="tile_m x tile_n x threads x stages : num_splits, comma-separated")
-    parser.add_argument("--kernel", default="sm120_splitkv", choices=("sm120_splitkv", "sm120_splitkv_cluster", "sm120_splitkv_cluster_heads"),
+    parser.add_argument("--kernel", default="sm120_splitkv", choices=("sm120_splitkv", "sm120_splitkv_cluster"),
                         help="the split class the --configs run (sm120_splitkv_cluster: num_splits 2, 4 or 8)")
     parser.add_argument("--suite", default="decode")
     parser.add_argument("--only", default="", help="only problems whose label contains this")

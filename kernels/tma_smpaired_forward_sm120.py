@@ -5,7 +5,13 @@ Why: `sm120_tma_paired` pairs a long tile with a short one only where the GPU pu
 and the H200 does that for 24 of its 132 SMs (bench/gpu_sm_dispatch.py, docs/measurements/2026-12-04-h200-tma-paired.md).
 Replayed on the CTA-to-SM map that probe recorded, whole-tile pairs at the issue's GQA chunked prefill (sq 512 over sk
 8K, 256 CTAs of 81-86 key blocks, two per SM) leave the busiest SM with 86 + 85 key blocks under both the longest-first
-and the paired order, and 86 + 81 when each SM's pair is chosen on the SM (bench/smpaired_model.py).
+and the paired order, and 86 + 81 when each SM's pair is chosen on the SM (bench/pairing_model.py).
+
+Measured (docs/measurements/2026-12-04-h200-smpaired-in-head.md, H200, SM120 kernels emulated): correct on the causal
+gate matrix (68 rows, launch after launch on one counter), but 1.5 % slower than `sm120_tma_paired` and 0.5 % slower
+than `sm120_tma_lpt` on that prefill. The model's 2.3 % did not appear (it had predicted no gain for the paired order
+either, which measured +0.8 %): whole-tile sums per SM are not what sets this kernel's time, and the claim (two
+dependent atomics before the first load) costs. Not searched; the tile counter stays for a dynamic scheduler.
 
 How: the grid is upstream's; the tile a CTA runs comes from a tile counter in global memory (fa4tune.tile_counter: a
 claim word, then one word per SM id). Thread 0 of each CTA reads %smid and adds 1 to its SM's word: an even count
@@ -77,7 +83,7 @@ class TmaSmPairedForwardSm120(TmaLptForwardSm120):
     """TmaLptForwardSm120 whose CTAs claim tiles by SM: an SM's even arrivals the longest left, its odd the shortest."""
 
     name = "sm120_tma_smpaired"
-    searched = False  # until a GPU run says where it pays (docs/gpu-runs.md)
+    searched = False  # slower than the static orders where it was meant to help (module docstring)
     tile_counter = True
 
     @cute.jit

@@ -99,3 +99,18 @@ def test_gqa_chunked_tile_compiles_without_spills_at_two_ctas_per_sm(tmp_path):
     assert facts.status == "ok", facts.reason
     assert facts.spill_store_bytes == facts.spill_load_bytes == 0
     assert facts.dynamic_smem_bytes == 49176 and facts.blocks_per_sm == 2
+
+
+def test_the_pairing_model_replays_the_recorded_h200_map(capsys):
+    """bench/pairing_model.py on the committed CTA-to-SM map: the busiest SM's key blocks per order, as the record
+    (docs/measurements/2026-12-04-h200-smpaired-in-head.md section 2) reports them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pairing_model", ROOT / "bench" / "pairing_model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    assert model.main([]) == 0
+    rows = {line.split(" | ")[0].strip("| "): int(line.split(" | ")[1]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "order" not in line}
+    assert rows == {"upstream (block index)": 171, "longest first (sm120_tma_lpt)": 171,
+                    "odd rounds reversed (sm120_tma_paired)": 171, "claimed by SM (sm120_tma_smpaired)": 167}
