@@ -8,7 +8,6 @@ Whether it pays on a GPU is bench/gpu_lpt.py's job (docs/measurements/2026-12-04
 """
 
 import itertools
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,7 @@ TARGET = get_target("sm120")
 GQA4_CAUSAL_CHUNKED = ProblemClass.parse("d128-causal-gqa4-chunked-bf16")
 
 
-@pytest.fixture(autouse=True)
-def _this_experiment(monkeypatch):
-    """The registry reads the module loaded as `experiment`; a test before these may leave another there (an agent's
-    copy): the split-KV classes and sm120_lpt are this experiment.py's."""
-    monkeypatch.setitem(sys.modules, "experiment", experiment)
+pytestmark = pytest.mark.usefixtures("this_experiment")  # tests/conftest.py
 
 
 def lpt(tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True):

@@ -8,7 +8,6 @@ Whether it pays on a GPU is bench/gpu_lpt.py's job (`:p` configs and the "paired
 
 import itertools
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,7 @@ TARGET = get_target("sm120")
 GQA4_CAUSAL_CHUNKED = ProblemClass.parse("d128-causal-gqa4-chunked-bf16")
 
 
-@pytest.fixture(autouse=True)
-def _this_experiment(monkeypatch):
-    monkeypatch.setitem(sys.modules, "experiment", experiment)
+pytestmark = pytest.mark.usefixtures("this_experiment")  # tests/conftest.py
 
 
 def paired(tile_m=64, tile_n=96, Q_in_regs=True):

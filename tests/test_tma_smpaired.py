@@ -9,7 +9,6 @@ Whether the kernel computes the right outputs launch after launch is the GPU gat
 """
 
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,9 +28,7 @@ TARGET = get_target("sm120")
 GQA4_CAUSAL_CHUNKED = ProblemClass.parse("d128-causal-gqa4-chunked-bf16")
 
 
-@pytest.fixture(autouse=True)
-def _this_experiment(monkeypatch):
-    monkeypatch.setitem(sys.modules, "experiment", experiment)
+pytestmark = pytest.mark.usefixtures("this_experiment")  # tests/conftest.py
 
 
 def smpaired(tile_m=64, tile_n=96, Q_in_regs=True):
