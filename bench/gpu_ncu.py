@@ -1,0 +1,72 @@
+"""One forward problem's calls, for Nsight Compute to read the kernel's counters (what bounds it: the tensor pipes, the
+L2, the warps' stalls). The script only runs the calls; ncu, around it, profiles them:
+
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 $NCU --clock-control none -k regex:ForwardSm120 \
+        --launch-skip 2 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        python3 bench/gpu_ncu.py --suite chunked --only "512 over 8k" --config dispatch
+
+--config: "dispatch" (the dispatch table's config for the problem's class), "upstream" (upstream's SM120 defaults), or
+a config in bench/gpu_splitkv.py's notation. Each call is checked against torch SDPA before the calls ncu reads (a
+kernel that computes the wrong thing is not worth a profile). --launch-skip 2 skips the checked call and one warm
+call. On a GPU that is not SM 12.0 the SM120 kernels run emulated (label the figures). ncu reads counters only where
+the runtime allows it (docs: the device tool's KINDS.md).
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="chunked")
+    parser.add_argument("--only", default="512 over 8k", help="the first problem whose label contains this")
+    parser.add_argument("--config", default="dispatch")
+    parser.add_argument("--calls", type=int, default=4)
+    args = parser.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+
+    import experiment
+    from fa4tune import defaults
+    from fa4tune.suites import load_suite
+    from gpu_splitkv import config_name, parse_configs
+
+    problem = next(p for p in load_suite(args.suite) if args.only in p.label)
+    pc = problem.problem_class
+    cfg = {"dispatch": experiment.forward_config, "upstream": defaults.upstream_forward}.get(args.config)
+    cfg = cfg(pc) if cfg else parse_configs(args.config)[0]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(problem.batch, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for s, h, d in (
+        (problem.seqlen_q, problem.num_heads, problem.head_dim), (problem.seqlen_k, problem.num_heads_kv, problem.head_dim),
+        (problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v)))
+    out = experiment.attention(q, k, v, causal=problem.causal, fwd_config=cfg)
+    ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), is_causal=False, enable_gqa=True,
+                                         attn_mask=_bottom_right(problem) if problem.causal else None).transpose(1, 2)
+    error = (out.float() - ref.float()).abs().max().item()
+    if error > 2e-2:
+        print(f"{problem.label} {config_name(cfg)}: max error {error:.3g} against SDPA: not profiled")
+        return 1
+    for _ in range(args.calls):
+        experiment.attention(q, k, v, causal=problem.causal, fwd_config=cfg)
+    torch.cuda.synchronize()
+    print(f"{problem.label} {config_name(cfg)}: max error {error:.3g} against SDPA; {args.calls} more calls")
+    return 0
+
+
+def _bottom_right(problem):
+    """The causal mask aligned bottom-right (query i sees keys up to i + seqlen_k - seqlen_q), as upstream's."""
+    import torch
+
+    rows = torch.arange(problem.seqlen_q, device="cuda")[:, None] + problem.seqlen_k - problem.seqlen_q
+    return torch.arange(problem.seqlen_k, device="cuda")[None, :] <= rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())
