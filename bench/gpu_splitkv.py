@@ -3,7 +3,7 @@ matrix, then TFLOPS and the HBM bound on the decode suite against the dispatch t
 defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
-        [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream] [--combine-tile upstream|narrow]
+        [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--kernel sm120_splitkv|sm120_splitkv_cluster] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
 
 Part 1, matrix (gate only, one timed round): every split config over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -211,14 +211,11 @@ def main(argv=None) -> int:
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     parser.add_argument("--combine-launch", choices=("pdl", "stream"), default="pdl",
                         help="the combine kernel as a programmatic dependent launch (the default) or plainly stream-ordered")
-    parser.add_argument("--combine-tile", choices=("upstream", "narrow"), default="upstream",
-                        help="the combine's tile: upstream's (8 x 128 at d128) or narrow (8 x 32, 64 threads: 4x the CTAs)")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs, args.kernel)
     from fa4tune import sm120_interface
 
     sm120_interface.COMBINE_PDL = args.combine_launch == "pdl"
-    sm120_interface.COMBINE_TILE = args.combine_tile
 
     from fa4tune.harness.candidates import load_experiment
     from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed

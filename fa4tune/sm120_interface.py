@@ -22,8 +22,7 @@ programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the defa
 while the split kernel drains and wait in the kernel's own `griddepcontrol_wait` until the partials are
 complete and visible (upstream's combine has that wait; the split kernel triggers it with
 `griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
-`PdlForwardCombine`, in a compile cache of its own, and its tile comes from COMBINE_TILE (upstream's, or a narrow
-one with 4x the CTAs). A kernel class with a tile counter (`tile_counter`,
+`PdlForwardCombine`, in a compile cache of its own. A kernel class with a tile counter (`tile_counter`,
 fa4tune.tile_counter) gets it in the launch's `cu_total_splits_m_blocks` slot, which SM120 leaves empty.
 """
 
@@ -213,47 +212,6 @@ COMPILE_PREPROCESS_EDITS = [
 # PDL needs sm_90 or newer, as upstream's combine does anyway (its griddepcontrol_wait is unconditional); SM120 and
 # the H200 have it. A module switch, so that a bench can time both launches.
 COMBINE_PDL = True
-# The combine's tile: "upstream" (its own: 8 rows x 128 columns at head_dim 128, 256 threads, so 4 CTAs for the 32
-# query rows of a b1 GQA decode) or "narrow" (8 rows x 32 columns, 64 threads: 4x the CTAs, each reading a quarter of
-# the partials). A module switch, so that a bench can time both (bench/gpu_splitkv.py --combine-tile).
-COMBINE_TILE = "upstream"
-COMBINE_TILES = ("upstream", "narrow")
-COMBINE_EDITS = [
-    (
-        "    k_block_size = 64 if head_dim <= 64 else 128\n",
-        "    k_block_size = _fa4tune_combine_k_block(head_dim)\n",
-        "combine k block",
-    ),
-    (
-        "    tile_m = 8 if k_block_size % 128 == 0 else (16 if k_block_size % 64 == 0 else 32)\n",
-        "    tile_m = _fa4tune_combine_tile_m(k_block_size)\n",
-        "combine tile_m",
-    ),
-]
-
-
-def combine_k_block(head_dim: int) -> int:
-    """The combine's head-dim block: upstream's rule, or 32 under the narrow tile."""
-    if COMBINE_TILE == "narrow":
-        return 32
-    return 64 if head_dim <= 64 else 128
-
-
-def combine_tile_m(k_block_size: int) -> int:
-    """The combine's rows per CTA: upstream's rule (more rows for a narrower block, to keep 256 threads busy), or 8
-    under the narrow tile (its thread count follows: combine_threads)."""
-    if COMBINE_TILE == "narrow":
-        return 8
-    return 8 if k_block_size % 128 == 0 else (16 if k_block_size % 64 == 0 else 32)
-
-
-def combine_threads(tile_m: int, k_block_size: int) -> int:
-    """Threads that load one (tile_m x k_block) tile of a split's partial O in one pass of 16-byte copies, at most 256:
-    upstream's 256 for each of its own tiles, 64 for the narrow one."""
-    k_block_gmem = 128 if k_block_size % 128 == 0 else (64 if k_block_size % 64 == 0 else 32)
-    return min(256, tile_m * k_block_gmem // 4)
-
-
 COMBINE_COMPILE_EDITS = [
     (
         "    fa_combine = FlashAttentionForwardCombine(\n",
@@ -264,17 +222,12 @@ COMBINE_COMPILE_EDITS = [
 
 
 def pdl_combine_class() -> type:
-    """Upstream's FlashAttentionForwardCombine launched with use_pdl=True, its thread count following its tile (256, as
-    upstream's, for upstream's own tiles; fewer for COMBINE_TILE's narrow one)."""
+    """Upstream's FlashAttentionForwardCombine whose kernel launches with use_pdl=True (nothing else differs)."""
     from functools import partial
 
     from flash_attn.cute.flash_fwd_combine import FlashAttentionForwardCombine
 
     class PdlForwardCombine(FlashAttentionForwardCombine):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.num_threads = combine_threads(self.tile_m, self.k_block_size)  # 256 for upstream's own tiles
-
         def kernel(self, *args, **kwargs):
             launcher = FlashAttentionForwardCombine.kernel(self, *args, **kwargs)
             launcher.launch = partial(launcher.launch, use_pdl=True)
@@ -368,9 +321,7 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
         namespace["_fa4tune_combine_class"] = pdl_combine_class()
         _rewrite(namespace, interface._compile_fwd_combine, COMBINE_COMPILE_EDITS)
-        namespace["_fa4tune_combine_k_block"] = combine_k_block
-        namespace["_fa4tune_combine_tile_m"] = combine_tile_m
-        pdl_combine = _rewrite(namespace, interface._flash_attn_fwd_combine, COMBINE_EDITS)  # its _compile_fwd_combine is ours
+        pdl_combine = _rewrite(namespace, interface._flash_attn_fwd_combine, [])  # its _compile_fwd_combine is ours
         plain_combine = interface._flash_attn_fwd_combine
 
         def combine(*args, **kwargs):

@@ -3,8 +3,7 @@ host path chose and compiled: the splits, whether the kernel ran split (its comp
 compiled, the kernel's shared storage and its cubin's registers and spills.
 
 Run by tests/test_splitkv.py in a subprocess (the DSL reads its arch from the environment at import time).
-stdin: a JSON list of {"config": ForwardConfig dict, "problem": Problem dict[, "combine_tile": one of
-sm120_interface.COMBINE_TILES]}; stdout: one JSON list.
+stdin: a JSON list of {"config": ForwardConfig dict, "problem": Problem dict}; stdout: one JSON list.
 """
 
 import json
@@ -19,7 +18,6 @@ os.environ["CUTE_DSL_KEEP"] = "cubin,ptx"  # the facts are read from the cubin
 import experiment  # noqa: E402
 from fa4tune.config import ForwardConfig, Problem  # noqa: E402
 from fa4tune.fake_compile import _read_cubin, compile_shapes  # noqa: E402
-from fa4tune import sm120_interface  # noqa: E402
 from fa4tune.sm120_interface import build  # noqa: E402
 
 combine_cache = build(experiment.kernel_class).combine_caches[0]  # the PDL combine's (COMBINE_PDL, the default)
@@ -38,7 +36,6 @@ split_class.__init__ = recording_init  # the class itself (compile keys name it)
 report = []
 for job in json.loads(sys.stdin.read()):
     config, problem = ForwardConfig.from_dict(job["config"]), Problem.from_dict(job["problem"])
-    sm120_interface.COMBINE_TILE = job.get("combine_tile", "upstream")
     combines = dict(combine_cache.cache)
     del instances[:]
     facts = compile_shapes(experiment, "fwd", config, [problem])
@@ -46,7 +43,6 @@ for job in json.loads(sys.stdin.read()):
         "splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
         "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
-        "combine_tiles": [list(key[5:7]) for key in combine_cache.cache if key not in combines],  # (tile_m, k_block)
         **facts.resources(),
     })
 print(json.dumps(report))

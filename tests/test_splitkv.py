@@ -257,20 +257,6 @@ def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
         assert facts["registers"] <= 255
 
 
-@pytest.mark.compile
-def test_the_narrow_combine_tile_compiles_with_a_quarter_of_the_columns_per_cta(tmp_path):
-    """COMBINE_TILE "narrow": upstream's combine at 8 rows x 32 columns (64 threads) instead of 8 x 128 (256 threads),
-    4x the CTAs at head_dim 128; upstream's own tile where the switch is left alone."""
-    from fa4tune.sm120_interface import combine_threads
-
-    job = {"config": split_config().to_dict(), "problem": decode().to_dict()}
-    upstream, narrow = probe([job, {**job, "combine_tile": "narrow"}], tmp_path)
-    assert upstream["combine_tiles"] == [[8, 128]] and narrow["combine_tiles"] == [[8, 32]]
-    assert combine_threads(8, 128) == combine_threads(16, 64) == combine_threads(32, 32) == 256  # upstream's tiles
-    assert combine_threads(8, 32) == 64
-    assert narrow["combine"] and all(c["spill_store_bytes"] == 0 for c in narrow["combine"])
-
-
 # ---- bench/gpu_splitkv.py's CPU parts ----
 
 def load_gpu_bench():
