@@ -52,7 +52,7 @@ class TmaForwardSm120(TunedForwardSm120):
     """
 
     tile_align = 1024  # bytes: where each tile starts (upstream's Align[..., 1024]), as the 128-byte TMA swizzle needs
-    # True: the kernel takes a tile counter (int32 words in global memory, fa4tune.tile_counter) in the
+    # True: the kernel takes a tile counter (int32 words in global memory, zero between launches) in the
     # `mCuTotalSplitsMBlocks` slot, which SM120 never uses (no dynamic splits), and its CTAs claim tiles from it
     # (`claim_tile`) instead of `order_tile`
     tile_counter = False
