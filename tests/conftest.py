@@ -1,10 +1,10 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture
