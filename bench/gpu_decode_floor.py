@@ -95,6 +95,131 @@ def read_merge_kernel():
     return read_merge_kv
 
 
+@functools.cache
+def split_attention_kernel():
+    """A one-kernel decode's attention without its merge: each program is one split of one KV head, its keys' K and
+    V loaded straight into registers (no shared-memory staging: what a kernel under SM120's 99 KB rule would have to
+    do to keep more bytes in flight), the head's G query rows padded to 16 for tl.dot, an online softmax, and the
+    split's unnormalized fp32 O rows with their row max and sum written out (merged by torch outside the timing, to
+    check the kernel once)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_attention(q_ptr, k_ptr, v_ptr, o_ptr, ml_ptr, seqlen, scale_log2, H: tl.constexpr, G: tl.constexpr,
+                        D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, ITERS: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        if PDL:  # the merge kernel (a programmatic dependent launch) may be scheduled now
+            tl.extra.cuda.gdc_launch_dependents()
+        split = tl.program_id(0)
+        hb = tl.program_id(1)  # batch * H + KV head
+        b = hb // H
+        h = hb % H
+        d = tl.arange(0, D)
+        rows = tl.arange(0, 16)  # the head's G query heads (one query token), padded to tl.dot's 16 rows
+        q = tl.load(q_ptr + (b * H * G + h * G + rows)[:, None] * D + d[None, :], mask=(rows < G)[:, None], other=0.0)
+        m = tl.full([16], float("-inf"), dtype=tl.float32)
+        l = tl.zeros([16], dtype=tl.float32)
+        acc = tl.zeros([16, D], dtype=tl.float32)
+        for i in tl.static_range(ITERS):
+            keys = split * BLOCK_N * ITERS + i * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = keys < seqlen
+            offs = ((b * seqlen + keys)[:, None] * H + h) * D + d[None, :]
+            k = tl.load(k_ptr + offs, mask=mask[:, None], other=0.0)
+            v = tl.load(v_ptr + offs, mask=mask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)) * scale_log2
+            s = tl.where(mask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: nothing to rescale
+            alpha = tl.math.exp2(m - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        part = hb * SPLITS + split
+        tl.store(o_ptr + (part * 16 + rows)[:, None] * D + d[None, :], acc)
+        tl.store(ml_ptr + (part * 16 + rows) * 2, m)
+        tl.store(ml_ptr + (part * 16 + rows) * 2 + 1, l)
+
+    return split_attention
+
+
+@functools.cache
+def merge_partials_kernel():
+    """The merge of split_attention's partials: one program per (batch, KV head, query head of its group), which
+    loads every split's row max, row sum and O row at once (one L2 round trip), weighs them and writes the bf16 O row.
+    With PDL it is launched as a programmatic dependent launch and waits in griddepcontrol.wait for the partials."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def merge_partials(o_ptr, ml_ptr, out_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+                       SPLITS: tl.constexpr, PDL: tl.constexpr):
+        hb = tl.program_id(0)
+        row = tl.program_id(1)
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+        split = tl.arange(0, SPLITS)
+        d = tl.arange(0, D)
+        part = (hb * SPLITS + split) * 16 + row
+        m = tl.load(ml_ptr + part * 2)
+        l = tl.load(ml_ptr + part * 2 + 1)
+        o = tl.load(o_ptr + part[:, None] * D + d[None, :])
+        m_all = tl.max(m, axis=0)
+        w = tl.where(l > 0, tl.math.exp2(m - m_all), 0.0)
+        out = tl.sum(o * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+        tl.store(out_ptr + (hb * G + row) * D + d, out.to(out_ptr.dtype.element_ty))
+
+    return merge_partials
+
+
+def split_attention_calls(q, k, v, splits: int, block_n: int, warps: int, merge: str = ""):
+    """The split attention above (split_attention_kernel) with `splits` programs per KV head; checked once against
+    torch SDPA (the partials merged by torch) before it is timed. merge: '' (none), 'stream' (merge_partials_kernel
+    launched after it) or 'pdl' (launched as its programmatic dependent); the merged output is checked too."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    batch, seqlen, heads, dim = k.shape
+    group = q.shape[2] // heads
+    assert q.shape[1] == 1 and group <= 16, "the prototype runs one query token and at most 16 query heads per KV head"
+    iters = triton.cdiv(triton.cdiv(seqlen, splits), block_n)
+    o = torch.empty(batch * heads * splits, 16, dim, device=k.device, dtype=torch.float32)
+    ml = torch.empty(batch * heads * splits, 16, 2, device=k.device, dtype=torch.float32)
+    kernel = split_attention_kernel()
+    scale_log2 = dim ** -0.5 * math.log2(math.e)
+    pdl = merge == "pdl"
+    call = lambda: kernel[(splits, batch * heads)](q, k, v, o, ml, seqlen, scale_log2, H=heads, G=group, D=dim,  # noqa: E731
+                                                    SPLITS=splits, BLOCK_N=block_n, ITERS=iters, PDL=pdl, num_warps=warps)
+    compiled = call()
+    print(f"  attention prototype {splits}x{block_n}x{warps}: {getattr(compiled, 'n_regs', '?')} registers, "
+          f"{getattr(compiled, 'n_spills', '?')} spills, {getattr(getattr(compiled, 'metadata', None), 'shared', '?')} B "
+          "shared memory", flush=True)
+    parts_m = ml[..., 0].view(batch * heads, splits, 16)[..., :group]
+    parts_l = ml[..., 1].view(batch * heads, splits, 16)[..., :group]
+    parts_o = o.view(batch * heads, splits, 16, dim)[:, :, :group]
+    m_all = parts_m.max(dim=1, keepdim=True).values
+    w = torch.exp2(parts_m - m_all) * (parts_l > 0)
+    out = (parts_o * w[..., None]).sum(1) / (parts_l * w).sum(1)[..., None]
+    expect = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+    expect = expect.transpose(1, 2).reshape(batch * heads, group, dim).float()
+    err = (out - expect).abs().max().item()
+    assert err < 2e-2, f"split attention prototype is wrong: max error {err}"
+    if not merge:
+        return call
+    merged = torch.empty_like(q)
+    merger = merge_partials_kernel()
+    both = lambda: (call(), merger[(batch * heads, group)](o, ml, merged, H=heads, G=group, D=dim, SPLITS=splits,  # noqa: E731
+                                                            PDL=pdl, num_warps=4, launch_pdl=pdl))
+    both()
+    err = (merged.reshape(batch * heads, group, dim).float() - expect).abs().max().item()
+    assert err < 2e-2, f"split attention prototype + merge ({merge}) is wrong: max error {err}"
+    return both
+
+
 def merge_calls(k, v, splits: int, warps: int = 4, merge: bool = True):
     """One read of K and V with the merge in the last CTA of each KV head (read_merge_kernel), `splits` per head;
     checked once against torch's sum before it is timed."""
@@ -134,7 +259,8 @@ def floor_calls(k, v, grid_shape):
     return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
 
 
-def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=()):
+def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=(), attention=(),
+                   merge_attention=False):
     """name -> one call per input set."""
     import torch
     import torch.nn.functional as F
@@ -165,6 +291,12 @@ def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=())
             merge_calls(k, v, splits, 4, merge=False) for _, k, v in tensors]
         out[f"read K+V + merge in last CTA ({splits} splits, 4 warps)"] = [
             merge_calls(k, v, splits, 4) for _, k, v in tensors]
+    for splits, block_n, warps in attention:
+        for merge, what in (("", "no merge"), ("stream", "+ merge kernel"), ("pdl", "+ PDL merge kernel")):
+            if merge and not merge_attention:
+                continue
+            out[f"attention {what} ({splits}x{block_n}x{warps}: {splits * problem.num_heads_kv * problem.batch} CTAs)"] = [
+                split_attention_calls(q, k, v, splits, block_n, warps, merge) for q, k, v in tensors]
     two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
     out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
     out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
@@ -187,6 +319,10 @@ def main(argv=None) -> int:
                         "4096x16x8: 64 CTAs at a b1 4K decode, what a one-cluster-per-KV-head kernel could have)")
     parser.add_argument("--merge-splits", default="", help="splits per KV head of the read-and-merge floor kernel, "
                         "comma-separated (one kernel: the reads, then the last CTA of a head merges the partials)")
+    parser.add_argument("--attention", default="", help="split attention prototypes (registers, no merge), "
+                        "SPLITSxBLOCK_NxWARPS,... (for example 8x64x16: 8 splits per KV head, 64 keys per load, 16 warps)")
+    parser.add_argument("--merge-attention", action="store_true", help="each --attention prototype also with its "
+                        "merge kernel, launched after it and as its programmatic dependent (PDL)")
     args = parser.parse_args(argv)
 
     import torch
@@ -211,7 +347,9 @@ def main(argv=None) -> int:
         kv_bytes = problem.batch * problem.seqlen_k * problem.num_heads_kv * (problem.head_dim + problem.head_dim_v) * 2
         grids = GRIDS + tuple(tuple(int(x) for x in g.split("x")) for g in args.grids.split(",") if g)
         merge = tuple(int(x) for x in args.merge_splits.split(",") if x)
-        calls = candidates_for(problem, experiment, settings.input_sets, grids, merge)
+        attention = tuple(tuple(int(x) for x in a.split("x")) for a in args.attention.split(",") if a)
+        calls = candidates_for(problem, experiment, settings.input_sets, grids, merge, attention,
+                               args.merge_attention)
         results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
         medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
         upstream = medians["upstream default"]
