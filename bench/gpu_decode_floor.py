@@ -14,6 +14,12 @@ them interleaved in one benchmark per problem:
 - `read K+V + merge in last CTA` (--merge-splits): one kernel, `splits` programs per KV head, each writing an fp32
   partial and counting itself on an acq_rel atomic; the last of a head sums the partials: the floor of a one-kernel
   decode whose splits merge through global memory (checked against torch's sum once, before it is timed);
+- `attention no merge (SxNxW)` (--attention): a split attention whose programs (S per KV head, W warps) load their
+  keys' K and V straight into registers, N keys per load, and write unmerged fp32 partials: what a split kernel that
+  keeps its bytes in flight in registers (not in SM120's 99 KB of shared memory) could take; checked against SDPA
+  once (the partials merged by torch); with --merge-attention also `+ merge kernel` and `+ PDL merge kernel`: the
+  same and a minimal merge kernel (each program loads its row's partials at once), after it or as its
+  programmatic dependent: a two-kernel decode's floor with real attention in it;
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
 
 Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
