@@ -36,10 +36,13 @@ from pg_server import postgres  # noqa: F401  (the session's server)
 
 STUDY = f"fwd:{CLASS}:sm120"
 N_TRIALS = 12
-DELAY = 0.8  # seconds per replayed config: trials of different workers overlap, and one can be killed inside one
-# the worker that is killed measures slower, so that the test's poll (a storage query, slow on a loaded 2-core CI
-# machine) finds it early in a trial: with 0.8 s trials the 0.4 s window was missed under load
+DELAY = 0.8  # seconds per replayed config: trials of different workers overlap
+# The worker that is killed measures slower, so that the test's poll (a storage query, slow on a loaded 2-core CI
+# machine) finds it inside a trial: with 0.8 s trials the 0.4 s window was missed under load. It runs alone until
+# it is killed: with the others running, its proposals after its first measurement could all be infeasible or
+# duplicates (over in milliseconds) until the others finished the study, and the kill never came (a CI failure).
 KILLED_DELAY = 3.0
+KILL_WINDOW = (0.5, KILLED_DELAY / 2)  # seconds into a trial: a trial that is not measured has ended by 0.5 s
 
 
 def _settings(url: str, table, **extra) -> RunConfig:
@@ -61,7 +64,8 @@ def _study(url: str) -> optuna.Study:
 
 
 def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial.FrozenTrial:
-    """SIGKILL the worker early in the measurement of a trial it claimed (after it finished one); that trial."""
+    """SIGKILL the worker early in the measurement of a trial it claimed (after it measured one); that trial.
+    The worker runs alone until then, so it goes on measuring until a poll lands inside one of its trials."""
     study = _study(url)
     deadline = time.time() + 180
     while time.time() < deadline:
@@ -70,7 +74,7 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
         done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
         mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(schema.WORKER) == name
                 and t.user_attrs.get(schema.CONFIRMATION_OF) is None]
-        if done and mine and (datetime.now() - mine[0].datetime_start).total_seconds() < KILLED_DELAY / 2:
+        if done and mine and KILL_WINDOW[0] < (datetime.now() - mine[0].datetime_start).total_seconds() < KILL_WINDOW[1]:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             killed = study._storage.get_trial(mine[0]._trial_id)
@@ -89,8 +93,10 @@ def _workers_check():
 def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     table, results = write_table(tmp_path), tmp_path / "results.tsv"
     prepare_studies(_settings(url, table), open(os.devnull, "w"))
-    procs = {name: _worker(url, table, results, name, KILLED_DELAY if name == "w0" else DELAY) for name in ("w0", "w1", "w2")}
-    killed = _kill_mid_trial(url, procs["w0"], "w0")
+    w0 = _worker(url, table, results, "w0", KILLED_DELAY)
+    killed = _kill_mid_trial(url, w0, "w0")
+    # the others find its trial running, wait out its heartbeat's grace, and requeue it
+    procs = {name: _worker(url, table, results, name) for name in ("w1", "w2")}
     outputs = {}
     for name in ("w1", "w2"):
         outputs[name] = procs[name].communicate(timeout=180)[0]
