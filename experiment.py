@@ -800,21 +800,22 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
                                                   kernel="sm120_splitkv", extra={"num_splits": 0}),
     # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
     # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md); the d128 and d96 MHA
-    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md), and every chunked
-    # class to the longest-first TMA class (docs/measurements/2026-12-04-h200-tma-lpt.md, 2026-12-04-h200-lpt-classes.md).
+    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md), every chunked
+    # class to the longest-first TMA class (docs/measurements/2026-12-04-h200-tma-lpt.md, 2026-12-04-h200-lpt-classes.md),
+    # GQA 4 and d96 to its paired order (docs/measurements/2026-12-04-h200-tma-paired.md), and all four to the paired
+    # order with the masked blocks' PV gemms trimmed (kernels/tma_trimmed_forward_sm120.py): level or faster on each
+    # class's problems (docs/measurements/2026-12-04-h200-trimmed-pv.md)
     "d128-causal-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
     ),
-    # GQA 4 and d96: each odd round of SM-count CTAs reversed (kernels/tma_paired_forward_sm120.py), faster again on
-    # both classes (docs/measurements/2026-12-04-h200-tma-paired.md)
     "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_paired",
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
     ),
     "d96-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_paired",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_trimmed",
     ),
     "d64-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
     ),
 }
 

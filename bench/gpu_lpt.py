@@ -6,11 +6,12 @@ the gate over a correctness matrix, then each problem's dispatch-table entry aga
 
 Part 1, matrix: each --configs entry (tile_m x tile_n x num_threads, `:q` for Q in registers, one stage) as
 sm120_tma_lpt (`:cp`: as its cp.async sibling sm120_lpt, `:p`: as sm120_tma_paired, `:l2`: as sm120_lpt_l2, `:ih`: as
-sm120_lpt_in_head, `:sp`: as sm120_tma_smpaired) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
+sm120_lpt_in_head, `:sp`: as sm120_tma_smpaired, `:t`: as sm120_tma_trimmed) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
 that is not ok fails the exit code.
 Part 2, timing: per forward problem of --suites (decodes left out), the table's entry, its TMA twin (same tile,
 threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt), its paired twin (the same on
-sm120_tma_paired: kernels/tma_paired_forward_sm120.py), its smpaired twin (sm120_tma_smpaired), where the entry is upstream's kernel its
+sm120_tma_paired: kernels/tma_paired_forward_sm120.py), its smpaired twin (sm120_tma_smpaired), its trimmed twin
+(the paired one with the masked blocks' PV gemms trimmed: sm120_tma_trimmed), where the entry is upstream's kernel its
 cp.async LPT twins (sm120_lpt, sm120_lpt_l2 and sm120_lpt_in_head, the entry's stages) and upstream's SM120 defaults, gated, then
 timed interleaved in one step, the whole list --runs times, the order reversed in alternate runs. Per problem: each
 candidate's medians and its speedup over the TMA twin and over upstream; then the LPT twin's geomean over the TMA
@@ -30,6 +31,7 @@ from fa4tune.config import ForwardConfig  # noqa: E402
 
 LPT, TMA, LPT_CP_ASYNC, PAIRED = "sm120_tma_lpt", "sm120_tma", "sm120_lpt", "sm120_tma_paired"
 LPT_L2, LPT_IN_HEAD, SM_PAIRED = "sm120_lpt_l2", "sm120_lpt_in_head", "sm120_tma_smpaired"
+TRIMMED = "sm120_tma_trimmed"
 DEFAULT_CONFIGS = "64x96x128:q,128x64x128"
 
 
@@ -45,12 +47,13 @@ def parse_configs(text: str) -> list[ForwardConfig]:
     """'64x96x128:q,...' as one-stage sm120_tma_lpt configs; the flag `cp` makes one the cp.async sibling sm120_lpt,
     `p` the paired order sm120_tma_paired, `l2` the cp.async sibling with L2-sized head sections sm120_lpt_l2, `ih`
     the cp.async sibling longest first within each head sm120_lpt_in_head, `sp` the tiles claimed by SM
-    sm120_tma_smpaired."""
+    sm120_tma_smpaired, `t` the paired order with the masked blocks' PV gemms trimmed sm120_tma_trimmed."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, *flags = item.split(":")
         tile_m, tile_n, threads = (int(x) for x in tile.split("x"))
-        kernel = {"cp": LPT_CP_ASYNC, "p": PAIRED, "l2": LPT_L2, "ih": LPT_IN_HEAD, "sp": SM_PAIRED}.get(next(
+        kernel = {"cp": LPT_CP_ASYNC, "p": PAIRED, "l2": LPT_L2, "ih": LPT_IN_HEAD, "sp": SM_PAIRED,
+                  "t": TRIMMED}.get(next(
             (f for f in flags if f != "q"), ""), LPT)
         configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=kernel))
     return configs
@@ -65,7 +68,8 @@ def timing_candidates(experiment, problem, target, configs) -> list[tuple[str, F
     twin = dataclasses.replace(entry, num_stages=1, extra={}, kernel=TMA)
     named = [("table", entry), ("tma twin", twin), ("lpt twin", dataclasses.replace(twin, kernel=LPT)),
              ("paired twin", dataclasses.replace(twin, kernel=PAIRED)),
-             ("smpaired twin", dataclasses.replace(twin, kernel=SM_PAIRED))]
+             ("smpaired twin", dataclasses.replace(twin, kernel=SM_PAIRED)),
+             ("trimmed twin", dataclasses.replace(twin, kernel=TRIMMED))]
     if entry.kernel in ("sm120", "sm120_splitkv"):  # upstream's kernel (the split-KV class's at one split is its code)
         named.append(("lpt cp twin", dataclasses.replace(entry, extra={}, kernel=LPT_CP_ASYNC)))
         named.append(("lpt l2 cp twin", dataclasses.replace(entry, extra={}, kernel=LPT_L2)))

@@ -36,6 +36,19 @@ from kernels.tuned_forward_sm120 import TunedForwardSm120
 MBARRIER_BYTES = 8
 
 
+def visible_keys(n_block, m_block, warp_last_row, tile_m, tile_n, qhead_packed, seqlen_q, seqlen_k, causal: bool):
+    """How many key columns of KV block n_block, from its first, some row of a warp may see, the warp's rows being
+    m block m_block's rows up to `warp_last_row` (of the tile): up to seqlen_k, and with causal up to its last query's
+    diagonal, bottom-right aligned (with GQA packing a packed row's query is row // qhead_packed, as upstream's mask
+    has it). May be <= 0 (the warp sees none) or > tile_n (all). Integer arithmetic only: the kernel calls it with
+    Int32 values, the tests with Python ints."""
+    col_end = seqlen_k
+    if causal:
+        last_query = (m_block * tile_m + warp_last_row) // qhead_packed
+        col_end = cutlass.min(col_end, last_query + 1 + seqlen_k - seqlen_q)
+    return col_end - n_block * tile_n
+
+
 class TmaForwardSm120(TunedForwardSm120):
     """SM120 forward whose Q, K and V tiles arrive by TMA (bulk tensor copies completing on mbarriers).
 
@@ -56,6 +69,10 @@ class TmaForwardSm120(TunedForwardSm120):
     # `mCuTotalSplitsMBlocks` slot, which SM120 never uses (no dynamic splits), and its CTAs claim tiles from it
     # (`claim_tile`) instead of `order_tile`
     tile_counter = False
+    # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V
+    # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming
+    # those too was slower on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)
+    trim_masked = False
 
     name = "sm120_tma"
     limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
@@ -401,7 +418,8 @@ class TmaForwardSm120(TunedForwardSm120):
             softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1], softmax_scale=softmax_scale)
             softmax.reset()
             mma_params = SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O,
-                                         extra=self.mainloop_extras(storage, tidx, tiled_mma_qk, tiled_mma_pv))
+                                         extra=self.mainloop_extras(storage, tidx, tiled_mma_qk, tiled_mma_pv),
+                                         warp_last_row=self.warp_last_row(thr_mma_qk) if const_expr(self.trim_masked) else None)
             smem_copy_params = SimpleNamespace(
                 smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V,
                 tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt,
@@ -505,7 +523,7 @@ class TmaForwardSm120(TunedForwardSm120):
         iteration = Int32(0)
         compute_one_n_block(
             n_block, iteration, is_first_n_block=True, seqlen=seqlen,
-            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), trim=self.trim_masked,
         )
         iteration += 1
         if const_expr(self.is_causal or self.is_local):
@@ -514,7 +532,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 n_block = n_block_max - 2 - n_tile
                 compute_one_n_block(
                     n_block, iteration, seqlen=seqlen,
-                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), trim=self.trim_masked,
                 )
                 iteration += 1
         for n_tile in cutlass.range(n_block, unroll=1):
@@ -545,8 +563,11 @@ class TmaForwardSm120(TunedForwardSm120):
         mask_fn: Optional[Callable] = None,
         is_first_n_block: cutlass.Constexpr = False,
         check_inf: cutlass.Constexpr = True,
+        trim: cutlass.Constexpr = False,
     ):
-        """One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits."""
+        """One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits. `trim` (a masked
+        block of a `trim_masked` class): the PV gemm stops at the warp's last visible key column."""
+        n_valid = self.warp_visible_cols(n_block, m_block, seqlen, mma_params.warp_last_row) if const_expr(trim) else None
         num_stages = self.num_stages
         stage = iteration % num_stages if const_expr(num_stages > 1) else Int32(0)
         phase = (iteration // num_stages) % 2 if const_expr(num_stages > 1) else iteration % 2
@@ -573,7 +594,7 @@ class TmaForwardSm120(TunedForwardSm120):
             wait_V(stage, phase)
             if n_block - num_stages >= 0:
                 load_K(n_block - num_stages, stage)
-        self.gemm_PV(rP, stage, mma_params, smem_copy_params)
+        self.gemm_PV(rP, stage, mma_params, smem_copy_params, n_valid=n_valid)
 
     @cute.jit
     def gemm_QK(
@@ -604,9 +625,46 @@ class TmaForwardSm120(TunedForwardSm120):
             )
 
     @cute.jit
-    def gemm_PV(self, P: cute.Tensor, stage: Int32, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace):
-        """O += P V from V's buffer `stage` (P: the softmax's probabilities in the input dtype, S's layout)."""
-        sm80_utils.gemm_rs(
-            mma_params.thr_mma_pv, mma_params.acc_O, layout_utils.reshape_acc_to_frgA(P), mma_params.tOrVt,
-            smem_copy_params.tOsVt[None, None, None, stage], smem_copy_params.smem_thr_copy_V,
-        )
+    def gemm_PV(self, P: cute.Tensor, stage: Int32, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace,
+                n_valid: Optional[Int32] = None):
+        """O += P V from V's buffer `stage` (P: the softmax's probabilities in the input dtype, S's layout). With
+        `n_valid`, only the k steps (keys) that start before it: one branch per count of steps, each branch
+        upstream's pipelined loop over its first steps (no branch between a load and its MMA)."""
+        tOrP = layout_utils.reshape_acc_to_frgA(P)
+        tOsVt = smem_copy_params.tOsVt[None, None, None, stage]
+        if const_expr(n_valid is None):
+            sm80_utils.gemm_rs(mma_params.thr_mma_pv, mma_params.acc_O, tOrP, mma_params.tOrVt, tOsVt,
+                               smem_copy_params.smem_thr_copy_V)
+        else:
+            num_k = const_expr(cute.size(tOrP.shape[2]))
+            k_width = const_expr(self.tile_n // num_k)  # keys per k step
+            steps = Int32(0)
+            for k in cutlass.range_constexpr(num_k):
+                steps += Int32(k * k_width < n_valid)
+            smem_thr_copy_V = smem_copy_params.smem_thr_copy_V
+            tOrVt_copy_view = smem_thr_copy_V.retile(mma_params.tOrVt)
+            for count in cutlass.range_constexpr(1, num_k + 1):
+                if steps == count:  # gemm_rs over the first `count` k steps
+                    cute.copy(smem_thr_copy_V, tOsVt[None, None, 0], tOrVt_copy_view[None, None, 0])
+                    for k in cutlass.range_constexpr(count):
+                        if const_expr(k + 1 < count):
+                            cute.copy(smem_thr_copy_V, tOsVt[None, None, k + 1], tOrVt_copy_view[None, None, k + 1])
+                        cute.gemm(mma_params.thr_mma_pv, mma_params.acc_O, tOrP[None, None, k],
+                                  mma_params.tOrVt[None, None, k], mma_params.acc_O)
+
+    @cute.jit
+    def warp_last_row(self, thr_mma_qk: cute.TiledMma) -> Int32:
+        """The last row of the Q tile that this thread's warp holds in S (the max over its lanes' rows)."""
+        tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+        tScS_mn = layout_utils.reshape_acc_to_mn(tScS)
+        last = Int32(tScS_mn[0, 0][0])
+        for r in cutlass.range_constexpr(1, cute.size(tScS_mn.shape[0])):
+            last = cutlass.max(last, Int32(tScS_mn[r, 0][0]))
+        return cute.arch.make_warp_uniform(utils.warp_reduce(last, cutlass.max))
+
+    @cute.jit
+    def warp_visible_cols(self, n_block: Int32, m_block: Int32, seqlen: SeqlenInfoQK, warp_last_row: Int32) -> Int32:
+        """`visible_keys` for this warp in KV block n_block."""
+        return visible_keys(n_block, m_block, warp_last_row, self.tile_m, self.tile_n,
+                            self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1, seqlen.seqlen_q, seqlen.seqlen_k,
+                            self.is_causal)

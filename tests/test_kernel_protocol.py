@@ -19,6 +19,7 @@ from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tma_lpt_forward_sm120 import TmaLptForwardSm120
 from kernels.tma_overlap_forward_sm120 import TmaOverlapForwardSm120
 from kernels.tma_paired_forward_sm120 import TmaPairedForwardSm120
+from kernels.tma_trimmed_forward_sm120 import TmaTrimmedForwardSm120
 from kernels.tma_smpaired_forward_sm120 import TmaSmPairedForwardSm120
 from kernels.tma_pairs_forward_sm120 import TmaPairsForwardSm120
 from kernels.tuned_forward_sm120 import TunedForwardSm120
@@ -105,6 +106,7 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_tma_paired": TmaPairedForwardSm120,
                                            "sm120_tma_pairs": TmaPairsForwardSm120,
                                            "sm120_tma_smpaired": TmaSmPairedForwardSm120,
+                                           "sm120_tma_trimmed": TmaTrimmedForwardSm120,
                                            "sm120_splitkv": experiment.SplitKvForwardSm120,
                                            "sm120_lpt": experiment.LptForwardSm120,
                                            "sm120_lpt_in_head": experiment.LptInHeadForwardSm120,
@@ -112,7 +114,7 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
     assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_bounded", "sm120_tma_lpt", "sm120_tma_overlap",
-                              "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
+                              "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_tma_trimmed", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
                               "sm120_splitkv_cluster", "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
@@ -123,7 +125,7 @@ def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     # sm120_tma_bounded, sm120_tma_pairs, sm120_tma_smpaired, the sm120_lpt family and sm120_splitkv_cluster are registered but not
     # searched (searched = False): neither they nor the bounded class's knob are in the domain
     assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_overlap", "sm120_tma_paired",
-                                      "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+                                      "sm120_tma_trimmed", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert "min_blocks_per_mp" not in space.domain
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)

@@ -59,8 +59,8 @@ def test_the_schedule_is_a_permutation_longest_tiles_first(grid):
 
 
 def test_the_causal_entries_that_run_it():
-    # docs/measurements/2026-12-04-h200-lpt-classes.md (the GQA 4 and d96 chunked classes went on to sm120_tma_paired)
-    assert experiment.forward_config(ProblemClass.parse("d128-causal-chunked-bf16")) == lpt()
+    # docs/measurements/2026-12-04-h200-lpt-classes.md (the chunked classes went on to sm120_tma_paired and then to
+    # sm120_tma_trimmed: tests/test_tma_trimmed.py)
     assert experiment.forward_config(ProblemClass.parse("d128-causal-gqa4-bf16")) == lpt(64, 64)
     assert experiment.forward_config(ProblemClass.parse("d96-causal-bf16")) == lpt(64, 96, Q_in_regs=False)
 
