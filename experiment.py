@@ -747,12 +747,12 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d96-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
     # the causal prefills below: their TMA twins with tiles handed out longest first, faster on every problem of the
     # class (docs/measurements/2026-12-04-h200-lpt-classes.md)
-    "d96-causal-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_lpt",
+    "d96-causal-bf16": ForwardConfig(  # trimmed since 2026-12-04 (docs/measurements/2026-12-04-h200-trimmed-pv.md)
+        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_trimmed",
     ),
     "d64-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d64-causal-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
+    "d64-causal-bf16": ForwardConfig(  # trimmed since 2026-12-04 (docs/measurements/2026-12-04-h200-trimmed-pv.md)
+        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
     ),
     "d128-causal-gqa4-bf16": ForwardConfig(
         tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",

@@ -208,7 +208,7 @@ def _module(*classes: dict) -> types.ModuleType:
 def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     helper = _module({"cls": "Helper"}, {"cls": "Mine", "name": "sm120_mine"})
     assert list(forward_kernels(helper)) == ["sm120", "sm120_tma", "sm120_tma_bounded", "sm120_tma_lpt", "sm120_tma_overlap",
-                                             "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_mine"]  # Helper declares no name: a base
+                                             "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
     with pytest.raises(ConfigError) as err:
         forward_kernels(_module({"cls": "FasterTma", "bases": (TmaForwardSm120,), "name": "sm120_tma"}))
     assert err.value.rule == "kernel_name_taken"

@@ -59,10 +59,9 @@ def test_the_schedule_is_a_permutation_longest_tiles_first(grid):
 
 
 def test_the_causal_entries_that_run_it():
-    # docs/measurements/2026-12-04-h200-lpt-classes.md (the chunked classes went on to sm120_tma_paired and then to
-    # sm120_tma_trimmed: tests/test_tma_trimmed.py)
+    # docs/measurements/2026-12-04-h200-lpt-classes.md (the chunked classes went on to sm120_tma_paired, and they and
+    # the d96 and d64 causal prefills to sm120_tma_trimmed: tests/test_tma_trimmed.py)
     assert experiment.forward_config(ProblemClass.parse("d128-causal-gqa4-bf16")) == lpt(64, 64)
-    assert experiment.forward_config(ProblemClass.parse("d96-causal-bf16")) == lpt(64, 96, Q_in_regs=False)
 
 
 @pytest.mark.compile

@@ -1,5 +1,6 @@
 """The paired TMA forward with the masked blocks' PV gemms trimmed (kernels/tma_trimmed_forward_sm120.py,
-kernel="sm120_tma_trimmed"): registered and searched, the four chunked entries run it, the visible-key count never
+kernel="sm120_tma_trimmed"): registered and searched, the four chunked entries and the d96 and d64 causal prefill
+entries run it, the visible-key count never
 drops a key that some row of the warp may see (checked against upstream's mask rule, brute force) and keeps no
 16-key step that none of them sees, and (compile-marked) sm_120a compiles of the GQA chunked and d96 chunked entries
 without spills at their CTAs per SM.
@@ -26,11 +27,13 @@ from search.space import get_space
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = get_target("sm120")
-CHUNKED = {
+ENTRIES = {  # the classes whose entries run it, and their tiles (tile_m, tile_n, Q_in_regs)
     "d128-causal-chunked-bf16": (64, 96, True),
     "d128-causal-gqa4-chunked-bf16": (64, 96, True),
     "d96-causal-chunked-bf16": (128, 64, False),
     "d64-causal-chunked-bf16": (128, 64, True),
+    "d96-causal-bf16": (64, 96, False),
+    "d64-causal-bf16": (128, 64, True),
 }
 STEP = 16  # keys per k step of the PV gemm (the MMA's K)
 
@@ -41,12 +44,12 @@ def trimmed(tile_m=64, tile_n=96, Q_in_regs=True):
     return ForwardConfig(tile_m, tile_n, 128, 1, Q_in_regs, kernel="sm120_tma_trimmed")
 
 
-def test_registered_searched_and_the_chunked_entries_run_it():
+def test_registered_searched_and_the_chunked_and_two_causal_prefill_entries_run_it():
     assert forward_kernels(experiment)["sm120_tma_trimmed"] is TmaTrimmedForwardSm120
     assert issubclass(TmaTrimmedForwardSm120, TmaPairedForwardSm120)  # the paired schedule, trimmed
     assert TmaTrimmedForwardSm120.trim_masked and not TmaForwardSm120.trim_masked and not TmaPairedForwardSm120.trim_masked
     assert "sm120_tma_trimmed" in get_space("fwd").domain["kernel"]
-    for name, tile in CHUNKED.items():
+    for name, tile in ENTRIES.items():
         assert experiment.forward_config(ProblemClass.parse(name)) == trimmed(*tile), name
 
 
@@ -80,7 +83,7 @@ def test_the_trimmed_steps_hold_every_visible_key_and_no_step_without_one(tile_m
 @pytest.mark.parametrize("name", ["d128-causal-gqa4-chunked-bf16", "d96-causal-chunked-bf16"])
 def test_chunked_entries_compile_without_spills(name, tmp_path):
     problem_class = ProblemClass.parse(name)
-    (facts,) = run_static([StaticJob("fwd", trimmed(*CHUNKED[name]), problem_class)], TARGET, ROOT / "experiment.py",
+    (facts,) = run_static([StaticJob("fwd", trimmed(*ENTRIES[name]), problem_class)], TARGET, ROOT / "experiment.py",
                           workers=1, cache_path=tmp_path / "facts.jsonl")
     assert facts.status == "ok", facts.reason
     # Recorded 2026-12-04 (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1): the GQA entry 255 registers (the paired
