@@ -71,7 +71,7 @@ class TmaForwardSm120(TunedForwardSm120):
     tile_counter = False
     # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V
     # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming
-    # those too was slower on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)
+    # those too, or alone, was slower than this on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)
     trim_masked = False
 
     name = "sm120_tma"
