@@ -519,11 +519,13 @@ class TmaForwardSm120(TunedForwardSm120):
             batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
             aux_data=aux_data, fastdiv_mods=fastdiv_mods,
         )
+        trim = {"trim": True} if const_expr(self.trim_masked) else {}  # the masked blocks' (a subclass's own
+        # compute_one_n_block need not take it)
         n_block = cutlass.max(n_block_max - 1, 0)
         iteration = Int32(0)
         compute_one_n_block(
             n_block, iteration, is_first_n_block=True, seqlen=seqlen,
-            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), trim=self.trim_masked,
+            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), **trim,
         )
         iteration += 1
         if const_expr(self.is_causal or self.is_local):
@@ -532,7 +534,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 n_block = n_block_max - 2 - n_tile
                 compute_one_n_block(
                     n_block, iteration, seqlen=seqlen,
-                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), trim=self.trim_masked,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), **trim,
                 )
                 iteration += 1
         for n_tile in cutlass.range(n_block, unroll=1):
