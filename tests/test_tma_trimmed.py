@@ -1,9 +1,8 @@
 """The paired TMA forward with the masked blocks' PV gemms trimmed (kernels/tma_trimmed_forward_sm120.py,
 kernel="sm120_tma_trimmed"): registered and searched, the four chunked entries and the d96 and d64 causal prefill
-entries run it, the visible-key count never
-drops a key that some row of the warp may see (checked against upstream's mask rule, brute force) and keeps no
-16-key step that none of them sees, and (compile-marked) sm_120a compiles of the GQA chunked and d96 chunked entries
-without spills at their CTAs per SM.
+entries run it, the visible-key count never drops a key that some row of the warp may see (checked against
+upstream's mask rule, brute force) and keeps no 16-key step that none of them sees, and (compile-marked) sm_120a
+compiles of the GQA chunked and d96 chunked entries without spills at their CTAs per SM.
 
 Whether it pays on a GPU is bench/gpu_lpt.py's job (`:t` configs and the "trimmed twin" candidate); the GPU gate ran
 the correctness matrix (docs/measurements/2026-12-04-h200-trimmed-pv.md).
