@@ -20,6 +20,8 @@ them interleaved in one benchmark per problem:
   once (the partials merged by torch); with --merge-attention also `+ merge kernel` and `+ PDL merge kernel`: the
   same and a minimal merge kernel (each program loads its row's partials at once), after it or as its
   programmatic dependent: a two-kernel decode's floor with real attention in it;
+- `cluster-8 CUDA` (--cluster-cuda): bench/decode_cluster_cuda.py's one-kernel decode, a cluster of 8 CTAs per
+  KV head merging on chip (its `floor` variant: the same loads and merge, no attention math); checked against SDPA;
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
 
 Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
@@ -37,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from fa4tune.suites import load_suite  # noqa: E402
 
@@ -266,7 +269,7 @@ def floor_calls(k, v, grid_shape):
 
 
 def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=(), attention=(),
-                   merge_attention=False):
+                   merge_attention=False, cluster_cuda=()):
     """name -> one call per input set."""
     import torch
     import torch.nn.functional as F
@@ -303,6 +306,14 @@ def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=(),
                 continue
             out[f"attention {what} ({splits}x{block_n}x{warps}: {splits * problem.num_heads_kv * problem.batch} CTAs)"] = [
                 split_attention_calls(q, k, v, splits, block_n, warps, merge) for q, k, v in tensors]
+    for variant in cluster_cuda:
+        import decode_cluster_cuda
+
+        try:
+            out[f"cluster-8 CUDA {variant} ({8 * problem.num_heads_kv * problem.batch} CTAs)"] = [
+                decode_cluster_cuda.calls(q, k, v, variant) for q, k, v in tensors]
+        except (AssertionError, RuntimeError) as e:  # a wrong or failing variant is reported, the others still run
+            print(f"  cluster-8 CUDA {variant}: not timed: {e}", flush=True)
     two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
     out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
     out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
@@ -329,6 +340,8 @@ def main(argv=None) -> int:
                         "SPLITSxBLOCK_NxWARPS,... (for example 8x64x16: 8 splits per KV head, 64 keys per load, 16 warps)")
     parser.add_argument("--merge-attention", action="store_true", help="each --attention prototype also with its "
                         "merge kernel, launched after it and as its programmatic dependent (PDL)")
+    parser.add_argument("--cluster-cuda", default="", help="variants of bench/decode_cluster_cuda.py's one-kernel "
+                        "cluster decode, comma-separated (math, math_ra8, floor)")
     args = parser.parse_args(argv)
 
     import torch
@@ -355,7 +368,7 @@ def main(argv=None) -> int:
         merge = tuple(int(x) for x in args.merge_splits.split(",") if x)
         attention = tuple(tuple(int(x) for x in a.split("x")) for a in args.attention.split(",") if a)
         calls = candidates_for(problem, experiment, settings.input_sets, grids, merge, attention,
-                               args.merge_attention)
+                               args.merge_attention, tuple(v for v in args.cluster_cuda.split(",") if v))
         results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
         medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
         upstream = medians["upstream default"]
