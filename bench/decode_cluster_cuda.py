@@ -15,17 +15,19 @@ It is a prototype for measurements (bench/gpu_decode_floor.py --cluster-cuda), n
 torch's NVRTC wrapper, d128, G=4, and seqlen_k a multiple of 8 x 512. Compile it without a GPU:
 
     python3 bench/decode_cluster_cuda.py --arch 120a      # prints registers and spills of each build
+    python3 bench/decode_cluster_cuda.py --arch 90a --out DIR   # cubins for an H200 without NVRTC: set
+                                                                # FA4TUNE_DECODE_CLUSTER_CUBINS=DIR there
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import re
-import subprocess
+import os
 import sys
-import tempfile
+from pathlib import Path
 
+CUBIN_DIR_ENV = "FA4TUNE_DECODE_CLUSTER_CUBINS"  # cubins written by --out (for a GPU machine without NVRTC)
 CLUSTER, WARPS, TILE = 8, 16, 512  # CTAs per KV head, warps per CTA, keys per CTA per tile (32 per warp)
 SOURCE = r"""
 
@@ -144,8 +146,9 @@ __device__ __forceinline__ void attend4(State& st, const float (&qf)[G][4], cons
 }
 
 extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1)
-decode_cluster(const uint2* __restrict__ q, const uint2* __restrict__ k, const uint2* __restrict__ v,
-               unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv, float scale_log2) {
+decode_cluster_kernel(const uint2* __restrict__ q, const uint2* __restrict__ k, const uint2* __restrict__ v,
+               unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv, double scale_log2_arg) {
+    const float scale_log2 = (float)scale_log2_arg;  // (torch's NVRTC launcher passes Python floats as doubles)
     extern __shared__ __align__(16) unsigned char smem[];
     const int rank = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -214,6 +217,7 @@ decode_cluster(const uint2* __restrict__ q, const uint2* __restrict__ k, const u
 #endif
     // the warps merge in shared memory: each warp writes its m, l, acc into its own stage (no other warp reads it yet)
     float* wpart = reinterpret_cast<float*>(smem) + warp * (SA * 2 * 32 * 2);  // [G][D] acc, then m[G], l[G]
+    __syncwarp();  // the other lanes are done reading their stage slots, which wpart overlays
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -283,16 +287,12 @@ def smem_bytes(SA: int) -> int:
 def cubin(variant: str, arch: str) -> bytes:
     from torch.cuda._utils import _nvrtc_compile
 
-    binary, _ = _nvrtc_compile(source(**VARIANTS[variant]), "decode_cluster", arch, nvcc_options=["-std=c++17", "-lineinfo"])
+    binary, _ = _nvrtc_compile(source(**VARIANTS[variant]), "decode_cluster_kernel", arch, nvcc_options=["-std=c++17", "-lineinfo"])
     return binary
 
 
-def resource_usage(binary: bytes, cuobjdump: str) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(binary)
-        f.flush()
-        text = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", text))
+def cubin_name(variant: str, arch: str) -> str:
+    return f"decode_cluster_{variant}_sm_{arch}.cubin"
 
 
 @functools.cache
@@ -302,7 +302,9 @@ def kernel(variant: str):
 
     major, minor = torch.cuda.get_device_capability()
     arch = f"{major}{minor}{'a' if major >= 9 else ''}"
-    fn = _cuda_load_module(cubin(variant, arch), ["decode_cluster"])["decode_cluster"]
+    built = Path(os.environ.get(CUBIN_DIR_ENV, "/nonexistent")) / cubin_name(variant, arch)
+    binary = built.read_bytes() if built.exists() else cubin(variant, arch)  # a cubin built elsewhere, else NVRTC here
+    fn = _cuda_load_module(binary, ["decode_cluster_kernel"])["decode_cluster_kernel"]
     fn.set_shared_memory_config(smem_bytes(VARIANTS[variant]["SA"]))
     return fn
 
@@ -343,11 +345,20 @@ def calls(q, k, v, variant: str = "math"):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="compile the prototype for an arch without a GPU")
     parser.add_argument("--arch", default="120a")
-    parser.add_argument("--cuobjdump", default="cuobjdump")
+    parser.add_argument("--out", default="", help=f"also write the cubins here (for {CUBIN_DIR_ENV})")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from fa4tune.cubin import read_cubin
+
     for variant in VARIANTS:
-        print(f"{variant} sm_{args.arch}: {resource_usage(cubin(variant, args.arch), args.cuobjdump)}; "
-              f"dynamic shared memory {smem_bytes(VARIANTS[variant]['SA'])} B")
+        binary = cubin(variant, args.arch)
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            (Path(args.out) / cubin_name(variant, args.arch)).write_bytes(binary)
+        facts = read_cubin(binary)
+        print(f"{variant} sm_{args.arch}: {facts.registers} registers, spills {facts.spill_store_bytes}/"
+              f"{facts.spill_load_bytes} B, stack {facts.stack_bytes} B, dynamic shared memory "
+              f"{smem_bytes(VARIANTS[variant]['SA'])} B")
     return 0
 
 
