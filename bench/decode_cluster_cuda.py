@@ -1,18 +1,26 @@
-"""A one-kernel GQA decode with its merge on chip: the last unmeasured road to #13's b1 4K target, as a CUDA C++ floor.
+"""A one-kernel GQA decode with its merge on chip: the last unmeasured road to #13's b1 4K target, as CUDA C++ floors.
 
 One cluster of 8 CTAs per (batch, KV head); CTA r reads keys [r*L/8, (r+1)*L/8) of the head once, the head's G=4 query
-rows attend to them (an online softmax per warp, CUDA-core fp32 FMAs: four query rows would fill a quarter of an MMA
-tile), the warps merge in shared memory, and the 8 CTAs merge through distributed shared memory (each CTA finalizes 16
-of the 128 output columns), so nothing is written but the output. Under SM120's 99 KB rule the bytes in flight live in
-registers and shared memory: each warp owns 32 keys of a 512-key tile, the first RA in registers, SA by cp.async in
-shared memory (16 warps x SA keys x K,V x 256 B: 96 KB at SA=12), the last RB in registers once the first RA are
-consumed.
+rows attend to them with an online softmax per warp, the warps merge in shared memory, and the 8 CTAs merge through
+distributed shared memory (each CTA finalizes 16 of the 128 output columns), so nothing is written but the output.
+Under SM120's 99 KB rule the bytes in flight live in registers and shared memory. Two layouts:
 
-MATH=0 builds the same loads and merge with no attention math (each loaded word is xor-folded into the partial, so no
-load is dropped): the floor of this layout; MATH=1 is the attention, checked against torch SDPA before it is timed.
+- `fma`: 16 warps, CUDA-core fp32 FMAs (four query rows would fill a quarter of an MMA tile). Each warp owns 32 keys of
+  a 512-key tile: the first RA in registers, SA by cp.async in shared memory (16 warps x SA keys x K,V x 256 B: 96 KB at
+  SA=12), the last ones in registers once the first RA are consumed. About 3,000 instructions per warp and tile.
+- `mma`: 8 warps of 255 registers, mma.sync m16n8k16 with the keys as M (S^T = K Q^T, the 4 query rows padded to N=8,
+  then O^T = V^T P^T), both operands taken from registers in layouts chosen so that no shared-memory round trip is
+  needed. Each warp owns 64 keys of the tile: K and V of 32 and K of 16 more in registers (160 per thread), the other
+  12 KB per warp by cp.async (96 KB): all of a 4K decode's bytes are requested at the kernel's start.
+  (ptxas, on its own, issues the last ~18 of the 40 register loads between group 0's MMAs; a branch on loaded data
+  or a __syncwarp did not move them. The floor variant, with no math, issues them all first.)
 
-It is a prototype for measurements (bench/gpu_decode_floor.py --cluster-cuda), not a kernel class: CUDA C++ through
-torch's NVRTC wrapper, d128, G=4, and seqlen_k a multiple of 8 x 512. Compile it without a GPU:
+A `_floor` variant builds the same loads and merge with no attention math (each loaded word is xor-folded into the
+partial, so no load is dropped): the floor of its layout. The others are checked against torch (output and LSE)
+before they are timed.
+
+A prototype for measurements (bench/gpu_decode_floor.py --cluster-cuda), not a kernel class: CUDA C++ through torch's
+NVRTC wrapper, d128, G=4, seqlen_k a multiple of 8 x 512. Compile it without a GPU:
 
     python3 bench/decode_cluster_cuda.py --arch 120a      # prints registers and spills of each build
     python3 bench/decode_cluster_cuda.py --arch 90a --out DIR   # cubins for an H200 without NVRTC: set
@@ -25,24 +33,18 @@ import argparse
 import functools
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 CUBIN_DIR_ENV = "FA4TUNE_DECODE_CLUSTER_CUBINS"  # cubins written by --out (for a GPU machine without NVRTC)
-CLUSTER, WARPS, TILE = 8, 16, 512  # CTAs per KV head, warps per CTA, keys per CTA per tile (32 per warp)
-SOURCE = r"""
+CLUSTER, TILE = 8, 512  # CTAs per KV head; keys per CTA per tile
+PARTIAL_BYTES = (4 * 128 + 8) * 4  # the CTA's partial after the stages: O [4][128], M[4], L[4] (fp32)
 
+HEADER = r"""
 #define D 128
 #define G 4
 #define CL 8
-#define W 16
-#define NT (W * 32)
-#define KW 32
-#define RA __RA__
-#define SA __SA__
-#define RB (KW - RA - SA)
 #define MATH __MATH__
-#define DATA_BYTES (W * SA * 2 * 256)
-
 typedef unsigned int u32;
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -65,6 +67,70 @@ __device__ __forceinline__ uint2 ldg2(const uint2* p) {
     asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
     return r;
 }
+
+__device__ __forceinline__ uint4 ldg4(const uint4* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+// The warps' partials are in shared memory, warp w's at float offset w * wstride: O [G][D] (unnormalized), m[G], l[G]
+// (log2 domain). The CTA merges them into its partial (after data_bytes), then the cluster's 8 CTAs merge through
+// distributed shared memory, CTA `rank` finalizing columns [16 rank, 16 rank + 16) of the G output rows.
+__device__ __forceinline__ void merge_and_store(unsigned char* smem, int wstride, int data_bytes, int rank, int b,
+                                                int h, int heads_kv, unsigned short* out, float* lse) {
+    const int nwarps = blockDim.x / 32;
+    __syncthreads();
+    float* cpart = reinterpret_cast<float*>(smem + data_bytes);  // this CTA's partial: [G][D] O, then M[G], L[G]
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int g = idx / D, d = idx % D;
+        float mx = NEG_INF;
+        for (int w = 0; w < nwarps; ++w) mx = fmaxf(mx, reinterpret_cast<float*>(smem)[w * wstride + G * D + g]);
+        float o = 0.f, l = 0.f;
+        for (int w = 0; w < nwarps; ++w) {
+            const float* p = reinterpret_cast<float*>(smem) + w * wstride;
+            const float sc = exp2f(p[G * D + g] - mx);
+            o += p[g * D + d] * sc;
+            l += p[G * D + G + g] * sc;
+        }
+        cpart[g * D + d] = o;
+        if (d == 0) { cpart[G * D + g] = mx; cpart[G * D + G + g] = l; }
+    }
+    cluster_sync();
+    // the cluster merges through distributed shared memory: CTA `rank` finalizes columns [16 rank, 16 rank + 16)
+    if (threadIdx.x < G * (D / CL)) {
+        const int g = threadIdx.x / (D / CL), d = rank * (D / CL) + threadIdx.x % (D / CL);
+        float mr[CL], mx = NEG_INF;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            mr[r] = ld_cluster(cpart + G * D + g, r);
+            mx = fmaxf(mx, mr[r]);
+        }
+        float o = 0.f, l = 0.f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) {
+            const float sc = exp2f(mr[r] - mx);
+            o += ld_cluster(cpart + g * D + d, r) * sc;
+            l += ld_cluster(cpart + G * D + G + g, r) * sc;
+        }
+        u32 bits = __float_as_uint(o / l);
+        bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even bf16
+        out[((long)b * heads_kv * G + h * G + g) * D + d] = (unsigned short)(bits >> 16);
+        if (rank == 0 && threadIdx.x % (D / CL) == 0)
+            lse[(long)b * heads_kv * G + h * G + g] = (mx + log2f(l)) * 0.69314718f;
+    }
+    cluster_sync();  // no CTA leaves while another still reads its shared memory
+}
+"""
+
+FMA = r"""
+#define W 16
+#define NT (W * 32)
+#define KW 32
+#define RA __RA__
+#define SA __SA__
+#define RB (KW - RA - SA)
+#define DATA_BYTES (W * SA * 2 * 256)
 
 // a register select (a ternary on array elements becomes an address select, and the array goes to local memory)
 __device__ __forceinline__ float sel(bool p, float a, float b) {
@@ -225,69 +291,235 @@ decode_cluster_kernel(const uint2* __restrict__ q, const uint2* __restrict__ k, 
 #pragma unroll
     for (int g = 0; g < G; ++g)  // (a lane-indexed st.m[lane] would put the state in local memory)
         if (lane == g) { wpart[G * D + g] = st.m[g]; wpart[G * D + G + g] = st.l[g]; }
-    __syncthreads();
-    float* cpart = reinterpret_cast<float*>(smem + DATA_BYTES);  // this CTA's partial: [G][D] O, then M[G], L[G]
-    {
-        const int g = threadIdx.x / D, d = threadIdx.x % D;  // NT == G * D
-        const int stride = SA * 2 * 32 * 2;
-        float mx = NEG_INF;
-        for (int w = 0; w < W; ++w) mx = fmaxf(mx, reinterpret_cast<float*>(smem)[w * stride + G * D + g]);
-        float o = 0.f, l = 0.f;
-        for (int w = 0; w < W; ++w) {
-            const float* p = reinterpret_cast<float*>(smem) + w * stride;
-            const float sc = exp2f(p[G * D + g] - mx);
-            o += p[g * D + d] * sc;
-            l += p[G * D + G + g] * sc;
-        }
-        cpart[g * D + d] = o;
-        if (d == 0) { cpart[G * D + g] = mx; cpart[G * D + G + g] = l; }
-    }
-    cluster_sync();
-    // the cluster merges through distributed shared memory: CTA `rank` finalizes columns [16 rank, 16 rank + 16)
-    if (threadIdx.x < G * (D / CL)) {
-        const int g = threadIdx.x / (D / CL), d = rank * (D / CL) + threadIdx.x % (D / CL);
-        float mr[CL], mx = NEG_INF;
-#pragma unroll
-        for (int r = 0; r < CL; ++r) {
-            mr[r] = ld_cluster(cpart + G * D + g, r);
-            mx = fmaxf(mx, mr[r]);
-        }
-        float o = 0.f, l = 0.f;
-#pragma unroll
-        for (int r = 0; r < CL; ++r) {
-            const float sc = exp2f(mr[r] - mx);
-            o += ld_cluster(cpart + g * D + d, r) * sc;
-            l += ld_cluster(cpart + G * D + G + g, r) * sc;
-        }
-        u32 bits = __float_as_uint(o / l);
-        bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even bf16
-        out[((long)b * heads_kv * G + h * G + g) * D + d] = (unsigned short)(bits >> 16);
-        if (rank == 0 && threadIdx.x % (D / CL) == 0)
-            lse[(long)b * heads_kv * G + h * G + g] = (mx + log2f(l)) * 0.69314718f;
-    }
-    cluster_sync();  // no CTA leaves while another still reads its shared memory
+    merge_and_store(smem, SA * 2 * 32 * 2, DATA_BYTES, rank, b, h, heads_kv, out, lse);
 }
 """
 
-# keys per warp and 512-key tile: RA in registers first, SA through shared memory, the rest in registers last
-VARIANTS = {"math": dict(RA=12, SA=12, MATH=1), "math_ra8": dict(RA=8, SA=12, MATH=1),
-            "floor": dict(RA=12, SA=12, MATH=0)}
+MMA = r"""
+#define W 8
+#define NT (W * 32)
+#define KW 64                            // keys per warp per 512-key tile: four groups of 16
+#define STAGE (3 * 8 * 32)               // uint4 per warp: V of group 2, K and V of group 3, 8 per lane each
+#define DATA_BYTES (W * STAGE * 16)
+
+__device__ __forceinline__ void mma16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_bf16(float lo_, float hi_) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi_), "f"(lo_));
+    return r;
+}
+__device__ __forceinline__ u32 word(const uint4& x, int i) { return i == 0 ? x.x : i == 1 ? x.y : i == 2 ? x.z : x.w; }
+
+// Thread (g, t) = (lane / 4, lane % 4) of a warp, one group of 16 keys:
+// - k[2 s + e]: key g (e = 0) or g + 8 (e = 1), head-dim columns [32 s + 8 t, 32 s + 8 t + 8). QK^T sums over the
+//   head dim, so its k-steps take the columns in this order: k-step 2 s + j's A registers {a0, a2} are words
+//   {2 j, 2 j + 1} of k[2 s] (a1, a3 of k[2 s + 1]), and Q's B registers are the same words of q[s].
+// - v[2 slot + hh]: key 2 t, 2 t + 1, 2 t + 8, 2 t + 9 (slot 0-3), columns [16 g + 8 hh, 16 g + 8 hh + 8). O^T = V^T P^T
+//   runs 8 m-tiles; m-tile mu's rows g and g + 8 are output columns 16 g + 2 mu and 16 g + 2 mu + 1, so a thread's
+//   A registers are byte-permuted pairs of its own words, and its accumulators hold O[2 t, 2 t + 1][16 g .. 16 g + 16).
+// - S^T = K Q^T (keys x 8 query columns, 4 real) leaves S[key g, g + 8][query 2 t, 2 t + 1] in the thread; P^T's B
+//   registers {P[query g][key 2 t, 2 t + 1]}, {P[query g][key 2 t + 8, 2 t + 9]} come from lanes 4 (2 t) + g / 2 and
+//   4 (2 t + 1) + g / 2 in four shuffles.
+struct MState {
+    float m[2], l[2], acc[8][4];  // queries 2 t and 2 t + 1
+};
+
+__device__ __forceinline__ void attend16(MState& st, const uint4 (&q)[4], const uint4 (&k)[8], const uint4 (&v)[8],
+                                         int lane, float scale_log2) {
+#if MATH
+    const int g = lane >> 2, t = lane & 3;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        mma16816(c, k[2 * s].x, k[2 * s + 1].x, k[2 * s].y, k[2 * s + 1].y, q[s].x, q[s].y);
+        mma16816(c, k[2 * s].z, k[2 * s + 1].z, k[2 * s].w, k[2 * s + 1].w, q[s].z, q[s].w);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[i] *= scale_log2;
+    float mx0 = fmaxf(c[0], c[2]), mx1 = fmaxf(c[1], c[3]);
+#pragma unroll
+    for (int mask = 4; mask < 32; mask <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, mask));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, mask));
+    }
+    const float mn0 = fmaxf(st.m[0], mx0), mn1 = fmaxf(st.m[1], mx1);
+    const float al0 = exp2f(st.m[0] - mn0), al1 = exp2f(st.m[1] - mn1);
+    st.m[0] = mn0; st.m[1] = mn1;
+    const float p0 = exp2f(c[0] - mn0), p1 = exp2f(c[1] - mn1), p2 = exp2f(c[2] - mn0), p3 = exp2f(c[3] - mn1);
+    st.l[0] = st.l[0] * al0 + p0 + p2;
+    st.l[1] = st.l[1] * al1 + p1 + p3;
+#pragma unroll
+    for (int mu = 0; mu < 8; ++mu) {
+        st.acc[mu][0] *= al0; st.acc[mu][1] *= al1; st.acc[mu][2] *= al0; st.acc[mu][3] *= al1;
+    }
+    const u32 x = pack_bf16(p0, p2), y = pack_bf16(p1, p3);  // {P[2t][key g], P[2t][key g+8]}, the same for 2t+1
+    const int src1 = 4 * (2 * t) + (g >> 1), src2 = 4 * (2 * t + 1) + (g >> 1);
+    const u32 x1 = __shfl_sync(0xffffffffu, x, src1), y1 = __shfl_sync(0xffffffffu, y, src1);
+    const u32 x2 = __shfl_sync(0xffffffffu, x, src2), y2 = __shfl_sync(0xffffffffu, y, src2);
+    const u32 w1 = (g & 1) ? y1 : x1, w2 = (g & 1) ? y2 : x2;  // {P[g][2t], P[g][2t+8]}, {P[g][2t+1], P[g][2t+9]}
+    const u32 b0 = __byte_perm(w1, w2, 0x5410), b1 = __byte_perm(w1, w2, 0x7632);
+#pragma unroll
+    for (int mu = 0; mu < 8; ++mu) {
+        const int hh = mu >> 2, wi = mu & 3;
+        const u32 w0_ = word(v[hh], wi), w1_ = word(v[2 + hh], wi), w2_ = word(v[4 + hh], wi), w3_ = word(v[6 + hh], wi);
+        mma16816(st.acc[mu], __byte_perm(w0_, w1_, 0x5410), __byte_perm(w0_, w1_, 0x7632),
+                 __byte_perm(w2_, w3_, 0x5410), __byte_perm(w2_, w3_, 0x7632), b0, b1);
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        st.acc[i][0] += __uint_as_float((k[i].x ^ v[i].x ^ k[i].z ^ v[i].z) & 0x3f7fffffu);
+        st.acc[i][1] += __uint_as_float((k[i].y ^ v[i].y ^ k[i].w ^ v[i].w) & 0x3f7fffffu);
+    }
+#endif
+}
+
+extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1)
+decode_cluster_kernel(const uint4* __restrict__ q, const uint4* __restrict__ k, const uint4* __restrict__ v,
+                      unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv,
+                      double scale_log2_arg) {
+    const float scale_log2 = (float)scale_log2_arg;  // (torch's NVRTC launcher passes Python floats as doubles)
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int rank = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long row = (long)heads_kv * (D / 8);  // uint4 per key row of K, V (all KV heads)
+    const uint4* kh = k + (long)b * seqlen_k * row + h * (D / 8) + t;        // + 4 s: columns 32 s + 8 t
+    const uint4* vh = v + (long)b * seqlen_k * row + h * (D / 8) + 2 * g;    // + hh: columns 16 g + 8 hh
+    uint4 qr[4];
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+        qr[s] = g < G ? q[((long)b * heads_kv * G + h * G + g) * (D / 8) + 4 * s + t] : make_uint4(0, 0, 0, 0);
+    MState st;
+    st.m[0] = st.m[1] = NEG_INF;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int mu = 0; mu < 8; ++mu)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) st.acc[mu][i] = 0.f;
+    uint4* stage = reinterpret_cast<uint4*>(smem) + warp * STAGE;  // [V2, K3, V3][8 slots][32 lanes]
+    const int per_cta = seqlen_k / CL;
+#define KEY_K(grp, slot) ((grp) * 16 + g + 8 * ((slot) & 1))                         /* k[slot]: slot = 2 s + e */
+#define KEY_V(grp, slot) ((grp) * 16 + 2 * t + (((slot) >> 1) & 1) + 8 * ((slot) >> 2)) /* v[slot]: 2 key + hh */
+#define COL_K(slot) (4 * ((slot) >> 1))
+#define COL_V(slot) ((slot) & 1)
+    for (int tile = 0; tile < per_cta / (W * KW); ++tile) {
+        const long key0 = (long)rank * per_cta + tile * (W * KW) + warp * KW;
+        uint4 k0[8], v0[8], k1[8], v1[8], k2[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            k0[i] = ldg4(kh + (key0 + KEY_K(0, i)) * row + COL_K(i));
+            v0[i] = ldg4(vh + (key0 + KEY_V(0, i)) * row + COL_V(i));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            k1[i] = ldg4(kh + (key0 + KEY_K(1, i)) * row + COL_K(i));
+            v1[i] = ldg4(vh + (key0 + KEY_V(1, i)) * row + COL_V(i));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) k2[i] = ldg4(kh + (key0 + KEY_K(2, i)) * row + COL_K(i));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 dst = (u32)__cvta_generic_to_shared(stage + (0 * 8 + i) * 32 + lane);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(vh + (key0 + KEY_V(2, i)) * row + COL_V(i)));
+        }
+        asm volatile("cp.async.commit_group;");
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 dk = (u32)__cvta_generic_to_shared(stage + (1 * 8 + i) * 32 + lane);
+            const u32 dv = (u32)__cvta_generic_to_shared(stage + (2 * 8 + i) * 32 + lane);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dk), "l"(kh + (key0 + KEY_K(3, i)) * row + COL_K(i)));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dv), "l"(vh + (key0 + KEY_V(3, i)) * row + COL_V(i)));
+        }
+        asm volatile("cp.async.commit_group;");
+        attend16(st, qr, k0, v0, lane, scale_log2);
+        attend16(st, qr, k1, v1, lane, scale_log2);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        {
+            uint4 vs[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) vs[i] = stage[(0 * 8 + i) * 32 + lane];
+            attend16(st, qr, k2, vs, lane, scale_log2);
+        }
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        {
+            uint4 ks[8], vs[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) { ks[i] = stage[(1 * 8 + i) * 32 + lane]; vs[i] = stage[(2 * 8 + i) * 32 + lane]; }
+            attend16(st, qr, ks, vs, lane, scale_log2);
+        }
+    }
+#if MATH
+#pragma unroll
+    for (int mask = 4; mask < 32; mask <<= 1) {  // the row sums over the warp's keys (m is the same in every lane)
+        st.l[0] += __shfl_xor_sync(0xffffffffu, st.l[0], mask);
+        st.l[1] += __shfl_xor_sync(0xffffffffu, st.l[1], mask);
+    }
+#else
+    st.m[0] = st.m[1] = 0.f;
+    st.l[0] = st.l[1] = 1.f;
+#endif
+    __syncwarp();  // the other lanes are done reading their stage slots, which the partials overlay
+    float* wpart = reinterpret_cast<float*>(stage);  // [G][D] O, then m[G], l[G]
+    if (t < 2) {
+#pragma unroll
+        for (int mu = 0; mu < 8; ++mu) {
+            wpart[(2 * t) * D + 16 * g + 2 * mu] = st.acc[mu][0];
+            wpart[(2 * t + 1) * D + 16 * g + 2 * mu] = st.acc[mu][1];
+            wpart[(2 * t) * D + 16 * g + 2 * mu + 1] = st.acc[mu][2];
+            wpart[(2 * t + 1) * D + 16 * g + 2 * mu + 1] = st.acc[mu][3];
+        }
+        if (g == 0) {
+            wpart[G * D + 2 * t] = st.m[0]; wpart[G * D + 2 * t + 1] = st.m[1];
+            wpart[G * D + G + 2 * t] = st.l[0]; wpart[G * D + G + 2 * t + 1] = st.l[1];
+        }
+    }
+    merge_and_store(smem, STAGE * 4, DATA_BYTES, rank, b, h, heads_kv, out, lse);
+}
+"""
 
 
-def source(RA: int, SA: int, MATH: int) -> str:
-    assert SA >= 8 and RA % 4 == 0 and SA % 4 == 0 and (32 - RA - SA) % 4 == 0 and RA + SA <= 32, (RA, SA)
-    return SOURCE.replace("__RA__", str(RA)).replace("__SA__", str(SA)).replace("__MATH__", str(MATH))
+@dataclass(frozen=True)
+class Variant:
+    layout: str  # "fma" or "mma"
+    math: bool
+    RA: int = 12  # fma: keys per warp and tile in registers first
+    SA: int = 12  # fma: keys per warp and tile through shared memory
+
+    @property
+    def warps(self) -> int:
+        return 16 if self.layout == "fma" else 8
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory: the warps' cp.async stages, then the CTA's partial."""
+        stages = self.warps * self.SA * 2 * 256 if self.layout == "fma" else self.warps * 3 * 8 * 32 * 16
+        return stages + PARTIAL_BYTES
+
+    def source(self) -> str:
+        if self.layout == "fma":
+            assert self.SA >= 8 and self.RA % 4 == 0 and self.SA % 4 == 0 and self.RA + self.SA <= 32, \
+                f"fma layout: RA and SA multiples of 4, SA >= 8 (the warp's partial overlays its stage), RA + SA <= 32; got {self}"
+            body = FMA.replace("__RA__", str(self.RA)).replace("__SA__", str(self.SA))
+        else:
+            body = MMA
+        return (HEADER + body).replace("__MATH__", str(int(self.math)))
 
 
-def smem_bytes(SA: int) -> int:
-    """Dynamic shared memory: the warps' cp.async stages, then the CTA's partial (O [4][128] fp32, M[4], L[4])."""
-    return WARPS * SA * 2 * 256 + (4 * 128 + 8) * 4
+VARIANTS = {
+    "fma": Variant("fma", True), "fma_ra8": Variant("fma", True, RA=8), "fma_floor": Variant("fma", False),
+    "mma": Variant("mma", True), "mma_floor": Variant("mma", False),
+}
 
 
 def cubin(variant: str, arch: str) -> bytes:
     from torch.cuda._utils import _nvrtc_compile
 
-    binary, _ = _nvrtc_compile(source(**VARIANTS[variant]), "decode_cluster_kernel", arch, nvcc_options=["-std=c++17", "-lineinfo"])
+    binary, _ = _nvrtc_compile(VARIANTS[variant].source(), "decode_cluster_kernel", arch,
+                               nvcc_options=["-std=c++17", "-lineinfo"])
     return binary
 
 
@@ -305,13 +537,13 @@ def kernel(variant: str):
     built = Path(os.environ.get(CUBIN_DIR_ENV, "/nonexistent")) / cubin_name(variant, arch)
     binary = built.read_bytes() if built.exists() else cubin(variant, arch)  # a cubin built elsewhere, else NVRTC here
     fn = _cuda_load_module(binary, ["decode_cluster_kernel"])["decode_cluster_kernel"]
-    fn.set_shared_memory_config(smem_bytes(VARIANTS[variant]["SA"]))
+    fn.set_shared_memory_config(VARIANTS[variant].smem_bytes)
     return fn
 
 
-def calls(q, k, v, variant: str = "math"):
-    """One launch of the prototype for these tensors; the attention variant is checked against torch SDPA (output
-    and LSE) before it is returned."""
+def calls(q, k, v, variant: str = "mma"):
+    """One launch of the prototype for these tensors; an attention variant is checked against torch (output and
+    LSE, fp32 reference, and SDPA) before it is returned."""
     import math
 
     import torch
@@ -320,45 +552,46 @@ def calls(q, k, v, variant: str = "math"):
     batch, seqlen, heads_kv, dim = k.shape
     assert q.shape[1] == 1 and q.shape[2] == 4 * heads_kv and dim == 128 and seqlen % (CLUSTER * TILE) == 0, \
         "the prototype runs one query token, 4 query heads per KV head, d128, seqlen_k a multiple of 4096"
+    assert all(t.is_contiguous() for t in (q, k, v))
+    spec = VARIANTS[variant]
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads_kv * 4, device=q.device, dtype=torch.float32)
     fn = kernel(variant)
     scale_log2 = dim ** -0.5 * math.log2(math.e)
-    smem = smem_bytes(VARIANTS[variant]["SA"])
-    call = lambda: fn(grid=(CLUSTER, heads_kv, batch), block=(WARPS * 32, 1, 1),  # noqa: E731
-                      args=[q, k, v, out, lse, seqlen, heads_kv, scale_log2], shared_mem=smem)
+    call = lambda: fn(grid=(CLUSTER, heads_kv, batch), block=(spec.warps * 32, 1, 1),  # noqa: E731
+                      args=[q, k, v, out, lse, seqlen, heads_kv, scale_log2], shared_mem=spec.smem_bytes)
     call()
     torch.cuda.synchronize()
-    if VARIANTS[variant]["MATH"]:
+    if spec.math:
         qt, kt, vt = (t.transpose(1, 2).float() for t in (q, k, v))
         kt, vt = (t.repeat_interleave(4, dim=1) for t in (kt, vt))
         s = qt @ kt.transpose(-1, -2) * dim ** -0.5
         expect = (torch.softmax(s, -1) @ vt).transpose(1, 2)
         err = (out.float() - expect).abs().max().item()
         lse_err = (lse - torch.logsumexp(s, -1)[..., 0]).abs().max().item()
-        assert err < 2e-2 and lse_err < 1e-3, f"cluster decode prototype is wrong: max error {err}, LSE {lse_err}"
+        assert err < 2e-2 and lse_err < 1e-3, f"cluster decode {variant} is wrong: max error {err}, LSE {lse_err}"
         sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
         assert (out.float() - sdpa.transpose(1, 2).float()).abs().max().item() < 2e-2
     return call
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="compile the prototype for an arch without a GPU")
+    parser = argparse.ArgumentParser(description="compile the prototype's variants for an arch without a GPU")
     parser.add_argument("--arch", default="120a")
     parser.add_argument("--out", default="", help=f"also write the cubins here (for {CUBIN_DIR_ENV})")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from fa4tune.cubin import read_cubin
 
-    for variant in VARIANTS:
+    for variant, spec in VARIANTS.items():
         binary = cubin(variant, args.arch)
         if args.out:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             (Path(args.out) / cubin_name(variant, args.arch)).write_bytes(binary)
         facts = read_cubin(binary)
-        print(f"{variant} sm_{args.arch}: {facts.registers} registers, spills {facts.spill_store_bytes}/"
-              f"{facts.spill_load_bytes} B, stack {facts.stack_bytes} B, dynamic shared memory "
-              f"{smem_bytes(VARIANTS[variant]['SA'])} B")
+        print(f"{variant} sm_{args.arch}: {spec.warps * 32} threads, {facts.registers} registers, spills "
+              f"{facts.spill_store_bytes}/{facts.spill_load_bytes} B, stack {facts.stack_bytes} B, dynamic shared "
+              f"memory {spec.smem_bytes} B")
     return 0
 
 

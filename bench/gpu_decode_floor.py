@@ -21,7 +21,8 @@ them interleaved in one benchmark per problem:
   same and a minimal merge kernel (each program loads its row's partials at once), after it or as its
   programmatic dependent: a two-kernel decode's floor with real attention in it;
 - `cluster-8 CUDA` (--cluster-cuda): bench/decode_cluster_cuda.py's one-kernel decode, a cluster of 8 CTAs per
-  KV head merging on chip (its `floor` variant: the same loads and merge, no attention math); checked against SDPA;
+  KV head merging on chip, CUDA-core (fma) or MMA (mma) math; its `_floor` variants: the same loads and merge, no
+  attention math; the others checked against torch before they are timed;
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
 
 Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
@@ -341,7 +342,7 @@ def main(argv=None) -> int:
     parser.add_argument("--merge-attention", action="store_true", help="each --attention prototype also with its "
                         "merge kernel, launched after it and as its programmatic dependent (PDL)")
     parser.add_argument("--cluster-cuda", default="", help="variants of bench/decode_cluster_cuda.py's one-kernel "
-                        "cluster decode, comma-separated (math, math_ra8, floor)")
+                        "cluster decode, comma-separated (fma, fma_ra8, fma_floor, mma, mma_floor)")
     args = parser.parse_args(argv)
 
     import torch
