@@ -11,7 +11,8 @@ Under SM120's 99 KB rule the bytes in flight live in registers and shared memory
 - `mma`: 8 warps of 255 registers, mma.sync m16n8k16 with the keys as M (S^T = K Q^T, the 4 query rows padded to N=8,
   then O^T = V^T P^T), both operands taken from registers in layouts chosen so that no shared-memory round trip is
   needed. Each warp owns 64 keys of the tile: K and V of 32 and K of 16 more in registers (160 per thread), the other
-  12 KB per warp by cp.async (96 KB): all of a 4K decode's bytes are requested at the kernel's start.
+  12 KB per warp by cp.async (96 KB): all of a 4K decode's bytes are requested at the kernel's start, and on longer
+  decodes a one-tile-deep pipeline refills each group's registers or stage as soon as the group is consumed.
   (ptxas, on its own, issues the last ~18 of the 40 register loads between group 0's MMAs; a branch on loaded data
   or a __syncwarp did not move them. The floor variant, with no math, issues them all first.)
 
@@ -328,15 +329,17 @@ struct MState {
     float m[2], l[2], acc[8][4];  // queries 2 t and 2 t + 1
 };
 
-__device__ __forceinline__ void attend16(MState& st, const uint4 (&q)[4], const uint4 (&k)[8], const uint4 (&v)[8],
-                                         int lane, float scale_log2) {
+// k(i), v(i): the thread's uint4 i of the group's K and V (from registers, or read from shared memory where used)
+template <class QF, class KF, class VF>
+__device__ __forceinline__ void attend16(MState& st, QF q, KF k, VF v, int lane, float scale_log2) {
 #if MATH
     const int g = lane >> 2, t = lane & 3;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-        mma16816(c, k[2 * s].x, k[2 * s + 1].x, k[2 * s].y, k[2 * s + 1].y, q[s].x, q[s].y);
-        mma16816(c, k[2 * s].z, k[2 * s + 1].z, k[2 * s].w, k[2 * s + 1].w, q[s].z, q[s].w);
+        const uint4 ka = k(2 * s), kb = k(2 * s + 1), qs = q(s);
+        mma16816(c, ka.x, kb.x, ka.y, kb.y, qs.x, qs.y);
+        mma16816(c, ka.z, kb.z, ka.w, kb.w, qs.z, qs.w);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) c[i] *= scale_log2;
@@ -363,17 +366,22 @@ __device__ __forceinline__ void attend16(MState& st, const uint4 (&q)[4], const 
     const u32 w1 = (g & 1) ? y1 : x1, w2 = (g & 1) ? y2 : x2;  // {P[g][2t], P[g][2t+8]}, {P[g][2t+1], P[g][2t+9]}
     const u32 b0 = __byte_perm(w1, w2, 0x5410), b1 = __byte_perm(w1, w2, 0x7632);
 #pragma unroll
-    for (int mu = 0; mu < 8; ++mu) {
-        const int hh = mu >> 2, wi = mu & 3;
-        const u32 w0_ = word(v[hh], wi), w1_ = word(v[2 + hh], wi), w2_ = word(v[4 + hh], wi), w3_ = word(v[6 + hh], wi);
-        mma16816(st.acc[mu], __byte_perm(w0_, w1_, 0x5410), __byte_perm(w0_, w1_, 0x7632),
-                 __byte_perm(w2_, w3_, 0x5410), __byte_perm(w2_, w3_, 0x7632), b0, b1);
+    for (int hh = 0; hh < 2; ++hh) {
+        const uint4 s0 = v(hh), s1 = v(2 + hh), s2 = v(4 + hh), s3 = v(6 + hh);  // keys 2t, 2t+1, 2t+8, 2t+9
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            const int mu = 4 * hh + wi;
+            const u32 w0_ = word(s0, wi), w1_ = word(s1, wi), w2_ = word(s2, wi), w3_ = word(s3, wi);
+            mma16816(st.acc[mu], __byte_perm(w0_, w1_, 0x5410), __byte_perm(w0_, w1_, 0x7632),
+                     __byte_perm(w2_, w3_, 0x5410), __byte_perm(w2_, w3_, 0x7632), b0, b1);
+        }
     }
 #else
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        st.acc[i][0] += __uint_as_float((k[i].x ^ v[i].x ^ k[i].z ^ v[i].z) & 0x3f7fffffu);
-        st.acc[i][1] += __uint_as_float((k[i].y ^ v[i].y ^ k[i].w ^ v[i].w) & 0x3f7fffffu);
+        const uint4 ki = k(i), vi = v(i);
+        st.acc[i][0] += __uint_as_float((ki.x ^ vi.x ^ ki.z ^ vi.z) & 0x3f7fffffu);
+        st.acc[i][1] += __uint_as_float((ki.y ^ vi.y ^ ki.w ^ vi.w) & 0x3f7fffffu);
     }
 #endif
 }
@@ -389,10 +397,12 @@ decode_cluster_kernel(const uint4* __restrict__ q, const uint4* __restrict__ k, 
     const long row = (long)heads_kv * (D / 8);  // uint4 per key row of K, V (all KV heads)
     const uint4* kh = k + (long)b * seqlen_k * row + h * (D / 8) + t;        // + 4 s: columns 32 s + 8 t
     const uint4* vh = v + (long)b * seqlen_k * row + h * (D / 8) + 2 * g;    // + hh: columns 16 g + 8 hh
-    uint4 qr[4];
-#pragma unroll
-    for (int s = 0; s < 4; ++s)
-        qr[s] = g < G ? q[((long)b * heads_kv * G + h * G + g) * (D / 8) + 4 * s + t] : make_uint4(0, 0, 0, 0);
+    // Q's G rows wait in the CTA partial's space (unused until the merge) for the B registers of every QK k-step:
+    // 16 registers fewer than holding them
+    uint4* sq = reinterpret_cast<uint4*>(smem + DATA_BYTES);
+    if (threadIdx.x < G * (D / 8)) sq[threadIdx.x] = q[((long)b * heads_kv * G + h * G) * (D / 8) + threadIdx.x];
+    __syncthreads();
+    auto qr = [=](int s) { return g < G ? sq[g * (D / 8) + 4 * s + t] : make_uint4(0, 0, 0, 0); };
     MState st;
     st.m[0] = st.m[1] = NEG_INF;
     st.l[0] = st.l[1] = 0.f;
@@ -406,52 +416,67 @@ decode_cluster_kernel(const uint4* __restrict__ q, const uint4* __restrict__ k, 
 #define KEY_V(grp, slot) ((grp) * 16 + 2 * t + (((slot) >> 1) & 1) + 8 * ((slot) >> 2)) /* v[slot]: 2 key + hh */
 #define COL_K(slot) (4 * ((slot) >> 1))
 #define COL_V(slot) ((slot) & 1)
-    for (int tile = 0; tile < per_cta / (W * KW); ++tile) {
-        const long key0 = (long)rank * per_cta + tile * (W * KW) + warp * KW;
-        uint4 k0[8], v0[8], k1[8], v1[8], k2[8];
+    const int tiles = per_cta / (W * KW);
+    // A software pipeline one tile deep: each group's registers or stage slots are refilled with the next tile's
+    // keys as soon as the group is consumed, so a CTA keeps a whole tile (256 KB) requested at all times.
+    uint4 k0[8], v0[8], k1[8], v1[8], k2[8];
+    auto key0_of = [&](int tile) { return (long)rank * per_cta + (long)tile * (W * KW) + warp * KW; };
+    const int row32 = (int)row;  // (the offsets inside a tile in 32 bits: fewer registers hold them)
+    auto load_regs = [&](uint4 (&kr)[8], uint4* vr, int grp, long key0) {
+        const uint4 *kt = kh + key0 * row, *vt = vh + key0 * row;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-            k0[i] = ldg4(kh + (key0 + KEY_K(0, i)) * row + COL_K(i));
-            v0[i] = ldg4(vh + (key0 + KEY_V(0, i)) * row + COL_V(i));
+            kr[i] = ldg4(kt + KEY_K(grp, i) * row32 + COL_K(i));
+            if (vr) vr[i] = ldg4(vt + KEY_V(grp, i) * row32 + COL_V(i));
         }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            k1[i] = ldg4(kh + (key0 + KEY_K(1, i)) * row + COL_K(i));
-            v1[i] = ldg4(vh + (key0 + KEY_V(1, i)) * row + COL_V(i));
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) k2[i] = ldg4(kh + (key0 + KEY_K(2, i)) * row + COL_K(i));
+    };
+    auto stage_v2 = [&](long key0) {  // V of group 2 into stage tensor 0
+        const uint4* vt = vh + key0 * row;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const u32 dst = (u32)__cvta_generic_to_shared(stage + (0 * 8 + i) * 32 + lane);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(vh + (key0 + KEY_V(2, i)) * row + COL_V(i)));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(vt + KEY_V(2, i) * row32 + COL_V(i)));
         }
-        asm volatile("cp.async.commit_group;");
+    };
+    auto stage_kv3 = [&](long key0) {  // K and V of group 3 into stage tensors 1 and 2
+        const uint4 *kt = kh + key0 * row, *vt = vh + key0 * row;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const u32 dk = (u32)__cvta_generic_to_shared(stage + (1 * 8 + i) * 32 + lane);
             const u32 dv = (u32)__cvta_generic_to_shared(stage + (2 * 8 + i) * 32 + lane);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dk), "l"(kh + (key0 + KEY_K(3, i)) * row + COL_K(i)));
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dv), "l"(vh + (key0 + KEY_V(3, i)) * row + COL_V(i)));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dk), "l"(kt + KEY_K(3, i) * row32 + COL_K(i)));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dv), "l"(vt + KEY_V(3, i) * row32 + COL_V(i)));
         }
+    };
+    auto from = [](const uint4 (&r)[8]) { return [&r](int i) { return r[i]; }; };
+    auto staged = [&](int tensor) { return [=](int i) { return stage[(tensor * 8 + i) * 32 + lane]; }; };
+    if (tiles > 0) {
+        const long key0 = key0_of(0);
+        load_regs(k0, v0, 0, key0);
+        load_regs(k1, v1, 1, key0);
+        load_regs(k2, nullptr, 2, key0);
+        stage_v2(key0);
         asm volatile("cp.async.commit_group;");
-        attend16(st, qr, k0, v0, lane, scale_log2);
-        attend16(st, qr, k1, v1, lane, scale_log2);
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-        {
-            uint4 vs[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) vs[i] = stage[(0 * 8 + i) * 32 + lane];
-            attend16(st, qr, k2, vs, lane, scale_log2);
-        }
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        {
-            uint4 ks[8], vs[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) { ks[i] = stage[(1 * 8 + i) * 32 + lane]; vs[i] = stage[(2 * 8 + i) * 32 + lane]; }
-            attend16(st, qr, ks, vs, lane, scale_log2);
-        }
+        stage_kv3(key0);
+        asm volatile("cp.async.commit_group;");
     }
+    for (int tile = 0; tile < tiles; ++tile) {
+        const bool more = tile + 1 < tiles;
+        const long next0 = key0_of(tile + 1);
+        attend16(st, qr, from(k0), from(v0), lane, scale_log2);
+        if (more) load_regs(k0, v0, 0, next0);
+        attend16(st, qr, from(k1), from(v1), lane, scale_log2);
+        if (more) load_regs(k1, v1, 1, next0);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's V2 (its K3, V3 may still be in flight)
+        attend16(st, qr, from(k2), staged(0), lane, scale_log2);
+        if (more) { load_regs(k2, nullptr, 2, next0); stage_v2(next0); }
+        asm volatile("cp.async.commit_group;");  // (empty on the last tile: the count stays one group per step)
+        asm volatile("cp.async.wait_group 1;" ::: "memory");  // this tile's K3, V3
+        attend16(st, qr, staged(1), staged(2), lane, scale_log2);
+        if (more) stage_kv3(next0);
+        asm volatile("cp.async.commit_group;");
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
 #if MATH
 #pragma unroll
     for (int mask = 4; mask < 32; mask <<= 1) {  // the row sums over the warp's keys (m is the same in every lane)
