@@ -23,6 +23,8 @@ them interleaved in one benchmark per problem:
 - `cluster-8 CUDA` (--cluster-cuda): bench/decode_cluster_cuda.py's one-kernel decode, a cluster of 8 CTAs per
   KV head merging on chip, CUDA-core (fma) or MMA (mma) math; its `_floor` variants: the same loads and merge, no
   attention math; the others checked against torch before they are timed;
+- `sm120_decode_cluster` (--decode-cluster): the CuTe class of the same design (kernels/decode_cluster_forward_sm120.py),
+  through the harness's host path, checked against SDPA (output) once before it is timed;
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
 
 Prints, per problem, each candidate's median milliseconds and its ratio to upstream's; `10x upstream` is the
@@ -269,8 +271,22 @@ def floor_calls(k, v, grid_shape):
     return lambda: kernel[(programs,)](k, v, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
 
 
+def decode_cluster_call(experiment, q, k, v):
+    """The sm120_decode_cluster class (its one config) on these tensors, checked against torch SDPA once."""
+    import torch.nn.functional as F
+
+    from fa4tune.config import ForwardConfig
+
+    cfg = ForwardConfig(16, 64, 256, 1, False, kernel="sm120_decode_cluster")
+    out = experiment.attention(q, k, v, causal=False, fwd_config=cfg)
+    expect = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), enable_gqa=True)
+    err = (out.float() - expect.transpose(1, 2).float()).abs().max().item()
+    assert err < 2e-2, f"sm120_decode_cluster is wrong: max error {err}"
+    return lambda: experiment.attention(q, k, v, causal=False, fwd_config=cfg)
+
+
 def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=(), attention=(),
-                   merge_attention=False, cluster_cuda=()):
+                   merge_attention=False, cluster_cuda=(), decode_cluster=False):
     """name -> one call per input set."""
     import torch
     import torch.nn.functional as F
@@ -315,6 +331,11 @@ def candidates_for(problem, experiment, sets: int, grids=GRIDS, merge_splits=(),
                 decode_cluster_cuda.calls(q, k, v, variant) for q, k, v in tensors]
         except (AssertionError, RuntimeError) as e:  # a wrong or failing variant is reported, the others still run
             print(f"  cluster-8 CUDA {variant}: not timed: {e}", flush=True)
+    if decode_cluster:
+        try:
+            out["sm120_decode_cluster 16x64x256"] = [decode_cluster_call(experiment, q, k, v) for q, k, v in tensors]
+        except (AssertionError, RuntimeError) as e:  # reported; the other candidates still run
+            print(f"  sm120_decode_cluster: not timed: {e}", flush=True)
     two = [floor_calls(k, v, GRIDS[1]) for _, k, v in tensors]
     out["read K+V + tiny kernel"] = [(lambda f: lambda: (f(), tiny.add_(1)))(f) for f in two]
     out[f"table: {table.kernel} {table.tile_m}x{table.tile_n}"] = [
@@ -343,6 +364,8 @@ def main(argv=None) -> int:
                         "merge kernel, launched after it and as its programmatic dependent (PDL)")
     parser.add_argument("--cluster-cuda", default="", help="variants of bench/decode_cluster_cuda.py's one-kernel "
                         "cluster decode, comma-separated (fma, fma_ra8, fma_floor, mma, mma_floor)")
+    parser.add_argument("--decode-cluster", action="store_true", help="also the sm120_decode_cluster class "
+                        "(kernels/decode_cluster_forward_sm120.py), checked against SDPA, then timed")
     args = parser.parse_args(argv)
 
     import torch
@@ -369,7 +392,8 @@ def main(argv=None) -> int:
         merge = tuple(int(x) for x in args.merge_splits.split(",") if x)
         attention = tuple(tuple(int(x) for x in a.split("x")) for a in args.attention.split(",") if a)
         calls = candidates_for(problem, experiment, settings.input_sets, grids, merge, attention,
-                               args.merge_attention, tuple(v for v in args.cluster_cuda.split(",") if v))
+                               args.merge_attention, tuple(v for v in args.cluster_cuda.split(",") if v),
+                               args.decode_cluster)
         results = benchmark(calls, timer=CudaEventTimer(), flush=flusher, warmup=settings.warmup, rounds=rounds)
         medians = {label: statistics.median(t.samples_ms) for label, t in results.items()}
         upstream = medians["upstream default"]

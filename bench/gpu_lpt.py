@@ -6,7 +6,8 @@ the gate over a correctness matrix, then each problem's dispatch-table entry aga
 
 Part 1, matrix: each --configs entry (tile_m x tile_n x num_threads, `:q` for Q in registers, one stage) as
 sm120_tma_lpt (`:cp`: as its cp.async sibling sm120_lpt, `:p`: as sm120_tma_paired, `:l2`: as sm120_lpt_l2, `:ih`: as
-sm120_lpt_in_head, `:sp`: as sm120_tma_smpaired, `:t`: as sm120_tma_trimmed) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
+sm120_lpt_in_head, `:sp`: as sm120_tma_smpaired, `:t`: as sm120_tma_trimmed, `:dc`: as sm120_decode_cluster, which runs
+the matrix's one-token d128 problems only) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
 that is not ok fails the exit code.
 Part 2, timing: per forward problem of --suites (decodes left out), the table's entry, its TMA twin (same tile,
 threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt), its paired twin (the same on
@@ -32,6 +33,7 @@ from fa4tune.config import ForwardConfig  # noqa: E402
 LPT, TMA, LPT_CP_ASYNC, PAIRED = "sm120_tma_lpt", "sm120_tma", "sm120_lpt", "sm120_tma_paired"
 LPT_L2, LPT_IN_HEAD, SM_PAIRED = "sm120_lpt_l2", "sm120_lpt_in_head", "sm120_tma_smpaired"
 TRIMMED = "sm120_tma_trimmed"
+DECODE_CLUSTER = "sm120_decode_cluster"
 DEFAULT_CONFIGS = "64x96x128:q,128x64x128"
 
 
@@ -47,13 +49,14 @@ def parse_configs(text: str) -> list[ForwardConfig]:
     """'64x96x128:q,...' as one-stage sm120_tma_lpt configs; the flag `cp` makes one the cp.async sibling sm120_lpt,
     `p` the paired order sm120_tma_paired, `l2` the cp.async sibling with L2-sized head sections sm120_lpt_l2, `ih`
     the cp.async sibling longest first within each head sm120_lpt_in_head, `sp` the tiles claimed by SM
-    sm120_tma_smpaired, `t` the paired order with the masked blocks' PV gemms trimmed sm120_tma_trimmed."""
+    sm120_tma_smpaired, `t` the paired order with the masked blocks' PV gemms trimmed sm120_tma_trimmed, `dc` the
+    one-kernel cluster decode sm120_decode_cluster (16x64x256)."""
     configs = []
     for item in filter(None, text.split(",")):
         tile, *flags = item.split(":")
         tile_m, tile_n, threads = (int(x) for x in tile.split("x"))
         kernel = {"cp": LPT_CP_ASYNC, "p": PAIRED, "l2": LPT_L2, "ih": LPT_IN_HEAD, "sp": SM_PAIRED,
-                  "t": TRIMMED}.get(next(
+                  "t": TRIMMED, "dc": DECODE_CLUSTER}.get(next(
             (f for f in flags if f != "q"), ""), LPT)
         configs.append(ForwardConfig(tile_m, tile_n, threads, 1, "q" in flags, kernel=kernel))
     return configs
