@@ -7,7 +7,7 @@ the gate over a correctness matrix, then each problem's dispatch-table entry aga
 Part 1, matrix: each --configs entry (tile_m x tile_n x num_threads, `:q` for Q in registers, one stage) as
 sm120_tma_lpt (`:cp`: as its cp.async sibling sm120_lpt, `:p`: as sm120_tma_paired, `:l2`: as sm120_lpt_l2, `:ih`: as
 sm120_lpt_in_head, `:sp`: as sm120_tma_smpaired, `:t`: as sm120_tma_trimmed, `:dc`: as sm120_decode_cluster, which runs
-the matrix's one-token d128 problems only) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
+the matrix's one-token d128 problems only, and six more one-token decodes for it: one_token_problems) over bench/gpu_overlap.py's matrix (the LSE gated too). A row
 that is not ok fails the exit code.
 Part 2, timing: per forward problem of --suites (decodes left out), the table's entry, its TMA twin (same tile,
 threads and Q_in_regs, one stage), its LPT twin (the same on sm120_tma_lpt), its paired twin (the same on
@@ -111,10 +111,24 @@ def run_timing(experiment, settings, problems, target, runs: int, candidates_of)
     print(f"mode: {mode} (SM120 kernels{' emulated on this device' if mode == 'emulated' else ''})")
 
 
+def one_token_problems(configs) -> list:
+    """With a `:dc` config, one-token decodes beside the matrix's three: keys fewer than the cluster's 8 CTAs (some CTAs
+    get none), a partial last 16-key group, several 512-key tiles per CTA with a partial last one, GQA 1/4/8, batch 1
+    and 2, causal and not (the same for one query token)."""
+    from fa4tune.config import Problem
+
+    if not any(c.kernel == DECODE_CLUSTER for c in configs):
+        return []
+    shapes = [(1, 1, 4), (2, 5, 8), (1, 100, 1), (2, 4097, 4), (1, 9000, 8), (2, 20000, 4)]  # batch, seqlen_k, GQA
+    return [Problem(batch, 1, sk, 4 * gqa, 4, 128, 128, i % 2 == 1, backward=False,
+                    name=f"b{batch} sq1 sk{sk} d128 gqa{gqa}{' causal' if i % 2 else ''}")
+            for i, (batch, sk, gqa) in enumerate(shapes)]
+
+
 def main(argv=None) -> int:
     return _overlap().twin_bench_main(argv, __doc__.splitlines()[0], "lpt", DEFAULT_CONFIGS,
                                       "tile_m x tile_n x threads[:q], comma-separated", parse_configs, timing_candidates,
-                                      run_timing)
+                                      run_timing, extra_matrix=one_token_problems)
 
 
 if __name__ == "__main__":

@@ -99,11 +99,12 @@ def main(argv=None) -> int:
 
 
 def twin_bench_main(argv, description: str, what: str, default_configs: str, configs_help: str, parse, candidates,
-                    timing, default_suites: str = "chunked,standard") -> int:
+                    timing, default_suites: str = "chunked,standard", extra_matrix=None) -> int:
     """The command line of the benches that gate a kernel class's configs over the matrix and time them against the
     table's entries (this one, bench/gpu_bounded.py, bench/gpu_pairs.py): `parse(text)` makes --configs' configs,
     `candidates(experiment, problem, target, configs)` a problem's (label, config) list, and `timing(experiment,
-    settings, problems, target, runs, candidates_of)` times them. Returns 1 when a matrix row is not ok."""
+    settings, problems, target, runs, candidates_of)` times them; `extra_matrix(configs)`, when given, more matrix
+    problems for these configs. Returns 1 when a matrix row is not ok."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--part", choices=("matrix", "timing", "both"), default="both")
     parser.add_argument("--configs", default=default_configs, help=configs_help)
@@ -123,7 +124,8 @@ def twin_bench_main(argv, description: str, what: str, default_configs: str, con
     target = get_target()
     settings = Settings(gate_seed=new_gate_seed())
     experiment = load_experiment(EXPERIMENT_PATH)
-    matrix = [p for p in sk.matrix_problems() + prefill_problems() if args.only in p.label]
+    extra = extra_matrix(configs) if extra_matrix else []
+    matrix = [p for p in sk.matrix_problems() + prefill_problems() + extra if args.only in p.label]
     problems = [p for suite in args.suites.split(",") for p in load_suite(suite) if args.only in p.label and p.problem_class.regime != "decode"]
     candidates_of = lambda problem: candidates(experiment, problem, target, configs)  # noqa: E731
     pairs = []

@@ -82,3 +82,19 @@ def test_builds_for_sm120a_one_cta_per_sm(tmp_path):
     # Recorded 2026-12-04 (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1): 255 registers, 8 B spilled and reloaded
     # (160 of them hold a tile's K and V in flight); a blow-up past a few words would show here
     assert facts.spill_store_bytes <= 64 and facts.spill_load_bytes <= 64, facts
+
+
+def test_the_gpu_gate_bench_runs_it_on_the_one_token_problems():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_lpt", ROOT / "bench" / "gpu_lpt.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    (config,) = bench.parse_configs("16x64x256:dc")
+    assert config == CONFIG
+    extra = bench.one_token_problems([config])
+    assert bench.one_token_problems([bench.parse_configs("64x96x128:q")[0]]) == []
+    assert all(check_forward_problem(CONFIG, p, TARGET) for p in extra)
+    seqlens = sorted(p.seqlen_k for p in extra)
+    assert seqlens[0] < 8 and any(s % 16 for s in seqlens) and seqlens[-1] > 8 * 2 * 512  # empty CTAs, partial groups, tiles
+    assert {p.num_heads // p.num_heads_kv for p in extra} == {1, 4, 8} and {p.causal for p in extra} == {False, True}

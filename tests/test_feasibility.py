@@ -32,6 +32,8 @@ OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "
 # the launch-bounded TMA class's own rules: its min_blocks_per_mp CTAs must fit the SM
 BOUNDED_RULES = ("min_blocks_per_mp_threads", "min_blocks_per_mp_fits_smem", "min_blocks_per_mp_registers")
 PAIRS_RULES = ("pairs_tile_n_multiple", "pairs_head_dim_multiple")  # the warp-pairs class's halves (tests/test_tma_pairs.py)
+# the one-kernel cluster decode's fixed tile and its query rows and dtype (tests/test_decode_cluster.py)
+DECODE_CLUSTER_RULES = ("decode_cluster_tile", "decode_cluster_query_rows", "decode_cluster_dtype")
 OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "smem_capacity", *COMPILE_RULES, *GATE_RULES}  # smem: the compiled struct
 
 
@@ -51,15 +53,18 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
         if not theirs:
             assert not ours, f"upstream rejects, we accept: {cfg}"
             # or a kernel of our own's declared head dims (its Limits: sm120_splitkv runs 64 to 128)
-            own_head_dims = upstream_class(forward_kernel(cfg.kernel)) is None and ours.rule == "head_dim_domain"
-            assert own_head_dims or ours.rule in UPSTREAM_FWD_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
+            # (or, for a kernel that is not upstream's code at all, a rule of its own)
+            own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
+            own_rule = own_kernel and ours.rule in ("head_dim_domain", *DECODE_CLUSTER_RULES)
+            assert own_rule or ours.rule in UPSTREAM_FWD_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
         elif not ours:
             # upstream has no rule here: ours must name a rule upstream lacks, or be the shared-memory formula of
             # a kernel of our own (the TMA kernel's mbarriers come on top of upstream's tiles)
             # the head dims a kernel of our own declares it runs (its Limits: sm120_splitkv runs 64 to 128), and the
             # cluster split class's own buffer rule (its merge keeps the fp32 partial O in K's buffer)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer", *BOUNDED_RULES, *PAIRS_RULES)
+            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer", *BOUNDED_RULES, *PAIRS_RULES,
+                         *DECODE_CLUSTER_RULES)
             assert ours.rule in OUR_EXTRA_FWD_RULES or (own_kernel and ours.rule in own_rules), (cfg, ours)
 
 
@@ -117,7 +122,8 @@ def test_feasible_space_size_is_sane():
             # the launch-bounded class admits only the TMA configs whose min_blocks_per_mp CTAs fit one SM
             # (tests/test_tma_bounded.py counts them): 3 or 4 CTAs leave few tiles at d128
             # the warp-pairs class needs head dims that are multiples of 64 (tests/test_tma_pairs.py): none at d96
-            low = {"sm120_splitkv_cluster": 3, "sm120_tma_bounded": 5, "sm120_tma_pairs": 0}.get(kernel, 30)
+            # the one-kernel cluster decode runs one fixed tile at d128 only (tests/test_decode_cluster.py)
+            low = {"sm120_splitkv_cluster": 3, "sm120_tma_bounded": 5, "sm120_tma_pairs": 0, "sm120_decode_cluster": 0}.get(kernel, 30)
             assert low * variants <= n <= 100 * variants, (pc.name, kernel, n, variants)
     assert feasible_forward(ProblemClass(256, 256, False), TARGET) == [
         cfg for cfg in feasible_forward(ProblemClass(256, 256, False), TARGET) if forward_smem_bytes(cfg, ProblemClass(256, 256, False))[0] <= 101376
