@@ -99,28 +99,36 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, int wstride
     }
     cluster_sync();
     // the cluster merges through distributed shared memory: CTA `rank` finalizes columns [16 rank, 16 rank + 16)
-    if (threadIdx.x < G * (D / CL)) {
-        const int g = threadIdx.x / (D / CL), d = rank * (D / CL) + threadIdx.x % (D / CL);
-        float mr[CL], mx = NEG_INF;
+    const bool mine = threadIdx.x < G * (D / CL);
+    const int g = threadIdx.x / (D / CL), d = rank * (D / CL) + threadIdx.x % (D / CL);
+    float o = 0.f, l = 0.f, mx = NEG_INF;
+    if (mine) {
+        float mr[CL], orr[CL], lr[CL];
 #pragma unroll
-        for (int r = 0; r < CL; ++r) {
+        for (int r = 0; r < CL; ++r) {  // all 24 remote loads in flight at once
             mr[r] = ld_cluster(cpart + G * D + g, r);
-            mx = fmaxf(mx, mr[r]);
+            orr[r] = ld_cluster(cpart + g * D + d, r);
+            lr[r] = ld_cluster(cpart + G * D + G + g, r);
         }
-        float o = 0.f, l = 0.f;
+#pragma unroll
+        for (int r = 0; r < CL; ++r) mx = fmaxf(mx, mr[r]);
 #pragma unroll
         for (int r = 0; r < CL; ++r) {
             const float sc = exp2f(mr[r] - mx);
-            o += ld_cluster(cpart + g * D + d, r) * sc;
-            l += ld_cluster(cpart + G * D + G + g, r) * sc;
+            o += orr[r] * sc;
+            l += lr[r] * sc;
         }
+    }
+    // done reading the others' shared memory: arrive now, store while the slowest CTA finishes, wait before leaving
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    if (mine) {
         u32 bits = __float_as_uint(o / l);
         bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even bf16
         out[((long)b * heads_kv * G + h * G + g) * D + d] = (unsigned short)(bits >> 16);
         if (rank == 0 && threadIdx.x % (D / CL) == 0)
             lse[(long)b * heads_kv * G + h * G + g] = (mx + log2f(l)) * 0.69314718f;
     }
-    cluster_sync();  // no CTA leaves while another still reads its shared memory
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 """
 

@@ -499,33 +499,38 @@ class DecodeClusterForwardSm120(TunedForwardSm120):
         cute.arch.cluster_arrive()  # release: this CTA's partial is visible to the cluster
         cute.arch.cluster_wait()
 
-        # this CTA finalizes output columns [rank * 16, rank * 16 + 16) of the G rows from all the cluster's partials
+        # this CTA finalizes output columns [rank * 16, rank * 16 + 16) of the G rows from all the cluster's partials:
+        # every remote value is loaded at once, the CTA arrives on the cluster barrier as soon as they are used, and
+        # stores its slice while the slowest CTA finishes (the wait keeps its shared memory alive until then)
         cols = HEAD_DIM // CLUSTER
         cpart_address = storage.stage.data_ptr().toint() + cpart_offset * 4
-        if tidx < ROWS * cols:
-            row = tidx // cols
-            col = rank * cols + tidx % cols
-            if row < G:
-                m_r = [load_cluster_f32(cpart_address + (ROWS * HEAD_DIM + row) * 4, r) for r in range(CLUSTER)]
-                m_all = m_r[0]
-                for r in cutlass.range_constexpr(1, CLUSTER):
-                    m_all = cute.arch.fmax(m_all, m_r[r])
-                m_all_use = cutlass.select_(m_all == -Float32.inf, Float32(0.0), m_all)
-                o = Float32(0.0)
-                l_all = Float32(0.0)
-                for r in cutlass.range_constexpr(CLUSTER):
-                    weight = cute.math.exp2(m_r[r] - m_all_use, fastmath=True)
-                    o += load_cluster_f32(cpart_address + (row * HEAD_DIM + col) * 4, r) * weight
-                    l_all += load_cluster_f32(cpart_address + (ROWS * HEAD_DIM + ROWS + row) * 4, r) * weight
-                inv = Float32(0.0)
-                if l_all > 0.0:
-                    inv = 1.0 / l_all
-                mO[batch, 0, head_kv * G + row, col] = (o * inv).to(mO.element_type)
-                if const_expr(mLSE is not None):
-                    if rank == 0 and col == 0:
-                        lse = -Float32.inf
-                        if l_all > 0.0:
-                            lse = (m_all_use + cute.math.log2(l_all, fastmath=True)) * LN_2
-                        mLSE[batch, head_kv * G + row, 0] = lse
-        cute.arch.cluster_arrive()  # no CTA leaves while another still reads its shared memory
-        cute.arch.cluster_wait()
+        row = tidx // cols
+        col = rank * cols + tidx % cols
+        mine = tidx < ROWS * cols and row < G
+        row_c = cutlass.min(row, ROWS - 1)  # (a thread that is not `mine` reads a harmless address)
+        m_r = [load_cluster_f32(cpart_address + (ROWS * HEAD_DIM + row_c) * 4, r) for r in range(CLUSTER)]
+        o_r = [load_cluster_f32(cpart_address + (row_c * HEAD_DIM + col) * 4, r) for r in range(CLUSTER)]
+        l_r = [load_cluster_f32(cpart_address + (ROWS * HEAD_DIM + ROWS + row_c) * 4, r) for r in range(CLUSTER)]
+        m_all = m_r[0]
+        for r in cutlass.range_constexpr(1, CLUSTER):
+            m_all = cute.arch.fmax(m_all, m_r[r])
+        m_all_use = cutlass.select_(m_all == -Float32.inf, Float32(0.0), m_all)
+        o = Float32(0.0)
+        l_all = Float32(0.0)
+        for r in cutlass.range_constexpr(CLUSTER):
+            weight = cute.math.exp2(m_r[r] - m_all_use, fastmath=True)
+            o += o_r[r] * weight
+            l_all += l_r[r] * weight
+        cute.arch.cluster_arrive()  # done reading the others' shared memory
+        if mine:
+            inv = Float32(0.0)
+            if l_all > 0.0:
+                inv = 1.0 / l_all
+            mO[batch, 0, head_kv * G + row, col] = (o * inv).to(mO.element_type)
+            if const_expr(mLSE is not None):
+                if rank == 0 and col == 0:
+                    lse = -Float32.inf
+                    if l_all > 0.0:
+                        lse = (m_all_use + cute.math.log2(l_all, fastmath=True)) * LN_2
+                    mLSE[batch, head_kv * G + row, 0] = lse
+        cute.arch.cluster_wait()  # no CTA leaves while another still reads its shared memory
