@@ -17,7 +17,9 @@ Under SM120's 99 KB rule the bytes in flight live in registers and shared memory
   or a __syncwarp did not move them. The floor variant, with no math, issues them all first.)
 
 A `_floor` variant builds the same loads and merge with no attention math (each loaded word is xor-folded into the
-partial, so no load is dropped): the floor of its layout. The others are checked against torch (output and LSE)
+partial, so no load is dropped): the floor of its layout. A `_floor_local` variant is that floor launched without
+cluster dims, each CTA storing its own partial's slice of the output: the floor less the cluster merge (its
+barriers and distributed-shared-memory reads). The others are checked against torch (output and LSE)
 before they are timed.
 
 A prototype for measurements (bench/gpu_decode_floor.py --cluster-cuda), not a kernel class: CUDA C++ through torch's
@@ -46,6 +48,12 @@ HEADER = r"""
 #define G 4
 #define CL 8
 #define MATH __MATH__
+#define CLUSTER_MERGE __CLUSTER_MERGE__
+#if CLUSTER_MERGE
+#define CLUSTER_DIMS __cluster_dims__(CL, 1, 1)
+#else
+#define CLUSTER_DIMS
+#endif
 typedef unsigned int u32;
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -97,6 +105,18 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, int wstride
         cpart[g * D + d] = o;
         if (d == 0) { cpart[G * D + g] = mx; cpart[G * D + G + g] = l; }
     }
+#if !CLUSTER_MERGE
+    // no cluster merge (a floor's `_local` build, launched without cluster dims): the CTA stores its own partial's
+    // 16 columns of each row, the same bytes as the merged store, and no other CTA's shared memory is read
+    __syncthreads();
+    if (threadIdx.x < G * (D / CL)) {
+        const int g = threadIdx.x / (D / CL), d = rank * (D / CL) + threadIdx.x % (D / CL);
+        u32 bits = __float_as_uint(cpart[g * D + d] / cpart[G * D + G + g]);
+        out[((long)b * heads_kv * G + h * G + g) * D + d] = (unsigned short)(bits >> 16);
+        if (rank == 0 && threadIdx.x % (D / CL) == 0) lse[(long)b * heads_kv * G + h * G + g] = cpart[G * D + g];
+    }
+    return;
+#endif
     cluster_sync();
     // the cluster merges through distributed shared memory: CTA `rank` finalizes columns [16 rank, 16 rank + 16)
     const bool mine = threadIdx.x < G * (D / CL);
@@ -220,7 +240,7 @@ __device__ __forceinline__ void attend4(State& st, const float (&qf)[G][4], cons
 #endif
 }
 
-extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1)
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NT, 1)
 decode_cluster_kernel(const uint2* __restrict__ q, const uint2* __restrict__ k, const uint2* __restrict__ v,
                unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv, double scale_log2_arg) {
     const float scale_log2 = (float)scale_log2_arg;  // (torch's NVRTC launcher passes Python floats as doubles)
@@ -394,7 +414,7 @@ __device__ __forceinline__ void attend16(MState& st, QF q, KF k, VF v, int lane,
 #endif
 }
 
-extern "C" __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(NT, 1)
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NT, 1)
 decode_cluster_kernel(const uint4* __restrict__ q, const uint4* __restrict__ k, const uint4* __restrict__ v,
                       unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv,
                       double scale_log2_arg) {
@@ -515,21 +535,67 @@ decode_cluster_kernel(const uint4* __restrict__ q, const uint4* __restrict__ k, 
 """
 
 
+READ = r"""
+#define NT __NT__
+#define NL __NL__
+#define WSTRIDE (G * D + 2 * G)  // floats of one warp's partial
+#define DATA_BYTES ((NT / 32) * WSTRIDE * 4)
+
+// A read floor with the cluster's grid: CTA `rank` of head h reads its keys' K and V rows once, NT threads each
+// issuing NL 16-byte loads at a time (NT * NL * 16 bytes in flight per CTA), consecutive threads on consecutive
+// 16-byte chunks of a row; the words are xor-folded into a fake partial, then the warps' and the cluster's merge run
+// as in the attention layouts (or, in a `_local` build, each CTA stores its own slice).
+extern "C" __global__ void CLUSTER_DIMS __launch_bounds__(NT, 1)
+decode_cluster_kernel(const uint2* __restrict__ q, const uint2* __restrict__ k, const uint2* __restrict__ v,
+               unsigned short* __restrict__ out, float* __restrict__ lse, int seqlen_k, int heads_kv, double scale_log2_arg) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int rank = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int per_cta = seqlen_k / CL;
+    const long row = (long)heads_kv * (D / 8);  // uint4 per key row of K, V (all KV heads)
+    const long first = ((long)b * seqlen_k + (long)rank * per_cta) * row + h * (D / 8);
+    const uint4* kh = reinterpret_cast<const uint4*>(k) + first;
+    const uint4* vh = reinterpret_cast<const uint4*>(v) + first;
+    const int chunks = per_cta * (D / 8);  // 16-byte chunks of each tensor in this CTA's keys
+    u32 fold = 0;
+    for (int base = 0; base < 2 * chunks; base += NT * NL) {
+        uint4 r[NL];
+#pragma unroll
+        for (int i = 0; i < NL; ++i) {
+            const int c = base + i * NT + threadIdx.x, cc = c < chunks ? c : c - chunks;
+            const uint4* src = (c < chunks ? kh : vh) + (long)(cc / (D / 8)) * row + cc % (D / 8);
+            r[i] = c < 2 * chunks ? ldg4(src) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < NL; ++i) fold ^= r[i].x ^ r[i].y ^ r[i].z ^ r[i].w;
+    }
+    float* wpart = reinterpret_cast<float*>(smem) + warp * WSTRIDE;  // [G][D] O, then m[G], l[G]
+#pragma unroll
+    for (int i = 0; i < G * D / 32; ++i) wpart[i * 32 + lane] = __uint_as_float(fold & 0x3f7fffffu);
+    if (lane < G) { wpart[G * D + lane] = 0.f; wpart[G * D + G + lane] = 1.f; }
+    merge_and_store(smem, WSTRIDE, DATA_BYTES, rank, b, h, heads_kv, out, lse);
+}
+"""
+
 @dataclass(frozen=True)
 class Variant:
-    layout: str  # "fma" or "mma"
+    layout: str  # "fma", "mma" or "read" (a read floor: no math, the merge)
     math: bool
     RA: int = 12  # fma: keys per warp and tile in registers first
     SA: int = 12  # fma: keys per warp and tile through shared memory
+    cluster_merge: bool = True  # False (floors only): no cluster dims, each CTA stores its own partial's slice
+    threads: int = 0  # read: threads per CTA
+    loads: int = 0  # read: 16-byte loads each thread has in flight
 
     @property
     def warps(self) -> int:
-        return 16 if self.layout == "fma" else 8
+        return {"fma": 16, "mma": 8}.get(self.layout, self.threads // 32)
 
     @property
     def smem_bytes(self) -> int:
-        """Dynamic shared memory: the warps' cp.async stages, then the CTA's partial."""
-        stages = self.warps * self.SA * 2 * 256 if self.layout == "fma" else self.warps * 3 * 8 * 32 * 16
+        """Dynamic shared memory: the warps' cp.async stages (read: their partials), then the CTA's partial."""
+        stages = {"fma": self.warps * self.SA * 2 * 256, "mma": self.warps * 3 * 8 * 32 * 16}.get(
+            self.layout, self.warps * (4 * 128 + 8) * 4)
         return stages + PARTIAL_BYTES
 
     def source(self) -> str:
@@ -537,14 +603,28 @@ class Variant:
             assert self.SA >= 8 and self.RA % 4 == 0 and self.SA % 4 == 0 and self.RA + self.SA <= 32, \
                 f"fma layout: RA and SA multiples of 4, SA >= 8 (the warp's partial overlays its stage), RA + SA <= 32; got {self}"
             body = FMA.replace("__RA__", str(self.RA)).replace("__SA__", str(self.SA))
+        elif self.layout == "read":
+            assert not self.math and self.threads % 32 == 0 and 0 < self.threads <= 1024 and self.loads > 0, \
+                f"read layout: a floor (no math), 32-1024 threads in whole warps, loads > 0; got {self}"
+            body = READ.replace("__NT__", str(self.threads)).replace("__NL__", str(self.loads))
         else:
             body = MMA
-        return (HEADER + body).replace("__MATH__", str(int(self.math)))
+        assert self.cluster_merge or not self.math, "only a floor variant may skip the cluster merge"
+        return (HEADER + body).replace("__MATH__", str(int(self.math))).replace(
+            "__CLUSTER_MERGE__", str(int(self.cluster_merge)))
 
 
 VARIANTS = {
     "fma": Variant("fma", True), "fma_ra8": Variant("fma", True, RA=8), "fma_floor": Variant("fma", False),
     "mma": Variant("mma", True), "mma_floor": Variant("mma", False),
+    "fma_floor_local": Variant("fma", False, cluster_merge=False),
+    "mma_floor_local": Variant("mma", False, cluster_merge=False),
+    # read floors: 128 KB (1,024 threads x 8 loads, 512 x 16) or 64 KB (512 x 8) in flight per CTA
+    "read_1024x8": Variant("read", False, threads=1024, loads=8),
+    "read_1024x8_local": Variant("read", False, threads=1024, loads=8, cluster_merge=False),
+    "read_512x16": Variant("read", False, threads=512, loads=16),
+    "read_512x16_local": Variant("read", False, threads=512, loads=16, cluster_merge=False),
+    "read_512x8_local": Variant("read", False, threads=512, loads=8, cluster_merge=False),
 }
 
 

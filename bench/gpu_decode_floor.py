@@ -22,7 +22,8 @@ them interleaved in one benchmark per problem:
   programmatic dependent: a two-kernel decode's floor with real attention in it;
 - `cluster-8 CUDA` (--cluster-cuda): bench/decode_cluster_cuda.py's one-kernel decode, a cluster of 8 CTAs per
   KV head merging on chip, CUDA-core (fma) or MMA (mma) math; its `_floor` variants: the same loads and merge, no
-  attention math; the others checked against torch before they are timed;
+  attention math (`_floor_local`: without the cluster merge); `read_TxL`: plain reads on the cluster's grid, with
+  and without the merge; the attention variants checked against torch before they are timed;
 - `sm120_decode_cluster` (--decode-cluster): the CuTe class of the same design (kernels/decode_cluster_forward_sm120.py),
   through the harness's host path, checked against SDPA (output) once before it is timed;
 - the dispatch table's config (experiment.attention), upstream's SM120 default config, and torch SDPA.
@@ -363,7 +364,8 @@ def main(argv=None) -> int:
     parser.add_argument("--merge-attention", action="store_true", help="each --attention prototype also with its "
                         "merge kernel, launched after it and as its programmatic dependent (PDL)")
     parser.add_argument("--cluster-cuda", default="", help="variants of bench/decode_cluster_cuda.py's one-kernel "
-                        "cluster decode, comma-separated (fma, fma_ra8, fma_floor, mma, mma_floor)")
+                        "cluster decode, comma-separated (fma, fma_ra8, mma; the floors fma_floor, mma_floor, their "
+                        "_local builds without the cluster merge, and read_1024x8, read_512x16 (_local), read_512x8_local)")
     parser.add_argument("--decode-cluster", action="store_true", help="also the sm120_decode_cluster class "
                         "(kernels/decode_cluster_forward_sm120.py), checked against SDPA, then timed")
     args = parser.parse_args(argv)

@@ -19,6 +19,10 @@ launch alone costs 2.2-5 µs, docs/measurements/2026-12-04-h200-decode-prototype
 Scope (named rules before any compile): one query token (seqlen_q 1, the decode step; causal is then the same as
 non-causal, bottom-right aligned), head_dim = head_dim_v = 128, bf16, qhead_per_kvhead <= 8, 256 threads, 1 stage.
 The knobs tile_m / tile_n are the keys of one MMA group (16, the MMA's M) and the keys per warp and tile (64).
+
+Measured (SM120 kernels emulated on NVIDIA H200, docs/measurements/2026-12-04-h200-decode-cluster.md): correct on the
+gate, 24-80 % slower than the split-KV entry on every decode (19 µs against 15-16 at b1 4K). The road's own floor,
+the reads and the cluster merge with no math (bench/decode_cluster_cuda.py's floors), is 12.2-12.7 µs there.
 """
 
 # No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time.
@@ -285,7 +289,8 @@ class DecodeClusterForwardSm120(TunedForwardSm120):
     """One kernel per decode step: a cluster of 8 CTAs per KV head, K and V through registers, the merge on chip."""
 
     name = "sm120_decode_cluster"
-    # measured by bench/gpu_decode_floor.py and bench/table_vs_upstream.py before any dispatch entry names it
+    # correct on the gate and 24-80 % slower than the split-KV entry on every decode (H200, emulated:
+    # docs/measurements/2026-12-04-h200-decode-cluster.md), so the search does not draw it
     searched = False
     limits = Limits(num_stages=(1,), num_threads=(WARPS * 32,), head_dim=(HEAD_DIM, HEAD_DIM), causal=True,
                     gqa=True, seqlen_q=(1, 1))

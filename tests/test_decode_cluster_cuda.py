@@ -36,11 +36,16 @@ def test_builds_for_sm120a_without_spills(variant):
 
 @pytest.mark.parametrize("variant", sorted(proto.VARIANTS))
 def test_merge_is_on_chip(variant):
-    source = proto.VARIANTS[variant].source()
+    spec = proto.VARIANTS[variant]
+    source = spec.source()
     assert "__cluster_dims__(CL, 1, 1)" in source and "#define CL 8" in source
     assert "mapa.shared::cluster" in source and "barrier.cluster.arrive" in source
+    # only the `_floor_local` floors build without the cluster merge, and no math variant does
+    assert f"#define CLUSTER_MERGE {int(spec.cluster_merge)}" in source
+    assert spec.cluster_merge == (not variant.endswith("_local")) and (spec.cluster_merge or not spec.math)
     assert not re.search(r"\b(atom|red)\.|atomic", source)  # no merge through global memory
     assert "__" + "MATH__" not in source and "__RA__" not in source and "__SA__" not in source
+    assert "__CLUSTER" + "_MERGE__" not in source
 
 
 def test_bad_layouts_are_refused():
@@ -48,5 +53,7 @@ def test_bad_layouts_are_refused():
         proto.Variant("fma", True, SA=4).source()  # the warp's partial overlays its stage
     with pytest.raises(AssertionError, match="multiples of 4"):
         proto.Variant("fma", True, RA=10).source()
+    with pytest.raises(AssertionError, match="only a floor variant may skip the cluster merge"):
+        proto.Variant("mma", True, cluster_merge=False).source()
     assert proto.Variant("fma", True).smem_bytes == 16 * 12 * 2 * 256 + proto.PARTIAL_BYTES
     assert proto.Variant("mma", True).smem_bytes == 8 * 3 * 8 * 32 * 16 + proto.PARTIAL_BYTES
