@@ -19,8 +19,10 @@ Under SM120's 99 KB rule the bytes in flight live in registers and shared memory
 A `_floor` variant builds the same loads and merge with no attention math (each loaded word is xor-folded into the
 partial, so no load is dropped): the floor of its layout. A `_floor_local` variant is that floor launched without
 cluster dims, each CTA storing its own partial's slice of the output: the floor less the cluster merge (its
-barriers and distributed-shared-memory reads). The others are checked against torch (output and LSE)
-before they are timed.
+barriers and distributed-shared-memory reads). A `read_TxL` variant (layout `read`) is a plain read of the same
+bytes on the same grid, T threads each with L 16-byte loads in flight, then the same merge (`_local`: without it):
+the floor of reading one KV head's rows from 64 CTAs at b1. The attention variants are checked against torch
+(output and LSE) before they are timed.
 
 A prototype for measurements (bench/gpu_decode_floor.py --cluster-cuda), not a kernel class: CUDA C++ through torch's
 NVRTC wrapper, d128, G=4, seqlen_k a multiple of 8 x 512. Compile it without a GPU:
@@ -577,6 +579,7 @@ decode_cluster_kernel(const uint2* __restrict__ q, const uint2* __restrict__ k, 
 }
 """
 
+
 @dataclass(frozen=True)
 class Variant:
     layout: str  # "fma", "mma" or "read" (a read floor: no math, the merge)
@@ -595,7 +598,7 @@ class Variant:
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the warps' cp.async stages (read: their partials), then the CTA's partial."""
         stages = {"fma": self.warps * self.SA * 2 * 256, "mma": self.warps * 3 * 8 * 32 * 16}.get(
-            self.layout, self.warps * (4 * 128 + 8) * 4)
+            self.layout, self.warps * PARTIAL_BYTES)  # read: a warp's partial is as large as the CTA's
         return stages + PARTIAL_BYTES
 
     def source(self) -> str:

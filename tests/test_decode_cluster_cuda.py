@@ -55,5 +55,12 @@ def test_bad_layouts_are_refused():
         proto.Variant("fma", True, RA=10).source()
     with pytest.raises(AssertionError, match="only a floor variant may skip the cluster merge"):
         proto.Variant("mma", True, cluster_merge=False).source()
+    with pytest.raises(AssertionError, match="read layout: a floor"):
+        proto.Variant("read", True, threads=512, loads=8).source()  # a read floor has no math to check
+    with pytest.raises(AssertionError, match="whole warps"):
+        proto.Variant("read", False, threads=100, loads=8).source()
+    read = proto.VARIANTS["read_1024x8"]
+    assert read.warps == 32 and read.smem_bytes == 33 * proto.PARTIAL_BYTES  # 32 warps' partials, then the CTA's
+    assert "#define NT 1024" in read.source() and "#define NL 8" in read.source()
     assert proto.Variant("fma", True).smem_bytes == 16 * 12 * 2 * 256 + proto.PARTIAL_BYTES
     assert proto.Variant("mma", True).smem_bytes == 8 * 3 * 8 * 32 * 16 + proto.PARTIAL_BYTES
