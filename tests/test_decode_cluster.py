@@ -1,5 +1,6 @@
 """The one-kernel cluster decode (kernels/decode_cluster_forward_sm120.py, kernel="sm120_decode_cluster"): registered
-but not searched and in no dispatch entry (it is measured first), its rules named before any compile, its shared
+but not searched and in no dispatch entry (measured slower than the split-KV entry on every decode:
+docs/measurements/2026-12-04-h200-decode-cluster.md), its rules named before any compile, its shared
 memory under SM120's 99 KB, and (compile-marked) the sm_120a build through the static check: its storage as declared,
 one CTA per SM. Its arithmetic is checked on the GPU (bench/gpu_lpt.py --configs 16x64x256:dc, the gate over the
 matrix's one-token problems; bench/gpu_decode_floor.py --decode-cluster), its layout algebra in
