@@ -3,7 +3,8 @@
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_call_profile.py \
         [--suite decode] [--only "b1 4k"] [--configs 32x64x64x2:0,...] [--calls 20] [--cold] [--combine-launch pdl|stream]
 
-For each problem and config (gpu_splitkv.py's notation; "dispatch" for the dispatch table's config, "sdpa" for
+For each problem and config (either of bench/common.py's notations; "dispatch" for the dispatch table's config,
+"upstream" for upstream's SM120 defaults, "sdpa" for
 torch SDPA; "dispatch-bwd" for the dispatch table's forward and backward, one forward and one backward per call,
 with the share of each kernel: the backward's preprocess, main kernel and postprocesses): warm-up calls (the compile), then `--calls` calls under torch.profiler, one at a time with a
 synchronize between them. Prints, per call on average: each kernel's GPU time, the GPU-idle gaps between the
@@ -19,17 +20,17 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import config_name, resolve_config  # noqa: E402
+
+CALL_GAP_US = 200  # a gap between kernels longer than this (µs) is the host's synchronize and next call
 
 
 def call_of(problem, spec: str, experiment):
     """(label, fn) running one forward of `problem` with config `spec`."""
     import torch
     import torch.nn.functional as F
-
-    from gpu_splitkv import config_name, parse_configs
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = lambda s, h, d: (problem.batch, s, h, d)  # noqa: E731
@@ -51,7 +52,7 @@ def call_of(problem, spec: str, experiment):
     if spec == "sdpa":
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         return "torch sdpa", lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=problem.causal, enable_gqa=True)
-    cfg = experiment.forward_config(problem.problem_class) if spec == "dispatch" else parse_configs(spec)[0]
+    cfg = resolve_config(spec, problem.problem_class, experiment)
     return config_name(cfg), lambda: experiment.attention(q, k, v, causal=problem.causal, fwd_config=cfg)
 
 
@@ -92,16 +93,22 @@ def profile(fn, calls: int, before=None) -> tuple[dict, float, float]:
     per_kernel: dict = defaultdict(float)
     for e in kernels:
         per_kernel[e.name[:90]] += e.device_time_total / calls
-    # calls are separated by a synchronize: a gap longer than any within a call splits them
-    spans, group = [], [kernels[0]] if kernels else []
-    for prev, e in zip(kernels, kernels[1:]):
-        if e.time_range.start - prev.time_range.end > 200:  # µs: the host's synchronize and next call
-            spans.append(group[-1].time_range.end - group[0].time_range.start)
-            group = []
-        group.append(e)
-    if group:
-        spans.append(group[-1].time_range.end - group[0].time_range.start)
+    spans = call_spans([(e.time_range.start, e.time_range.end) for e in kernels])
     return dict(per_kernel), sum(spans) / max(1, len(spans)), host / calls * 1e6
+
+
+def call_spans(intervals, gap_us: float = CALL_GAP_US) -> list[float]:
+    """The span (first start to last end, µs) of each call, from its kernels' (start, end) in time order: calls are
+    separated by a synchronize, so a gap longer than `gap_us` (longer than any within a call) splits them."""
+    spans, group = [], []
+    for start, end in intervals:
+        if group and start - group[-1][1] > gap_us:
+            spans.append(group[-1][1] - group[0][0])
+            group = []
+        group.append((start, end))
+    if group:
+        spans.append(group[-1][1] - group[0][0])
+    return spans
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@ L2, the warps' stalls). The script only runs the calls; ncu, around it, profiles
         python3 bench/gpu_ncu.py --suite chunked --only "512 over 8k" --config dispatch
 
 --config: "dispatch" (the dispatch table's config for the problem's class), "upstream" (upstream's SM120 defaults), or
-a config in bench/gpu_splitkv.py's notation (of the split class --kernel names). Each call is checked against torch SDPA before the calls ncu reads (a
+a config in either of bench/common.py's notations (split or tma). Each call is checked against torch SDPA before the calls ncu reads (a
 kernel that computes the wrong thing is not worth a profile). --launch-skip 2 skips the checked call and one warm
 call. On a GPU that is not SM 12.0 the SM120 kernels run emulated (label the figures). ncu reads counters only where
 the runtime allows it (docs: the device tool's KINDS.md).
@@ -17,32 +17,27 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import config_name, resolve_config  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="chunked")
     parser.add_argument("--only", default="512 over 8k", help="the first problem whose label contains this")
-    parser.add_argument("--config", default="dispatch")
+    parser.add_argument("--config", default="dispatch", help="dispatch, upstream, or a config in bench/common.py's notations")
     parser.add_argument("--calls", type=int, default=4)
-    parser.add_argument("--kernel", default="sm120_splitkv", help="the split class of a --config in gpu_splitkv's notation")
     args = parser.parse_args(argv)
 
     import torch
     import torch.nn.functional as F
 
     import experiment
-    from fa4tune import defaults
     from fa4tune.suites import load_suite
-    from gpu_splitkv import config_name, parse_configs
 
     problem = next(p for p in load_suite(args.suite) if args.only in p.label)
-    pc = problem.problem_class
-    cfg = {"dispatch": experiment.forward_config, "upstream": defaults.upstream_forward}.get(args.config)
-    cfg = cfg(pc) if cfg else parse_configs(args.config, args.kernel)[0]
+    cfg = resolve_config(args.config, problem.problem_class, experiment)
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(problem.batch, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for s, h, d in (
         (problem.seqlen_q, problem.num_heads, problem.head_dim), (problem.seqlen_k, problem.num_heads_kv, problem.head_dim),

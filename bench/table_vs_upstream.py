@@ -26,13 +26,12 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import compile_ahead, default_compile_jobs  # noqa: E402
 from fa4tune import defaults, emulated_occupancy  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
@@ -168,7 +167,7 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="only problems whose label contains this")
     parser.add_argument("--out", default="table_vs_upstream.jsonl", help="JSON lines, one per (step, run, candidate)")
     parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
-    parser.add_argument("--compile-jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+    parser.add_argument("--compile-jobs", type=int, default=default_compile_jobs(),
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     args = parser.parse_args(argv)
     if args.runs < 1:
@@ -181,15 +180,11 @@ def main(argv=None) -> int:
 
     from fa4tune.harness.candidates import load_experiment
     from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed
-    from search.evaluating.ahead import group_jobs, precompile, use_kernel_cache
 
     suites = [s for s in args.suites.split(",") if s]
     settings = Settings(gate_seed=new_gate_seed())
     steps = plan(suites, load_experiment(EXPERIMENT_PATH), args.only)
-    if args.compile_jobs:
-        use_kernel_cache()
-        precompile(group_jobs(compile_pairs(steps)), settings, args.compile_jobs, name=kernel_name,
-                   log=lambda line: print(line, flush=True))
+    compile_ahead(compile_pairs(steps), settings, args.compile_jobs, name=kernel_name)
 
     import torch
 

@@ -1,7 +1,8 @@
-"""Loads a bench/ script as a module, for the tests of its pure parts (bench/ is not a package: its scripts run as
-files). The module is registered under its name, since dataclasses look their module up."""
+"""What the tests of bench/ share. bench/ is a package (bench/__init__.py): a test imports a script plainly
+(`from bench import stability`), or by name with load_bench; run_script runs one as a file, as its users do."""
 
-import importlib.util
+import importlib
+import subprocess
 import sys
 from pathlib import Path
 
@@ -9,9 +10,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_bench(name: str):
-    """bench/<name>.py, executed as the module `name`."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    """The module bench.<name> (bench/<name>.py), imported as any module is."""
+    return importlib.import_module(f"bench.{name}")
+
+
+def run_script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`python bench/<name>.py ARGS` from the repository root, its output captured as text."""
+    return subprocess.run([sys.executable, f"bench/{name}.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout)

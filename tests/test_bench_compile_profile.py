@@ -5,15 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import bench_helpers
+from bench import compile_profile
 
 CLOCK = [0.0]
-
-
-def load_bench():
-    module = bench_helpers.load_bench("compile_profile")
-    module.time = SimpleNamespace(perf_counter=lambda: CLOCK[0])
-    return module
 
 
 class Tracer:
@@ -26,8 +20,9 @@ class Tracer:
         raise RuntimeError("compile error")
 
 
-def test_nested_calls_count_once_and_a_raising_call_still_counts():
-    bench, bucket = load_bench(), {}
+def test_nested_calls_count_once_and_a_raising_call_still_counts(monkeypatch):
+    monkeypatch.setattr(compile_profile, "time", SimpleNamespace(perf_counter=lambda: CLOCK[0]))
+    bench, bucket = compile_profile, {}
     bench.timed(Tracer, "trace", bucket, "trace")
     bench.timed(Tracer, "fail", bucket, "backend")
     assert Tracer().trace(3) == 0

@@ -7,12 +7,13 @@ import sys
 import pytest
 
 import bench_helpers
+from bench import ptx_dump
 
 ROOT = bench_helpers.ROOT
 
 
 def test_an_unknown_config_name_is_refused_with_the_known_ones(tmp_path, capsys):
-    bench = bench_helpers.load_bench("ptx_dump")
+    bench = ptx_dump
     with pytest.raises(SystemExit) as done:
         bench.main([str(tmp_path), "--configs", "tma_64x64_qr_chunked_gqa4,tma_999x1"])
     assert done.value.code == 2

@@ -3,10 +3,7 @@ the table and the per-mode summary. Importable without a GPU."""
 
 import pytest
 
-from bench_helpers import load_bench
-
-
-stability = load_bench("stability")
+from bench import stability
 
 
 def rec(run, mode, problem, direction, ms, status="ok", redone=0):

@@ -3,7 +3,7 @@ the ones that have some; the summary and the ranking read the facts as the stati
 
 import pytest
 
-import bench_helpers
+from bench import static_space
 from fa4tune.config import ConfigError
 from fa4tune.static_check import StaticFacts
 
@@ -16,7 +16,7 @@ def _facts(kernel, tile_m, threads, registers, ctas, spill=0, status="ok"):
 
 
 def test_an_unknown_kernel_is_refused_with_the_kernels_that_have_feasible_configs(capsys):
-    bench = bench_helpers.load_bench("static_space")
+    bench = static_space
     with pytest.raises(ConfigError, match=r"kernels: --kernels names \['sm120_wgmma'\], which have no feasible config") as err:
         bench.main(["--problem-class", "d128-causal-bf16", "--kernels", "sm120,sm120_wgmma"])
     assert "sm120_tma" in str(err.value)
@@ -24,7 +24,7 @@ def test_an_unknown_kernel_is_refused_with_the_kernels_that_have_feasible_config
 
 
 def test_summary_counts_spills_and_ctas_and_top_ranks_by_resident_warps():
-    bench = bench_helpers.load_bench("static_space")
+    bench = static_space
     facts = [_facts("sm120", 64, 128, 214, 2), _facts("sm120", 128, 256, 255, 1, spill=96),
              _facts("sm120_tma", 64, 128, 168, 3), _facts("sm120_tma", 256, 256, 0, 0, status="compile_error")]
     rows = bench.summary(facts)

@@ -14,12 +14,12 @@ from fa4tune import defaults
 from fa4tune.suites import load_suite
 from search.evaluating.ahead import group_jobs
 
-import bench_helpers
+from bench import table_vs_upstream
 from search_helpers import ROOT
 
 
 def load_bench():
-    return bench_helpers.load_bench("table_vs_upstream")
+    return table_vs_upstream
 
 
 def test_plan_takes_both_directions_where_a_problem_has_a_backward_and_the_table_and_upstream_configs_of_its_class():
