@@ -22,8 +22,7 @@ programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the defa
 while the split kernel drains and wait in the kernel's own `griddepcontrol_wait` until the partials are
 complete and visible (upstream's combine has that wait; the split kernel triggers it with
 `griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
-`PdlForwardCombine`, in a compile cache of its own. A kernel class with a tile counter (`tile_counter`,
-fa4tune.tile_counter) gets it in the launch's `cu_total_splits_m_blocks` slot, which SM120 leaves empty.
+`PdlForwardCombine`, in a compile cache of its own.
 """
 
 from __future__ import annotations
@@ -33,8 +32,9 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Callable
 
-from fa4tune import emulated_occupancy, tile_counter
+from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, Problem
+from fa4tune.kernel_cache import CompileCache, new_cache  # in memory, or on disk under FA4TUNE_KERNEL_CACHE
 
 PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
 SM120_ARCH = 120
@@ -105,20 +105,6 @@ FORWARD_EDITS = [
         UPSTREAM_FWD_CONSTRUCTOR,
         fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
         "forward SM120 constructor",
-    ),
-    (
-        "            elif arch // 10 in [8, 9, 12]:\n                compile_args.extend([\n                    cu_total_m_blocks_tensor,\n"
-        "                    cu_total_splits_m_blocks_tensor,\n",
-        "            elif arch // 10 in [8, 9, 12]:\n                compile_args.extend([\n                    cu_total_m_blocks_tensor,\n"
-        "                    _fa4tune_counter_slot(sm120_config, q, cu_total_splits_m_blocks_tensor, to_cute_tensor),\n",
-        "forward SM120 compile arguments",
-    ),
-    (
-        "            elif arch // 10 in [8, 9, 12]:\n                call_args.extend([\n                    cu_total_m_blocks,\n"
-        "                    cu_total_splits_m_blocks,\n",
-        "            elif arch // 10 in [8, 9, 12]:\n                call_args.extend([\n                    cu_total_m_blocks,\n"
-        "                    _fa4tune_counter_slot(sm120_config, q, cu_total_splits_m_blocks, None),\n",
-        "forward SM120 call arguments",
     ),
 ]
 
@@ -236,19 +222,6 @@ def pdl_combine_class() -> type:
     return PdlForwardCombine
 
 
-class CompileCache(dict):
-    """Compiled kernels by full key; `listeners` see each new compile (the static check reads cubins)."""
-
-    def __init__(self):
-        super().__init__()
-        self.listeners: list[Callable[[tuple, object], None]] = []
-
-    def __setitem__(self, key, fn):
-        super().__setitem__(key, fn)
-        for listener in list(self.listeners):
-            listener(key, fn)
-
-
 @dataclass
 class PatchedInterface:
     """The two rewritten host functions and their compile caches."""
@@ -305,17 +278,6 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         namespace["_fa4tune_class"] = class_for
         namespace["_fa4tune_num_splits"] = num_splits
 
-        def counter_slot(config, q, upstream_value, to_cute):
-            # SM120 never fills cu_total_splits_m_blocks (no dynamic splits): a class with a tile counter gets it there
-            if not getattr(class_for(config), "tile_counter", False):
-                return upstream_value
-            if upstream_value is not None:
-                raise ValueError(f"{class_for(config).__name__} takes its tile counter where upstream passes "
-                                 "cu_total_splits_m_blocks, and upstream passed one")
-            counter = tile_counter.counter_for(q)
-            return counter if to_cute is None else to_cute(counter, assumed_align=4, leading_dim=0)
-
-        namespace["_fa4tune_counter_slot"] = counter_slot
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
@@ -337,8 +299,6 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         preprocess = _rewrite(namespace, interface._bwd_preprocess, PREPROCESS_EDITS)
         preprocess.compile_cache = interface._bwd_preprocess.compile_cache  # upstream's; our keys are one longer
         bwd = _rewrite(namespace, interface._flash_attn_bwd, BACKWARD_EDITS)
-        from fa4tune.kernel_cache import new_cache  # on disk when FA4TUNE_KERNEL_CACHE is set (the compile pipeline)
-
         fwd.compile_cache, bwd.compile_cache = new_cache(class_for), new_cache(class_for)
         built = PatchedInterface(fwd, bwd, fwd.compile_cache, bwd.compile_cache,
                                  (combine.compile_cache, plain_combine.compile_cache))

@@ -65,10 +65,6 @@ class TmaForwardSm120(TunedForwardSm120):
     """
 
     tile_align = 1024  # bytes: where each tile starts (upstream's Align[..., 1024]), as the 128-byte TMA swizzle needs
-    # True: the kernel takes a tile counter (int32 words in global memory, zero between launches) in the
-    # `mCuTotalSplitsMBlocks` slot, which SM120 never uses (no dynamic splits), and its CTAs claim tiles from it
-    # (`claim_tile`) instead of `order_tile`
-    tile_counter = False
     # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V
     # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming
     # those too, or alone, was slower than this on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)
@@ -163,9 +159,6 @@ class TmaForwardSm120(TunedForwardSm120):
         stream: cuda.CUstream = None,
     ):
         """Upstream's SM80 host code, plus the TMA atoms (descriptors) for Q, K and V."""
-        mTileCounter = None
-        if const_expr(self.tile_counter):
-            mTileCounter, mCuTotalSplitsMBlocks = mCuTotalSplitsMBlocks, None
         assert learnable_sink is None, "Learnable sink is not supported in this kernel"
         self._check_type(
             *(t.element_type if t is not None else None for t in (mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK))
@@ -249,33 +242,14 @@ class TmaForwardSm120(TunedForwardSm120):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             sQ_tma_layout, sK_tma_layout, sV_tma_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_O, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods, mTileCounter,
-        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
-                 **self.launch_bounds())
-
-    def launch_bounds(self) -> dict:
-        """Extra launch arguments (a subclass's occupancy bound); none here: the compiler's own register budget."""
-        return {}
+            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods,
+        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
         """The tile a CTA of the (m blocks, heads, batch) grid runs, from its block index's (and the keys per head, for
         an order that keeps the heads in use within the L2): the same one here (a subclass may hand the tiles out in
         another order)."""
         return m_block, head, batch
-
-    def claim_tile(self, mTileCounter: cute.Tensor, smem_slot: cute.Pointer):
-        """The tile a CTA claims from the tile counter (classes with `tile_counter`; every thread of the CTA calls it
-        and gets the same tile). `smem_slot`: shared memory no load has written yet, for the claim's broadcast."""
-        raise NotImplementedError(f"{type(self).__name__} sets tile_counter but does not claim tiles (claim_tile)")
-
-    def mainloop_extras(self, storage, tidx: Int32, tiled_mma_qk: cute.TiledMma, tiled_mma_pv: cute.TiledMma):
-        """What a subclass's compute_one_n_block needs beyond upstream's operands (its buffers, copies and partitions),
-        made once before the mainloop and passed as `mma_params.extra`; none here."""
-        return None
-
-    def finalize_softmax(self, softmax: Softmax, mma_params: SimpleNamespace) -> cute.Tensor:
-        """The softmax's last step after the mainloop (the rows' LSE and O's scale): upstream's finalize."""
-        return softmax.finalize()
 
     @cute.jit
     def load_tma(self, copy_fn: Callable, mbar: cute.Pointer, num_bytes: cutlass.Constexpr, block: Int32, stage: Int32):
@@ -328,7 +302,6 @@ class TmaForwardSm120(TunedForwardSm120):
         TileScheduler: cutlass.Constexpr[Callable],
         aux_data: AuxData = AuxData(),
         fastdiv_mods=None,
-        mTileCounter: Optional[cute.Tensor] = None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -354,10 +327,7 @@ class TmaForwardSm120(TunedForwardSm120):
         if work_tile.is_valid_tile:
             m_block, num_head, batch_size, _ = work_tile.tile_idx
             if const_expr(TileScheduler is SingleTileScheduler):
-                if const_expr(mTileCounter is not None):
-                    m_block, num_head, batch_size = self.claim_tile(mTileCounter, storage.sQ.data_ptr())
-                else:
-                    m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size, mK.shape[0])
+                m_block, num_head, batch_size = self.order_tile(m_block, num_head, batch_size, mK.shape[0])
             block_info = BlockInfo(
                 self.tile_m, self.tile_n, self.is_causal, self.is_local, False, window_size_left, window_size_right,
                 qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
@@ -418,7 +388,6 @@ class TmaForwardSm120(TunedForwardSm120):
             softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1], softmax_scale=softmax_scale)
             softmax.reset()
             mma_params = SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O,
-                                         extra=self.mainloop_extras(storage, tidx, tiled_mma_qk, tiled_mma_pv),
                                          warp_last_row=self.warp_last_row(thr_mma_qk) if const_expr(self.trim_masked) else None)
             smem_copy_params = SimpleNamespace(
                 smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K, smem_thr_copy_V=smem_thr_copy_V,
@@ -481,7 +450,7 @@ class TmaForwardSm120(TunedForwardSm120):
                 batch_size, num_head, aux_data, fastdiv_mods,
             )
 
-            row_scale = self.finalize_softmax(softmax, mma_params)
+            row_scale = softmax.finalize()
             softmax.rescale_O(acc_O, row_scale)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             self.epilogue(

@@ -29,9 +29,6 @@ UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "sm
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
 OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
                        "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two", "pack_gqa_tile_m_le_num_threads"}
-# the launch-bounded TMA class's own rules: its min_blocks_per_mp CTAs must fit the SM
-BOUNDED_RULES = ("min_blocks_per_mp_threads", "min_blocks_per_mp_fits_smem", "min_blocks_per_mp_registers")
-PAIRS_RULES = ("pairs_tile_n_multiple", "pairs_head_dim_multiple")  # the warp-pairs class's halves (tests/test_tma_pairs.py)
 # the one-kernel cluster decode's fixed tile and its query rows and dtype (tests/test_decode_cluster.py)
 DECODE_CLUSTER_RULES = ("decode_cluster_tile", "decode_cluster_query_rows", "decode_cluster_dtype")
 OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "smem_capacity", *COMPILE_RULES, *GATE_RULES}  # smem: the compiled struct
@@ -63,8 +60,7 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
             # the head dims a kernel of our own declares it runs (its Limits: sm120_splitkv runs 64 to 128), and the
             # cluster split class's own buffer rule (its merge keeps the fp32 partial O in K's buffer)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer", *BOUNDED_RULES, *PAIRS_RULES,
-                         *DECODE_CLUSTER_RULES)
+            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer", *DECODE_CLUSTER_RULES)
             assert ours.rule in OUR_EXTRA_FWD_RULES or (own_kernel and ours.rule in own_rules), (cfg, ours)
 
 
@@ -119,11 +115,8 @@ def test_feasible_space_size_is_sane():
             n = sum(cfg.kernel == kernel for cfg in feasible)
             # the cluster split class keeps its fp32 partial O in K's buffer: few prefill tiles have room (its
             # workload is the decode, whose classes search smaller tiles)
-            # the launch-bounded class admits only the TMA configs whose min_blocks_per_mp CTAs fit one SM
-            # (tests/test_tma_bounded.py counts them): 3 or 4 CTAs leave few tiles at d128
-            # the warp-pairs class needs head dims that are multiples of 64 (tests/test_tma_pairs.py): none at d96
             # the one-kernel cluster decode runs one fixed tile at d128 only (tests/test_decode_cluster.py)
-            low = {"sm120_splitkv_cluster": 3, "sm120_tma_bounded": 5, "sm120_tma_pairs": 0, "sm120_decode_cluster": 0}.get(kernel, 30)
+            low = {"sm120_splitkv_cluster": 3, "sm120_decode_cluster": 0}.get(kernel, 30)
             assert low * variants <= n <= 100 * variants, (pc.name, kernel, n, variants)
     assert feasible_forward(ProblemClass(256, 256, False), TARGET) == [
         cfg for cfg in feasible_forward(ProblemClass(256, 256, False), TARGET) if forward_smem_bytes(cfg, ProblemClass(256, 256, False))[0] <= 101376

@@ -15,14 +15,10 @@ from fa4tune.kernel_class import Limits, forward_kernels, upstream_class
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
 from kernels.decode_cluster_forward_sm120 import DecodeClusterForwardSm120
-from kernels.tma_bounded_forward_sm120 import TmaBoundedForwardSm120
 from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tma_lpt_forward_sm120 import TmaLptForwardSm120
-from kernels.tma_overlap_forward_sm120 import TmaOverlapForwardSm120
 from kernels.tma_paired_forward_sm120 import TmaPairedForwardSm120
 from kernels.tma_trimmed_forward_sm120 import TmaTrimmedForwardSm120
-from kernels.tma_smpaired_forward_sm120 import TmaSmPairedForwardSm120
-from kernels.tma_pairs_forward_sm120 import TmaPairsForwardSm120
 from kernels.tuned_forward_sm120 import TunedForwardSm120
 from search.reviewing.export import upstream_kernel
 from search.space import forward_space, get_space
@@ -102,12 +98,8 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
     # experiment.py's own split-KV classes (issue #13) join ours
     assert forward_kernels(experiment) == {"sm120": TunedForwardSm120, "sm120_decode_cluster": DecodeClusterForwardSm120,
                                            "sm120_tma": TmaForwardSm120,
-                                           "sm120_tma_bounded": TmaBoundedForwardSm120,
                                            "sm120_tma_lpt": TmaLptForwardSm120,
-                                           "sm120_tma_overlap": TmaOverlapForwardSm120,
                                            "sm120_tma_paired": TmaPairedForwardSm120,
-                                           "sm120_tma_pairs": TmaPairsForwardSm120,
-                                           "sm120_tma_smpaired": TmaSmPairedForwardSm120,
                                            "sm120_tma_trimmed": TmaTrimmedForwardSm120,
                                            "sm120_splitkv": experiment.SplitKvForwardSm120,
                                            "sm120_lpt": experiment.LptForwardSm120,
@@ -115,8 +107,8 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_lpt_l2": experiment.LptL2ForwardSm120,
                                            "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_bounded", "sm120_tma_lpt", "sm120_tma_overlap",
-                              "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_tma_trimmed", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
+    assert list(registry) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_lpt",
+                              "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
                               "sm120_splitkv_cluster", "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
@@ -124,11 +116,9 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    # sm120_tma_bounded, sm120_tma_pairs, sm120_tma_smpaired, the sm120_lpt family and sm120_splitkv_cluster are registered but not
-    # searched (searched = False): neither they nor the bounded class's knob are in the domain
-    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_overlap", "sm120_tma_paired",
+    # the sm120_lpt family and sm120_splitkv_cluster are registered but not searched (searched = False)
+    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
                                       "sm120_tma_trimmed", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
-    assert "min_blocks_per_mp" not in space.domain
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)
     own = [c for c in feasible if c.kernel == "sm120_spare"]
@@ -209,8 +199,8 @@ def _module(*classes: dict) -> types.ModuleType:
 
 def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     helper = _module({"cls": "Helper"}, {"cls": "Mine", "name": "sm120_mine"})
-    assert list(forward_kernels(helper)) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_bounded", "sm120_tma_lpt", "sm120_tma_overlap",
-                                             "sm120_tma_paired", "sm120_tma_pairs", "sm120_tma_smpaired", "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
+    assert list(forward_kernels(helper)) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_lpt",
+                                             "sm120_tma_paired", "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
     with pytest.raises(ConfigError) as err:
         forward_kernels(_module({"cls": "FasterTma", "bases": (TmaForwardSm120,), "name": "sm120_tma"}))
     assert err.value.rule == "kernel_name_taken"
@@ -223,13 +213,14 @@ def test_a_class_that_is_not_searched_runs_from_the_table_but_is_never_drawn():
     kernels = forward_kernels(module)
     space = forward_space(kernels)
     assert "sm120_kept" in kernels and "sm120_kept" not in space.domain["kernel"] and "depth" not in space.domain
-    assert "sm120_tma_bounded" not in space.domain["kernel"] and "sm120_drawn" in space.domain["kernel"]
+    assert "sm120_drawn" in space.domain["kernel"]
     kept = ForwardConfig(64, 64, 128, 1, kernel="sm120_kept", extra={"depth": 1})
     assert check_forward(kept, D64, TARGET, kernels)  # a dispatch entry of it stays feasible
-    assert not [c for c in space.feasible(D64, TARGET) if c.kernel in ("sm120_kept", "sm120_tma_bounded")]
+    assert not [c for c in space.feasible(D64, TARGET) if c.kernel == "sm120_kept"]
     assert space.in_domain(kept) == "kernel='sm120_kept' is not in the search domain (" + ", ".join(map(repr, space.domain["kernel"])) + ")"
     # the flag is inherited: a subclass of a kept class is searched only if it says so
-    module = _module({"cls": "Mine", "bases": (TmaBoundedForwardSm120,), "name": "sm120_mine", "searched": True})
+    kept = _module({"cls": "Kept", "bases": (TmaForwardSm120,), "name": "sm120_kept", "searched": False}).Kept
+    module = _module({"cls": "Mine", "bases": (kept,), "name": "sm120_mine", "searched": True})
     assert "sm120_mine" in forward_space(forward_kernels(module)).domain["kernel"]
 
 

@@ -38,8 +38,6 @@ JOBS = {
     "d64_1stage": StaticJob("fwd", tma(tile_n=128, num_stages=1), D64),
     "gqa4_causal_2stage": StaticJob("fwd", tma(), D128_CAUSAL_GQA4),
     "over_99k": StaticJob("fwd", tma(tile_n=128), D128),
-    # the overlapped schedule (kernels/tma_overlap_forward_sm120.py): the GQA chunked entry's tile
-    "overlap_gqa4_causal": StaticJob("fwd", ForwardConfig(64, 64, 128, 1, True, kernel="sm120_tma_overlap"), D128_CAUSAL_GQA4),
 }
 
 
@@ -208,15 +206,3 @@ def test_gpu_bench_compares_each_dispatch_config_with_its_tma_twins():
     row = bench.format_row(problems[0], planned[0][1][1], result, baseline_tflops=100.0)
     assert row[1:] == ("sm120_tma 128x64 t128", "1", "ok", "110.0", "1.250", "1.100", "out 1.0e-02/1.6e-02")
 
-
-def test_overlap_keeps_the_tma_storage_and_spends_registers_on_the_second_tile(facts):
-    # Recorded 2026-12-02: the TMA class at this config has 214 registers; S and the previous P live together here
-    f = facts["overlap_gqa4_causal"]
-    assert f.status == "ok" and f.dynamic_smem_bytes == 32768 + 24
-    assert 214 < f.registers <= 255 and f.spill_store_bytes == 0 and f.blocks_per_sm == 2
-
-
-def test_overlap_runs_one_stage_only():
-    cfg = ForwardConfig(64, 64, 128, 2, False, kernel="sm120_tma_overlap")
-    verdict = check_forward(cfg, D128_CAUSAL_GQA4, TARGET)
-    assert not verdict and verdict.rule == "num_stages_domain" and "got 2" in str(verdict)
