@@ -131,6 +131,11 @@ def _pick(rows: list[ResultRow], number: int) -> ResultRow:
     return rows[index]
 
 
+def _tflops(value: float | None) -> str:
+    """A geomean TFLOPS column of `--list`: two decimals in a fixed width ('-' where the row has none)."""
+    return f"{value:8.2f}" if value is not None else f"{'-':>8s}"
+
+
 def _ms(values: tuple[float, ...]) -> str:
     return " / ".join(f"{v:.4f}" for v in values)
 
@@ -148,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.list or not args.rows:
         for n, row in enumerate(rows, 1):
-            print(f"{n:4d}  {row.timestamp}  {row.commit[:8]:8s}  fwd {row.fwd_tflops_geomean}  bwd {row.bwd_tflops_geomean}  "
+            print(f"{n:4d}  {row.timestamp}  {row.commit[:8]:8s}  fwd {_tflops(row.fwd_tflops_geomean)}  bwd {_tflops(row.bwd_tflops_geomean)}  "
                   f"{row.configs_ok}  {row.description}")
         return 0
     try:

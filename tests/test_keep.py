@@ -89,3 +89,14 @@ def test_a_median_drifting_between_runs_within_the_noise_floor_is_not_called_slo
     assert decision.problems[0].verdict == keep.SAME and decision.problems[0].noise_pct == keep.NOISE_FLOOR_PCT
     beyond = 1.3857 * (1 + 2 * keep.NOISE_FLOOR_PCT / 100)
     assert keep.decide(incumbent, [_row({"p": _t(beyond, 0.45)})]).problems[0].verdict == keep.SLOWER
+
+
+def test_list_prints_the_geomeans_formatted_like_the_rest_of_its_table(tmp_path, capsys):
+    # a user's report (issue 40): `--list` printed the floats as Python writes them (305.8331071710238)
+    path = tmp_path / "results.tsv"
+    from dataclasses import replace
+
+    append_row(path, replace(_row({"p": _t(1.0)}, "unrounded"), fwd_tflops_geomean=305.8331071710238, bwd_tflops_geomean=None))
+    assert keep.main(["--list", "--results", str(path)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "fwd   305.83  bwd        -" in line and "305.833" not in line and "None" not in line
