@@ -29,8 +29,6 @@ UPSTREAM_FWD_RULES = {"tile_n_multiple_of_16", "num_threads_multiple_of_32", "sm
 UPSTREAM_BWD_RULES = {"n_block_size_multiple_of_16", "num_threads_multiple_of_32", "smem_capacity"}
 OUR_EXTRA_FWD_RULES = {"tile_m_domain", "tile_n_domain", "num_threads_domain", "num_stages_domain", "kernel_known",
                        "Q_in_regs_one_stage", "pack_gqa_tile_m_power_of_two", "pack_gqa_tile_m_le_num_threads"}
-# the one-kernel cluster decode's fixed tile and its query rows and dtype (tests/test_decode_cluster.py)
-DECODE_CLUSTER_RULES = ("decode_cluster_tile", "decode_cluster_query_rows", "decode_cluster_dtype")
 OUR_EXTRA_RULES = {"causal_bwd_square_blocks", "num_stages_Q_ge_dO", "smem_capacity", *COMPILE_RULES, *GATE_RULES}  # smem: the compiled struct
 
 
@@ -52,7 +50,7 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
             # or a kernel of our own's declared head dims (its Limits: sm120_splitkv runs 64 to 128)
             # (or, for a kernel that is not upstream's code at all, a rule of its own)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rule = own_kernel and ours.rule in ("head_dim_domain", *DECODE_CLUSTER_RULES)
+            own_rule = own_kernel and ours.rule == "head_dim_domain"
             assert own_rule or ours.rule in UPSTREAM_FWD_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
         elif not ours:
             # upstream has no rule here: ours must name a rule upstream lacks, or be the shared-memory formula of
@@ -60,7 +58,7 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
             # the head dims a kernel of our own declares it runs (its Limits: sm120_splitkv runs 64 to 128), and the
             # cluster split class's own buffer rule (its merge keeps the fp32 partial O in K's buffer)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer", *DECODE_CLUSTER_RULES)
+            own_rules = ("smem_capacity", "head_dim_domain", "cluster_partial_fits_K_buffer")
             assert ours.rule in OUR_EXTRA_FWD_RULES or (own_kernel and ours.rule in own_rules), (cfg, ours)
 
 
@@ -115,8 +113,7 @@ def test_feasible_space_size_is_sane():
             n = sum(cfg.kernel == kernel for cfg in feasible)
             # the cluster split class keeps its fp32 partial O in K's buffer: few prefill tiles have room (its
             # workload is the decode, whose classes search smaller tiles)
-            # the one-kernel cluster decode runs one fixed tile at d128 only (tests/test_decode_cluster.py)
-            low = {"sm120_splitkv_cluster": 3, "sm120_decode_cluster": 0}.get(kernel, 30)
+            low = {"sm120_splitkv_cluster": 3}.get(kernel, 30)
             assert low * variants <= n <= 100 * variants, (pc.name, kernel, n, variants)
     assert feasible_forward(ProblemClass(256, 256, False), TARGET) == [
         cfg for cfg in feasible_forward(ProblemClass(256, 256, False), TARGET) if forward_smem_bytes(cfg, ProblemClass(256, 256, False))[0] <= 101376

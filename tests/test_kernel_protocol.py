@@ -14,7 +14,6 @@ from fa4tune.harness import candidates, guards
 from fa4tune.kernel_class import Limits, forward_kernels, upstream_class
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
-from kernels.decode_cluster_forward_sm120 import DecodeClusterForwardSm120
 from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tma_lpt_forward_sm120 import TmaLptForwardSm120
 from kernels.tma_paired_forward_sm120 import TmaPairedForwardSm120
@@ -96,7 +95,7 @@ def agent(tmp_path_factory):
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
     # experiment.py's own split-KV classes (issue #13) join ours
-    assert forward_kernels(experiment) == {"sm120": TunedForwardSm120, "sm120_decode_cluster": DecodeClusterForwardSm120,
+    assert forward_kernels(experiment) == {"sm120": TunedForwardSm120,
                                            "sm120_tma": TmaForwardSm120,
                                            "sm120_tma_lpt": TmaLptForwardSm120,
                                            "sm120_tma_paired": TmaPairedForwardSm120,
@@ -107,7 +106,7 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_lpt_l2": experiment.LptL2ForwardSm120,
                                            "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_lpt",
+    assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_lpt",
                               "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
                               "sm120_splitkv_cluster", "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
@@ -199,7 +198,7 @@ def _module(*classes: dict) -> types.ModuleType:
 
 def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     helper = _module({"cls": "Helper"}, {"cls": "Mine", "name": "sm120_mine"})
-    assert list(forward_kernels(helper)) == ["sm120", "sm120_decode_cluster", "sm120_tma", "sm120_tma_lpt",
+    assert list(forward_kernels(helper)) == ["sm120", "sm120_tma", "sm120_tma_lpt",
                                              "sm120_tma_paired", "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
     with pytest.raises(ConfigError) as err:
         forward_kernels(_module({"cls": "FasterTma", "bases": (TmaForwardSm120,), "name": "sm120_tma"}))
