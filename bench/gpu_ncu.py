@@ -56,12 +56,12 @@ def main(argv=None) -> int:
     return 0
 
 
-def _bottom_right(problem):
+def _bottom_right(problem, device="cuda"):
     """The causal mask aligned bottom-right (query i sees keys up to i + seqlen_k - seqlen_q), as upstream's."""
     import torch
 
-    rows = torch.arange(problem.seqlen_q, device="cuda")[:, None] + problem.seqlen_k - problem.seqlen_q
-    return torch.arange(problem.seqlen_k, device="cuda")[None, :] <= rows
+    rows = torch.arange(problem.seqlen_q, device=device)[:, None] + problem.seqlen_k - problem.seqlen_q
+    return torch.arange(problem.seqlen_k, device=device)[None, :] <= rows
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""bench/bwd_sweep.py: upstream's default first in each class, the classes taken in turn, measured configs skipped;
+--merge replaces a table's backward measurements and keeps the rest."""
+
+import json
+
+from bench import bwd_sweep
+from fa4tune import defaults
+from fa4tune.config import BackwardConfig, ProblemClass
+
+CLASSES = ["d128-causal-bf16", "d64-causal-bf16"]
+
+
+def test_sweep_order():
+    order = bwd_sweep.sweep_order(CLASSES, per_class=3, seed=0, done=set())
+    assert [pc.name for pc, _ in order] == CLASSES * 3
+    assert order[0][1] == defaults.upstream_backward(ProblemClass.parse(CLASSES[0]))
+    done = {(CLASSES[0], order[0][1].key())}
+    again = bwd_sweep.sweep_order(CLASSES, per_class=3, seed=0, done=done)
+    assert len(again) == 5 and order[0] not in again
+
+
+def test_merge_keeps_forward_measurements(tmp_path):
+    table = tmp_path / "table.json"
+    table.write_text(json.dumps({"measurements": [{"kind": "fwd"}, {"kind": "bwd", "problem_class": "x"}], "problems": []}))
+    m = {"kind": "bwd", "problem_class": CLASSES[0], "config": BackwardConfig().to_dict()}
+    (tmp_path / bwd_sweep.SWEEP_FILE).write_text(json.dumps(m) + "\n" + json.dumps(m) + "\n")
+    bwd_sweep.merge(tmp_path, table)
+    out = json.loads(table.read_text())
+    assert out["measurements"] == [{"kind": "fwd"}, m] and len(out["problems"]) == 1

@@ -1,0 +1,17 @@
+"""bench/guards_gpu.py's honest kernel computes attention (here on the CPU, against torch SDPA), causal aligned
+bottom-right and GQA, so that on a GPU only the cheat can fail the guards."""
+
+import torch
+import torch.nn.functional as F
+
+from bench import guards_gpu
+
+
+def test_the_honest_kernel_is_attention():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, s, h, 32, generator=gen) for s, h in ((3, 4), (5, 2), (5, 2)))
+    for causal in (False, True):
+        out, lse = guards_gpu.einsum_attention(q, k, v, causal)
+        mask = torch.ones(3, 5, dtype=torch.bool).tril(2) if causal else None
+        ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)), attn_mask=mask, enable_gqa=True).transpose(1, 2)
+        assert torch.allclose(out, ref, atol=1e-5) and lse.shape == (1, 4, 3)
