@@ -56,7 +56,7 @@ from fa4tune.harness.settings import (  # noqa: F401  (what every run is measure
 # --help and bad arguments answer at once.
 # ------------------------------------------------------------------------------------------------
 
-from fa4tune.cli import CommandParser, positive_seconds  # noqa: E402
+from fa4tune.command_line import CommandParser, positive_seconds  # noqa: E402
 
 
 def _parser() -> CommandParser:

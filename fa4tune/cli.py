@@ -9,7 +9,6 @@ and bad arguments answer at once; the file is then checked, imported as module `
 
 from __future__ import annotations
 
-import argparse
 import os
 import runpy
 import sys
@@ -17,32 +16,10 @@ import traceback
 from pathlib import Path
 
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+from fa4tune.command_line import CommandParser, count, positive_seconds  # noqa: F401  (the parser every command uses)
 
 PREPARE_PATH = Path(__file__).resolve().parent.parent / "prepare.py"
 DISPATCH_TABLES = (("FORWARD_DISPATCH", "fwd", ForwardConfig), ("BACKWARD_DISPATCH", "bwd", BackwardConfig))
-
-
-class CommandParser(argparse.ArgumentParser):
-    """argparse's parser, except that a bad argument is one `error:` line and exit code 2, like every refusal."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message} (usage: {self.prog} --help)\n")
-
-
-def count(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a number of seconds above 0."""
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-    return value
 
 
 def _parser() -> CommandParser:

@@ -84,16 +84,28 @@ def describe(target_name: str) -> str:
     return f"at {target_name}'s CTAs per SM (launch shared memory padded)"
 
 
+def compile_arch() -> str:
+    """The arch kernels are compiled for here: CUTE_DSL_ARCH, else the GPU's, named as the DSL names it."""
+    if os.environ.get("CUTE_DSL_ARCH"):
+        return os.environ["CUTE_DSL_ARCH"]
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return device_arch(major, minor)
+
+
+def device_arch(major: int, minor: int) -> str:
+    """The DSL's name of a compute capability: 'sm_90a' for 9.0, 'sm_120a' for 12.0, 'sm_80' for 8.0."""
+    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
 def arch_here() -> str | None:
-    """The arch this process compiles kernels for (fa4tune.kernel_cache.compile_arch); None with no CUTE_DSL_ARCH
-    and no GPU."""
+    """The arch this process compiles kernels for (compile_arch); None with no CUTE_DSL_ARCH and no GPU."""
     if not os.environ.get("CUTE_DSL_ARCH"):
         import torch
 
         if not torch.cuda.is_available():
             return None
-    from fa4tune.kernel_cache import compile_arch
-
     return compile_arch()
 
 

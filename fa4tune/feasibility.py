@@ -10,31 +10,14 @@ has a rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
 from fa4tune.kernel_class import forward_kernel, forward_kernels
 from fa4tune.targets import Target
+from fa4tune.verdict import OK, Verdict  # noqa: F401  (named here: a rule's answer, ok or failing)
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The answer of a feasibility check: ok, or the failing rule with a message that has the numbers."""
-
-    ok: bool
-    rule: str = ""
-    message: str = ""
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def __str__(self) -> str:
-        return "ok" if self.ok else f"{self.rule}: {self.message}"
-
-
-OK = Verdict(True)
 
 
 def _fail(rule: str, message: str) -> Verdict:

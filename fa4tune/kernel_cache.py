@@ -3,7 +3,7 @@
 CuTe-DSL compiled functions cannot be pickled, but the DSL exports one as an object file
 (`JitCompiledFunction.export_to_c`, TVM-FFI ABI) and loads it back (`cute.runtime.load_module`): the
 mechanism of upstream's `JITPersistentCache` (flash_attn/cute/cache_utils.py), which our patched host path
-does not use (it keeps its own `CompileCache`). Both work on a CPU machine with fake tensors.
+does not use (it keeps its own `CompileCache`, defined here: the in-memory cache, and `DiskCompileCache` on it). Both work on a CPU machine with fake tensors.
 
 Enabled by FA4TUNE_KERNEL_CACHE=DIR (search.evaluating.pipeline sets it for its compilers and the GPU process).
 An entry is DIR/<fingerprint>/<sha256 of the pickled compile key>.o. The compile key leads with every knob
@@ -21,29 +21,15 @@ import os
 import pickle
 import sys
 from pathlib import Path
+from typing import Callable
 
 from fa4tune import emulated_occupancy
-from fa4tune.sm120_interface import CompileCache
+from fa4tune.emulated_occupancy import compile_arch, device_arch  # noqa: F401  (named here too: the arch of a cache entry)
 
 ENV = "FA4TUNE_KERNEL_CACHE"
 EXPORT_NAME = "func"
 # Variables that change what the DSL compiles for (read when the kernels are built).
 ARCH_VARIABLES = ("FLASH_ATTENTION_ARCH", "FLASH_ATTENTION_NUM_SMS")
-
-
-def compile_arch() -> str:
-    """The arch kernels are compiled for here: CUTE_DSL_ARCH, else the GPU's, named as the DSL names it."""
-    if os.environ.get("CUTE_DSL_ARCH"):
-        return os.environ["CUTE_DSL_ARCH"]
-    import torch
-
-    major, minor = torch.cuda.get_device_capability()
-    return device_arch(major, minor)
-
-
-def device_arch(major: int, minor: int) -> str:
-    """The DSL's name of a compute capability: 'sm_90a' for 9.0, 'sm_120a' for 12.0, 'sm_80' for 8.0."""
-    return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
 def fingerprint(kernel_module_file: str, arch: str) -> str:
@@ -64,6 +50,19 @@ def fingerprint(kernel_module_file: str, arch: str) -> str:
         content = source.read_bytes()
         h.update(source.name.encode() + len(content).to_bytes(8, "little") + content)
     return h.hexdigest()[:24]
+
+
+class CompileCache(dict):
+    """Compiled kernels by full key; `listeners` see each new compile (the static check reads cubins)."""
+
+    def __init__(self):
+        super().__init__()
+        self.listeners: list[Callable[[tuple, object], None]] = []
+
+    def __setitem__(self, key, fn):
+        super().__setitem__(key, fn)
+        for listener in list(self.listeners):
+            listener(key, fn)
 
 
 def entry_name(key: tuple) -> str:

@@ -20,9 +20,12 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
 fa4tune.feasibility, the search space, the static check, the host path and export read these, never a name.
 
 The registry: our classes in kernels/ (one per file), then the ones experiment.py defines, each under the `name`
-it declares itself (a subclass that declares none is a base, not a kernel). experiment.py is the module the harness
-loaded as `experiment` (fa4tune.harness.candidates.load_experiment); experiment.py may import this module (the
-guards allow it: it declares, it does not measure).
+it declares itself (a subclass that declares none is a base, not a kernel). The registry never loads experiment.py: it
+receives it. The experiment module is the one loaded as `experiment` (fa4tune.harness.candidates.load_experiment puts
+it there; experiment.py's own calls pass their `__name__`); a process that has loaded none asks the loader handed over
+with `register_loader` (the harness's, which fa4tune.harness.candidates and search.space register), and without one
+the registry holds our classes alone. experiment.py may import this module (the guards allow it: it declares, it
+does not measure).
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ import pkgutil
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 from fa4tune.config import ConfigError, ForwardConfig
+from fa4tune.verdict import OK
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "kernels"  # ours, at the project root, one class per file
@@ -70,15 +74,11 @@ class ForwardKernel:
     @classmethod
     def can_implement(cls, config: ForwardConfig, problem_class, target):
         """The class's rules beyond `limits` and its shared memory: fa4tune.feasibility.OK or the failing Verdict."""
-        from fa4tune.feasibility import OK
-
         return OK
 
     @classmethod
     def can_implement_problem(cls, config: ForwardConfig, problem, target):
         """The class's rules for one problem (its sequence lengths): fa4tune.feasibility.OK or the failing Verdict."""
-        from fa4tune.feasibility import OK
-
         return OK
 
     @classmethod
@@ -97,14 +97,21 @@ def upstream_class(cls: type) -> type | None:
     return cls.__dict__.get("upstream")
 
 
-def experiment_module():
-    """experiment.py as the harness loaded it (module `experiment`); loaded now from the project root if nothing has."""
-    module = sys.modules.get("experiment")
-    if module is None:
-        from fa4tune.harness.candidates import load_experiment
-        from fa4tune.harness.settings import EXPERIMENT_PATH
+_LOADER: list[Callable[[], object]] = []  # the loader handed over last (register_loader)
 
-        module = load_experiment(EXPERIMENT_PATH)
+
+def register_loader(load: Callable[[], object]) -> None:
+    """Hand the registry the way this process loads experiment.py (`load()` returns the module), used when no module
+    is loaded as `experiment` yet; the registry itself never loads it."""
+    _LOADER[:] = [load]
+
+
+def experiment_module():
+    """The experiment module: the one loaded as `experiment`; else what the registered loader returns; else None (no
+    loader: our classes alone)."""
+    module = sys.modules.get("experiment")
+    if module is None and _LOADER:
+        module = _LOADER[0]()
     return module
 
 
@@ -113,13 +120,13 @@ _FOUND: dict[int, tuple[object, dict[str, type]]] = {}  # id(experiment module) 
 
 def forward_kernels(module=None) -> dict[str, type]:
     """name -> forward kernel class: ours in kernels/, then those `module` (default: experiment_module(); a module
-    or its name, as experiment.py passes `__name__`) defines."""
+    or its name, as experiment.py passes `__name__`) defines; with no experiment module, ours alone."""
     module = experiment_module() if module is None else sys.modules[module] if isinstance(module, str) else module
     found = _FOUND.get(id(module))
     if found is not None and found[0] is module:
         return found[1]
     registry: dict[str, type] = {}
-    for cls in [*_package_classes(), *_defined_in(module)]:
+    for cls in [*_package_classes(), *(_defined_in(module) if module is not None else [])]:
         _check_declaration(cls)
         other = registry.setdefault(cls.name, cls)
         if other is not cls:

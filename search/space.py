@@ -27,10 +27,20 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward_entry, forward_smem_bytes
-from fa4tune.kernel_class import forward_kernels
+from fa4tune.kernel_class import forward_kernels, register_loader
 from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
 from search.storing.history import config_key
+
+
+def _load_experiment():
+    """experiment.py's kernel classes join the space: loaded by the harness's loader when the search first asks."""
+    from fa4tune.harness.candidates import load_default_experiment
+
+    return load_default_experiment()
+
+
+register_loader(_load_experiment)  # the registry receives experiment.py; it never loads it itself
 
 DIRECTIONS = ("fwd", "bwd")
 _FEASIBLE: dict[tuple, list] = {}  # (space signature, problem class) -> feasible configs

@@ -1,5 +1,6 @@
-"""The harness's shape: prepare.py is a script (the contract), its engine is the package fa4tune/harness/, and the
-pin, the guards and the seal all read one rule: prepare.py and every file under fa4tune/harness/."""
+"""The harness's shape: prepare.py is a script (the contract), its engine is the package fa4tune/harness/; the guards
+and the seal read one rule: prepare.py and every file under fa4tune/harness/; the pin holds those and every project
+module they import (experiment.py and kernels/ aside)."""
 
 import ast
 import os
@@ -45,10 +46,14 @@ def test_the_step_servers_child_function_is_in_the_harness_package():
     assert all(name.startswith("fa4tune.harness.") for name in step_server.PRELOAD)
 
 
-def test_the_pinned_set_is_prepare_py_and_every_file_of_the_harness_package():
+def test_the_pinned_set_is_prepare_py_the_harness_package_and_what_they_import():
     tracked = subprocess.run(["git", "ls-files", "fa4tune/harness"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    assert guards.harness_files() == ["prepare.py", *sorted(tracked)]
-    assert list(guards.read_pin()) == guards.harness_files()
+    files = guards.harness_files()
+    assert files[:len(tracked) + 1] == ["prepare.py", *sorted(tracked)]
+    # then the project modules they import (tests/test_import_graph.py computes them apart), never the agent's
+    assert {"fa4tune/config.py", "fa4tune/kernel_class.py", "fa4tune/import_graph.py"} <= set(files)
+    assert not [name for name in files if name == "experiment.py" or name.startswith("kernels/")]
+    assert list(guards.read_pin()) == files
     assert (guards.HARNESS_MODULE, guards.HARNESS_PACKAGE) == ("prepare", "fa4tune.harness")
 
 

@@ -3,7 +3,8 @@ through autograd; q, k, v are (batch, seqlen, heads, head_dim).
 
 experiment.py's attention with a pair of configs (guarded: fa4tune.harness.guards' rules apply), upstream's SM120
 defaults through it, FA4's own path for the local GPU and torch SDPA; each travels to a child process as a JSON
-spec. `load_experiment` imports experiment.py (or a copy) as module `experiment`, once per source.
+spec. `load_experiment` imports experiment.py (or a copy) as module `experiment`, once per source, where the
+kernel-class registry finds it (fa4tune.kernel_class; this module registers its loader there too).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from fa4tune import kernel_class
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from fa4tune.harness import gate, isolation, runtime_guards
+from fa4tune.harness import gate, isolation, runtime_guards, settings
 
 # Candidate kinds a step can run (baseline names as printed).
 EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
@@ -102,6 +104,15 @@ def load_experiment(path: str | Path):
         raise
     _EXPERIMENTS[path] = (digest, module)
     return module
+
+
+def load_default_experiment():
+    """experiment.py at the project root (fa4tune.harness.settings.EXPERIMENT_PATH), through load_experiment."""
+    return load_experiment(settings.EXPERIMENT_PATH)
+
+
+# the kernel-class registry receives experiment.py from here when a process asks for it before loading one
+kernel_class.register_loader(load_default_experiment)
 
 
 def candidate_from_spec(spec: dict) -> Candidate:

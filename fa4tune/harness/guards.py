@@ -11,9 +11,10 @@ fa4tune.harness.runtime_guards watches the rest (the trap, output reuse, readine
 
 The harness is one rule: prepare.py and every file under fa4tune/harness/. experiment.py may not import either
 (`prepare`, `fa4tune.harness`); runtime_guards seals every loaded module of the package; and the pin
-(`harness_changes`) holds the sha256 of each of its files in fa4tune/harness.sha256: run_experiment refuses to run
-when one differs, is missing or is new, unless FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it
-writes says which files differ.
+(`harness_changes`) holds the sha256 of each of its files, and of every project module they import (transitively,
+function-level imports included: fa4tune.import_graph; experiment.py and kernels/ aside, the agent's, guarded not
+pinned), in fa4tune/harness.sha256: run_experiment refuses to run when one differs, is missing or is new, unless
+FA4TUNE_ALLOW_HARNESS_EDIT=1, and then every results.tsv row it writes says which files differ.
 
     uv run python -m fa4tune.guards            # check experiment.py and the harness pin (no GPU needed)
     uv run python -m fa4tune.guards --pin      # maintainers, after changing the harness: record its hashes
@@ -30,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from fa4tune.cli import CommandParser
+from fa4tune import import_graph
+from fa4tune.command_line import CommandParser
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN_PATH = ROOT / "fa4tune" / "harness.sha256"  # beside the package, not in it: the pin is no file of the harness
@@ -52,7 +54,7 @@ WHY = {
                     "or other processes",
     OUTPUT_REUSE: "every call computes its outputs from its own inputs, into fresh memory",
     OUTPUT_TYPE: "outputs are plain tensors, with an autograd graph only when one is recorded",
-    HARNESS_EDIT: "prepare.py and the files of fa4tune/harness/ are fixed",
+    HARNESS_EDIT: "prepare.py, the files of fa4tune/harness/ and the project modules they import are fixed",
 }
 
 
@@ -62,7 +64,8 @@ def _parser() -> CommandParser:
         "Check experiment.py against the guardrails' static rules and the harness files against their pinned "
         "hashes (no GPU needed); the run-time guards run inside prepare.py."))
     parser.add_argument("experiment", nargs="?", default=str(ROOT / "experiment.py"), help="experiment file to check (default: experiment.py)")
-    parser.add_argument("--pin", action="store_true", help="maintainers: record the current harness files' sha256 in fa4tune/harness.sha256")
+    parser.add_argument("--pin", action="store_true", help="maintainers: record the sha256 of the harness files (prepare.py, fa4tune/harness/ "
+                        "and every project module they import) in fa4tune/harness.sha256")
     return parser
 
 
@@ -284,17 +287,26 @@ def check_module(module) -> list[Violation]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Harness edits: hashes of the harness files (prepare.py and every file under fa4tune/harness/) against the pin.
+# Harness edits: hashes of the pinned files (prepare.py, fa4tune/harness/ and the project modules they import) against the pin.
 # ------------------------------------------------------------------------------------------------
 
 
+def unpinned_module(name: str) -> bool:
+    """The project modules the harness runs but the pin leaves out: experiment.py and kernels/, the coding agent's
+    (guarded by the rules above, not pinned)."""
+    return name == "experiment" or under(name, "kernels")
+
+
 def harness_files(root: Path | None = None) -> list[str]:
-    """The harness's files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
-    (bytecode caches aside)."""
+    """The pinned files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
+    (bytecode caches aside), then every other project module these import, transitively and at any depth (read
+    with ast: fa4tune.import_graph.reachable), in path order; experiment.py and kernels/ aside (unpinned_module)."""
     root = root or ROOT
     package = sorted(path.relative_to(root).as_posix() for path in (root / HARNESS_DIR).rglob("*")
                      if path.is_file() and "__pycache__" not in path.relative_to(root).parts)
-    return [HARNESS_SCRIPT, *package]
+    starts = [HARNESS_MODULE, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
+    imported = sorted(path.relative_to(root).as_posix() for path in import_graph.reachable(starts, root, unpinned_module).values())
+    return [HARNESS_SCRIPT, *package, *(name for name in imported if name != HARNESS_SCRIPT and name not in package)]
 
 
 def file_sha256(path: Path) -> str:

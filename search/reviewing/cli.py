@@ -80,16 +80,16 @@ def dashboard(args) -> int:
 
 def export(args) -> int:
     """`python -m search export`: the patch on stdout (--dry-run) or in --out."""
-    from search.reviewing import export as exporter
+    from search.reviewing import export as exporter, pull_request
     from search.storing.storage import DEFAULT_STORAGE, open_existing_storage
 
     url = args.storage or DEFAULT_STORAGE
     out = Path(args.out)
     if not args.dry_run and not out.parent.is_dir():
         raise ConfigError("export_out", f"cannot write {args.out!r}: directory {str(out.parent)!r} does not exist")
-    text, winners, pr = exporter.export(open_existing_storage(url), url, _export_command(args, url), args.target,
-                                        args.confirmations, args.allow_replay, args.problem_classes, args.table,
-                                        args.upstream_kernels_only, args.leave_out)
+    text, winners, pr = pull_request.export(open_existing_storage(url), url, _export_command(args, url), args.target,
+                                            args.confirmations, args.allow_replay, args.problem_classes, args.table,
+                                            args.upstream_kernels_only, args.leave_out)
     if args.dry_run:
         print(text, end="")
         return 0

@@ -756,27 +756,3 @@ def patch_files(winners: list[Winner], old_interface: str) -> list[tuple[str, st
         files += [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
     return files
 
-
-def export(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
-           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
-           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[str, list[Winner], str]:
-    """(the patch text, the exported winners, the pull request's text); a one-line ConfigError when anything is refused."""
-    from search.reviewing.pull_request import pr_text
-    from search.storing.storage import describe
-
-    table_meta = None
-    if table:
-        from search.evaluating.table import load_table
-
-        table_meta = load_table(table).meta
-    winners, notes = select(storage, describe(storage_url), target, needed, allow_replay, classes,
-                            upstream_only=upstream_only, leave_out=leave_out)
-    if table_meta is None:
-        from search.reviewing.notes import remembered_table
-
-        table_meta = remembered_table(storage, [w.study.name for w in winners])
-    old = pristine_interface()
-    files = patch_files(winners, old)
-    message = commit_message(winners, storage_url, export_argv, table_meta, table, needed, notes)
-    subject = SUBJECT + ("; add a TMA-fed SM120 forward" if carried_classes(winners) else "")
-    return format_patch(files, message, subject), winners, pr_text(winners, files, message, subject, needed, table_meta)

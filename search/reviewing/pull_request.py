@@ -1,7 +1,10 @@
-"""The pull request's text for an exported patch (Markdown): what changes, the evidence per study, the caveat."""
+"""The pull request's text for an exported patch (Markdown): what changes, the evidence per study, the caveat; and
+`export`, the hand-over that writes both (the patch from search.reviewing.export, then this text about it).
+The data flows one way: this module reads export's winners and patch, export never imports this module."""
 
 from __future__ import annotations
 
+from search.reviewing import export as exporter
 from search.reviewing.export import (Winner, _class_of, _evidence_table, _gate_summary, _knobs, _measured, carried_classes,
                                      caveat)
 
@@ -55,3 +58,28 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
     lines += ["- `pytest tests/cute/test_flash_attn.py` on an SM120 GPU (the tuned entries are the defaults there)",
               "", "The commit message carries the same evidence and the commands that reproduce the patch."]
     return "\n".join(lines) + "\n"
+
+
+def export(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
+           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
+           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[str, list[Winner], str]:
+    """`python -m search export`'s hand-over: (the patch text, the exported winners, the pull request's text); a
+    one-line ConfigError when anything is refused. The patch is search.reviewing.export's, the text this module's."""
+    from search.storing.storage import describe
+
+    table_meta = None
+    if table:
+        from search.evaluating.table import load_table
+
+        table_meta = load_table(table).meta
+    winners, notes = exporter.select(storage, describe(storage_url), target, needed, allow_replay, classes,
+                                     upstream_only=upstream_only, leave_out=leave_out)
+    if table_meta is None:
+        from search.reviewing.notes import remembered_table
+
+        table_meta = remembered_table(storage, [w.study.name for w in winners])
+    old = exporter.pristine_interface()
+    files = exporter.patch_files(winners, old)
+    message = exporter.commit_message(winners, storage_url, export_argv, table_meta, table, needed, notes)
+    subject = exporter.SUBJECT + ("; add a TMA-fed SM120 forward" if carried_classes(winners) else "")
+    return exporter.format_patch(files, message, subject), winners, pr_text(winners, files, message, subject, needed, table_meta)
