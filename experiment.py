@@ -51,7 +51,6 @@ from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass, regime_o
 from fa4tune.feasibility import OK, Verdict
 from fa4tune.kernel_class import Limits, forward_kernel
 from fa4tune.sm120_interface import build
-from kernels.tma_lpt_forward_sm120 import heads_per_l2_section, l2_sectioned_longest_first, longest_first
 from kernels.tuned_forward_sm120 import TunedForwardSm120
 
 # ---------------------------------------------------------------------------------------------
@@ -515,66 +514,6 @@ class SplitKvForwardSm120(TunedForwardSm120):
                     col = tOcO[r, c][1]
                     if const_expr(not self.check_hdim_v_oob) or col < head_dim_v:
                         o_row[col] = rO[r, c]
-
-
-class LptForwardSm120(SplitKvForwardSm120):
-    """Upstream's SM120 forward (cp.async; the split-KV class's code at one split) with its tiles handed out longest
-    first, as kernels/tma_lpt_forward_sm120.py does for the TMA class (0.4-12 % faster there on causal problems:
-    docs/measurements/2026-12-04-h200-tma-lpt.md). For the classes whose entries are upstream's kernel (the d128 causal
-    prefills), where the TMA class loses. Gated on the causal matrix; 9-30 % faster on three d128 causal prefills but
-    3.8 % slower on the b8 s1024 one (docs/measurements/2026-12-04-h200-lpt-classes.md), hence not searched."""
-
-    name = "sm120_lpt"
-    knobs = {}  # one split, always
-    searched = False
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, num_splits=1, **kwargs)
-
-    @classmethod
-    def num_splits_for(cls, config, problem, num_sms: int) -> int:
-        return 1
-
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
-        num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
-        return longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads, num_batch)
-
-
-class LptInHeadForwardSm120(LptForwardSm120):
-    """sm120_lpt with the longest-first order kept inside each (head, batch): the CTAs run the heads in upstream's order,
-    one head's m blocks together (its K and V in L2 together, as upstream's kernel has them), each head's from the
-    last m block down. For the many-wave d128 causal prefills where sm120_lpt (every head's longest m block first: all
-    heads' K and V in use at once) and sm120_lpt_l2 lost to upstream's order on the b8 s1024 h16 prefill
-    (docs/measurements/2026-12-04-h200-tma-paired.md). Measured (docs/measurements/2026-12-04-h200-smpaired-in-head.md,
-    H200, SM120 kernels emulated): gated on the 34 causal matrix problems, 0 failing; 2-3 % faster than upstream's order
-    on the b1 s8192 and b1 s5000 prefills, level at b2 s4096, 0.8 % slower at b8 s1024, and slower than sm120_lpt on
-    all but b8. It loses on one problem of the class, so it is not searched and the d128 causal entry stays upstream's
-    kernel."""
-
-    name = "sm120_lpt_in_head"
-    searched = False
-
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
-        num_m_blocks, _, _ = cute.arch.grid_dim()
-        return num_m_blocks - 1 - m_block, head, batch
-
-
-class LptL2ForwardSm120(LptForwardSm120):
-    """sm120_lpt with the heads in L2-sized sections, as upstream's SM90/SM100 LPT scheduler orders them: longest first
-    within a section of heads whose K and V fit L2_SECTION_BYTES, one section after the other. For the many-wave
-    prefills where sm120_lpt lost (b8 s1024 h16 d128: the same m block of all 128 heads at once, 64 MB of K and V in
-    use; docs/measurements/2026-12-04-h200-lpt-classes.md). Gated on the causal matrix; it halved that loss, to 2.2 %,
-    and cost 0.4-0.8 % on the b1/b2 prefills (docs/measurements/2026-12-04-h200-tma-paired.md), hence not searched."""
-
-    name = "sm120_lpt_l2"
-    searched = False
-
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
-        num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()
-        key_bytes = (self.tile_hdim + self.tile_hdimv) * (self.dtype.width // 8)
-        section = heads_per_l2_section(seqlen_k, key_bytes, self.qhead_per_kvhead)
-        return l2_sectioned_longest_first(m_block + num_m_blocks * (head + num_heads * batch), num_m_blocks, num_heads,
-                                          num_batch, section)
 
 
 CLUSTER_SPLITS_DOMAIN = (2, 4, 8)  # 8: the portable cluster size, which every GPU with clusters (SM120 too) runs

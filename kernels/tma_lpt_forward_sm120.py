@@ -17,7 +17,6 @@ prefill of many waves, where the tail is short anyway. So the search draws it li
 
 from cutlass import Int32
 
-import cutlass
 import cutlass.cute as cute
 
 from kernels.tma_forward_sm120 import TmaForwardSm120
@@ -30,29 +29,6 @@ def longest_first(linear, num_m_blocks, num_heads, num_batch):
     per_m_block = num_heads * num_batch
     rest = linear % per_m_block
     return num_m_blocks - 1 - linear // per_m_block, rest % num_heads, rest // num_heads
-
-
-L2_SECTION_BYTES = 50 * 1024 * 1024  # upstream's LPT scheduler's budget of K and V in L2 (tile_scheduler.py)
-
-
-def heads_per_l2_section(seqlen_k, key_bytes, qhead_per_kvhead):
-    """Query heads per section: as many KV heads as L2_SECTION_BYTES holds (at least one), times the query heads that
-    share each. `key_bytes`: one key's K and V row. Keys first, then heads: no product that could pass 2**31."""
-    kv_heads = cutlass.max((L2_SECTION_BYTES // key_bytes) // seqlen_k, 1)
-    return kv_heads * qhead_per_kvhead
-
-
-def l2_sectioned_longest_first(linear, num_m_blocks, num_heads, num_batch, section):
-    """The (m block, head, batch) that CTA number `linear` runs: the (head, batch) pairs in sections of `section`
-    (the last one what is left), each section's tiles longest first (m blocks from the last down, all the section's
-    heads of one m block before the next), one section after the other. Integer arithmetic only."""
-    per_section = section * num_m_blocks
-    section_idx = linear // per_section
-    rest = linear - section_idx * per_section
-    in_section = cutlass.min(section, num_heads * num_batch - section_idx * section)
-    step = rest // in_section
-    head_batch = section_idx * section + rest - step * in_section
-    return num_m_blocks - 1 - step, head_batch % num_heads, head_batch // num_heads
 
 
 class TmaLptForwardSm120(TmaForwardSm120):

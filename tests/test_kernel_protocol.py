@@ -101,13 +101,10 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_tma_paired": TmaPairedForwardSm120,
                                            "sm120_tma_trimmed": TmaTrimmedForwardSm120,
                                            "sm120_splitkv": experiment.SplitKvForwardSm120,
-                                           "sm120_lpt": experiment.LptForwardSm120,
-                                           "sm120_lpt_in_head": experiment.LptInHeadForwardSm120,
-                                           "sm120_lpt_l2": experiment.LptL2ForwardSm120,
                                            "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
     assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_lpt",
-                              "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv", "sm120_lpt", "sm120_lpt_in_head", "sm120_lpt_l2",
+                              "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv",
                               "sm120_splitkv_cluster", "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
@@ -115,7 +112,7 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    # the sm120_lpt family and sm120_splitkv_cluster are registered but not searched (searched = False)
+    # sm120_splitkv_cluster is registered but not searched (searched = False)
     assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
                                       "sm120_tma_trimmed", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
