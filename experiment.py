@@ -29,11 +29,9 @@ import cutlass
 import cutlass.cute as cute
 import torch
 from cutlass import Float32, Int32, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import warp
 from flash_attn.cute import ampere_helpers as sm80_utils
-from flash_attn.cute import copy_utils, utils
+from flash_attn.cute import utils
 from flash_attn.cute.block_info import BlockInfo
 from flash_attn.cute.block_sparsity import BlockSparseTensors
 from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned
@@ -115,8 +113,6 @@ class SplitKvForwardSm120(TunedForwardSm120):
     knobs = {"num_splits": SPLITS_DOMAIN}
     # head dims: the ones the combine's tiles and the gate matrix cover (64, 96, 128)
     limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 128))
-
-    cluster_splits = 1  # splits of an m block that merge on chip, in one thread-block cluster (sm120_splitkv_cluster)
 
     def __init__(self, *args, num_splits: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
@@ -204,7 +200,6 @@ class SplitKvForwardSm120(TunedForwardSm120):
         assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None and mSeqUsedK is None, \
             "sm120_splitkv: no varlen"
         self.is_split_kv = len(mO.shape) == 5
-        self.splits_in_grid = self.is_split_kv or self.cluster_splits > 1  # the grid runs num_splits CTAs an m block
         if const_expr(self.is_split_kv):
             assert mO.element_type == Float32 and mLSE is not None, "split-KV partials are fp32 O with an LSE"
         o_type = mQ.element_type if const_expr(self.is_split_kv) else mO.element_type
@@ -220,7 +215,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         SharedStorage = self._get_shared_storage_cls()
         mQ, mK, mV, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mV, mO)]
         to_kernel = lambda t, order: cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
-        num_splits = mO.shape[0] if const_expr(self.is_split_kv) else Int32(self.cluster_splits)
+        num_splits = mO.shape[0] if const_expr(self.is_split_kv) else Int32(1)
         # (b, s, h, d) -> (s, d, h, b); the partials' split mode goes last: (s, d, h, b, split)
         mQ = to_kernel(mQ, [1, 3, 2, 0])
         mK, mV = to_kernel(mK, [1, 3, 2, 0]), to_kernel(mV, [1, 3, 2, 0])
@@ -244,7 +239,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
             total_q=cute.size(mQ.shape[0]) * cute.size(mQ.shape[3]),
             tile_shape_mn=(self.tile_m, self.tile_n),
             qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
-            is_split_kv=self.splits_in_grid,
+            is_split_kv=self.is_split_kv,
         )
         tile_sched_params = SingleTileScheduler.to_underlying_arguments(tile_sched_args)
         grid_dim = SingleTileScheduler.get_grid_shape(tile_sched_params)
@@ -254,8 +249,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,
-        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
-                 **({"cluster": [1, self.cluster_splits, 1]} if const_expr(self.cluster_splits > 1) else {}))
+        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(
@@ -290,7 +284,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx
         m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, mK.shape[0])
         qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
-        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.splits_in_grid,
+        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.is_split_kv,
                                qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
         seqlen = SeqlenInfoQK.create(
             batch_idx=batch_idx,
@@ -315,10 +309,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         else:
             # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight
             softmax.row_sum.fill(-Float32.inf)
-        if const_expr(self.cluster_splits > 1):
-            self.epilogue_cluster(acc_O, softmax.row_sum, mO, mLSE, storage.sK.get_tensor(sK_layout), sQ, seqlen,
-                                  tiled_mma_pv, tidx, m_block, head_idx, batch_idx, split_idx)
-        elif const_expr(self.is_split_kv):
+        if const_expr(self.is_split_kv):
             self.epilogue_partial(acc_O, softmax.row_sum, mO[None, None, None, None, split_idx],
                                   mLSE[None, None, None, split_idx], seqlen, tiled_mma_pv, tidx, m_block, head_idx, batch_idx)
         else:
@@ -514,153 +505,6 @@ class SplitKvForwardSm120(TunedForwardSm120):
                     col = tOcO[r, c][1]
                     if const_expr(not self.check_hdim_v_oob) or col < head_dim_v:
                         o_row[col] = rO[r, c]
-
-
-CLUSTER_SPLITS_DOMAIN = (2, 4, 8)  # 8: the portable cluster size, which every GPU with clusters (SM120 too) runs
-LOG2_E = math.log2(math.e)
-
-
-@dsl_user_op
-def load_cluster_f32(smem_ptr: cute.Pointer, cta_rank, *, loc=None, ip=None) -> Float32:
-    """ld.shared::cluster: the fp32 at `smem_ptr`'s offset in the shared memory of the cluster's CTA `cta_rank`
-    (volatile, so that it stays after the cluster barrier that makes the value visible)."""
-    remote = copy_utils.set_block_rank(smem_ptr, Int32(cta_rank), loc=loc, ip=ip)
-    return Float32(llvm.inline_asm(T.f32(), [remote.ir_value()], "ld.shared::cluster.f32 $0, [$1];", "=f,r",
-                                   has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-
-class ClusterSplitKvForwardSm120(SplitKvForwardSm120):
-    """Split-KV whose splits merge on chip, in one kernel: no partial buffers in global memory, no combine launch.
-
-    The num_splits CTAs of an m block are one thread-block cluster (the grid's head x split mode, split fastest, so a
-    (1, num_splits, 1) cluster holds exactly one m block's splits). Each split leaves its normalized fp32 O rows in
-    its K buffer and its LSE in its Q buffer; after a cluster barrier every CTA merges one slice of the head dim
-    (num_splits slices) from all the splits' shared memory through distributed shared memory, with upstream's
-    combine math (weights exp(lse_s - lse), lse = log sum exp lse_s, an all -inf row gives 0 and -inf), writes
-    that slice of the final O, and split 0 writes the LSE. A second cluster barrier keeps every CTA's shared memory
-    alive until all have read it. docs/measurements/2026-12-01-h200-decode-floor.md says why: a decode of two
-    kernels cannot reach #13's 4K target, and a merge through global memory (fence, atomic, L2) cost more than the
-    launch it saved.
-    """
-
-    name = "sm120_splitkv_cluster"
-    # every cluster size (2-8 splits) needs as many KV blocks, so no config of it runs a class's 1-key decode and none
-    # can be a dispatch entry (fa4tune.feasibility.check_forward_entry): the bench scripts time it, the search does not
-    searched = False
-    knobs = {"num_splits": CLUSTER_SPLITS_DOMAIN}
-    limits = SplitKvForwardSm120.limits
-
-    def __init__(self, *args, num_splits: int = CLUSTER_SPLITS_DOMAIN[0], **kwargs):
-        super().__init__(*args, num_splits=num_splits, **kwargs)
-        assert num_splits in CLUSTER_SPLITS_DOMAIN, f"sm120_splitkv_cluster: num_splits must be one of {CLUSTER_SPLITS_DOMAIN}"
-        self.cluster_splits = num_splits
-
-    @classmethod
-    def num_splits_for(cls, config, problem, num_sms: int) -> int:
-        """1 for the host path: the kernel merges its own splits, so the host allocates no partials and runs no combine."""
-        return 1
-
-    @classmethod
-    def can_implement(cls, config, problem_class, target) -> Verdict:
-        """The split-KV rules, and where the merge's buffers live: the fp32 O rows in K's buffer, the row data in Q's
-        (num_splits in CLUSTER_SPLITS_DOMAIN is the knob's domain, checked before: rule kernel_knobs)."""
-        from kernels.tuned_forward_sm120 import tile_bytes
-
-        verdict = super().can_implement(config, problem_class, target)
-        if not verdict:
-            return verdict
-        partial_bytes = config.tile_m * problem_class.head_dim_v * 4
-        k_bytes = tile_bytes(config.tile_n, problem_class.head_dim, config.num_stages)
-        if partial_bytes > k_bytes:
-            return Verdict(False, "cluster_partial_fits_K_buffer",
-                           f"the fp32 partial O (tile_m*head_dim_v*4 = {partial_bytes} B) must fit K's buffer "
-                           f"({k_bytes} B: tile_n={config.tile_n} x {config.num_stages} stages)")
-        # each CTA merges head_dim_v / num_splits columns: whole, since head dims are multiples of 8 (ProblemClass)
-        return OK
-
-    @cute.jit
-    def epilogue_cluster(self, acc_O: cute.Tensor, lse: cute.Tensor, mO: cute.Tensor, mLSE: Optional[cute.Tensor],
-                         sK: cute.Tensor, sQ: cute.Tensor, seqlen: SeqlenInfoQK, tiled_mma: cute.TiledMma, tidx: Int32,
-                         m_block: Int32, head_idx: Int32, batch_idx: Int32, split_idx: Int32):
-        """This split's O rows and LSE into its shared memory, the cluster's merge of one head-dim slice, the final O."""
-        splits = self.cluster_splits
-        thr_mma = tiled_mma.get_slice(tidx)
-        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
-        tOcO = layout_utils.reshape_acc_to_mn(thr_mma.partition_C(cO))
-        rO = layout_utils.reshape_acc_to_mn(acc_O)
-        # (row, column) fp32 in K's buffer; per row: this split's LSE, the splits' weights, the merged LSE in Q's
-        sO = cute.make_tensor(cute.recast_ptr(sK.iterator, dtype=Float32),
-                              cute.make_layout((self.tile_m, self.tile_hdimv), stride=(self.tile_hdimv, 1)))
-        sRow = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=Float32),
-                                cute.make_layout((self.tile_m, splits + 2), stride=(splits + 2, 1)))
-        cute.arch.cp_async_wait_group(0)  # no K/V load is still writing the buffers
-        cute.arch.barrier()  # and no thread still reads them
-        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
-            row = tOcO[r, 0][0]
-            if tOcO[0, 0][1] == 0:  # one thread of the row's quad
-                sRow[row, 0] = lse[r]
-            for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                sO[row, tOcO[r, c][1]] = rO[r, c]
-        cute.arch.cluster_arrive()  # release: this split's rows are visible to the cluster
-        cute.arch.cluster_wait()
-        rows = seqlen.seqlen_q * qhead_packed_of(self)
-        for i in cutlass.range_constexpr(-(-self.tile_m // self.num_threads)):
-            row = tidx + i * self.num_threads
-            if row < self.tile_m and m_block * self.tile_m + row < rows:
-                lse_s = [load_cluster_f32(utils.elem_pointer(sRow, (row, 0)), s) for s in range(splits)]
-                lse_max = lse_s[0]
-                for s in cutlass.range_constexpr(1, splits):
-                    lse_max = cute.arch.fmax(lse_max, lse_s[s])
-                lse_max_cur = lse_max
-                if lse_max == -Float32.inf:
-                    lse_max_cur = Float32(0.0)  # every split empty: weights 0, LSE -inf
-                total = Float32(0.0)
-                for s in cutlass.range_constexpr(splits):
-                    total += cute.math.exp2((lse_s[s] - lse_max_cur) * LOG2_E, fastmath=True)
-                lse_all = cute.math.log(total, fastmath=True) + lse_max_cur
-                inv_total = Float32(0.0)
-                if total > 0.0:
-                    inv_total = 1.0 / total
-                for s in cutlass.range_constexpr(splits):
-                    sRow[row, 1 + s] = cute.math.exp2((lse_s[s] - lse_max_cur) * LOG2_E, fastmath=True) * inv_total
-                sRow[row, splits + 1] = lse_all
-        cute.arch.barrier()  # the weights are in
-        mO_cur = mO[None, None, head_idx, batch_idx]
-        cols = self.tile_hdimv // splits
-        head_dim_v = mO.shape[1]
-        for i in cutlass.range_constexpr(-(-(self.tile_m * cols) // self.num_threads)):
-            item = tidx + i * self.num_threads
-            row = item // cols
-            col = split_idx * cols + (item - row * cols)
-            grow = m_block * self.tile_m + row
-            if item < self.tile_m * cols and grow < rows and col < head_dim_v:
-                acc = Float32(0.0)
-                for s in cutlass.range_constexpr(splits):
-                    acc += sRow[row, 1 + s] * load_cluster_f32(utils.elem_pointer(sO, (row, col)), s)
-                self.store_row_element(mO_cur, grow, col, acc.to(self.dtype))
-        if const_expr(mLSE is not None):
-            if split_idx == 0:
-                mLSE_cur = mLSE[None, head_idx, batch_idx]
-                for i in cutlass.range_constexpr(-(-self.tile_m // self.num_threads)):
-                    row = tidx + i * self.num_threads
-                    grow = m_block * self.tile_m + row
-                    if row < self.tile_m and grow < rows:
-                        self.store_row_element(mLSE_cur, grow, None, sRow[row, splits + 1])
-        cute.arch.cluster_arrive()  # every CTA has read the others' shared memory before any of them exits
-        cute.arch.cluster_wait()
-
-    @cute.jit
-    def store_row_element(self, mRows: cute.Tensor, row: Int32, col, value):
-        """mRows[row(, col)] = value for a packed row index (with GQA packing: (query head in the group, position))."""
-        if const_expr(self.pack_gqa):
-            m_idx = row // self.qhead_per_kvhead
-            coord = (row - m_idx * self.qhead_per_kvhead, m_idx)
-        else:
-            coord = row
-        if const_expr(col is None):
-            cute.make_tensor(utils.elem_pointer(mRows, (coord,)), cute.make_layout((1,)))[0] = value
-        else:
-            cute.make_tensor(utils.elem_pointer(mRows, (coord, col)), cute.make_layout((1,)))[0] = value
 
 
 def qhead_packed_of(kernel) -> int:

@@ -100,19 +100,17 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_tma_lpt": TmaLptForwardSm120,
                                            "sm120_tma_paired": TmaPairedForwardSm120,
                                            "sm120_tma_trimmed": TmaTrimmedForwardSm120,
-                                           "sm120_splitkv": experiment.SplitKvForwardSm120,
-                                           "sm120_splitkv_cluster": experiment.ClusterSplitKvForwardSm120}
+                                           "sm120_splitkv": experiment.SplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
     assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_lpt",
                               "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv",
-                              "sm120_splitkv_cluster", "sm120_spare"]
+                              "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
 
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    # sm120_splitkv_cluster is registered but not searched (searched = False)
     assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
                                       "sm120_tma_trimmed", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
