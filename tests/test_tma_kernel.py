@@ -176,33 +176,3 @@ def test_unknown_kernel_class_rejected():
 def test_q_in_regs_keeps_one_stage_for_tma():
     verdict = check_forward(tma(num_stages=2, Q_in_regs=True), D128, TARGET)
     assert verdict.rule == "Q_in_regs_one_stage"
-
-
-def test_gpu_bench_compares_each_dispatch_config_with_its_tma_twins():
-    import types
-
-    from bench_helpers import load_bench
-    from fa4tune.harness.measurement import ProblemResult
-    from fa4tune.suites import load_suite
-
-    bench = load_bench("gpu_tma")
-
-    from fa4tune import defaults
-
-    problems = load_suite("standard")
-    # a table at upstream's defaults (cp.async, `sm120`): what the bench compares the TMA class with; the shipped
-    # table is tuned and already holds TMA and split-KV entries
-    upstream_table = types.SimpleNamespace(forward_config=defaults.upstream_forward)
-    planned = bench.plan(problems, upstream_table)
-    assert [p for p, _ in planned] == problems
-    for problem, configs in planned:
-        base = defaults.upstream_forward(problem.problem_class)
-        assert configs[0] == base and [c.kernel for c in configs] == ["sm120", "sm120_tma", "sm120_tma"]
-        assert [c.num_stages for c in configs[1:]] == [1, 2]
-        assert all((c.tile_m, c.tile_n, c.num_threads) == (base.tile_m, base.tile_n, base.num_threads) for c in configs)
-        # upstream's tiles leave room for two TMA stages on every standard problem
-        assert all(check_forward(c, problem.problem_class, TARGET) for c in configs), problem.label
-    result = ProblemResult("p", "fwd", "ok", tflops=110.0, ms_median=1.25, max_errors={"out": 0.01, "out_tolerance": 0.016})
-    row = bench.format_row(problems[0], planned[0][1][1], result, baseline_tflops=100.0)
-    assert row[1:] == ("sm120_tma 128x64 t128", "1", "ok", "110.0", "1.250", "1.100", "out 1.0e-02/1.6e-02")
-
