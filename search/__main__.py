@@ -11,6 +11,7 @@ from fa4tune.config import ConfigError
 from search.reviewing import cli as review_cli
 
 BAD_INPUT = 2  # bad input and refusals alike: one `error:` line each
+INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
 
 
 def _run_parser(sub) -> None:
@@ -83,16 +84,22 @@ def _parser() -> CommandParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code."""
     args = _parser().parse_args(argv)
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         commands = {"run": _run, "report": _report, "apply": _apply, "bench": _bench,
                     "dashboard": review_cli.dashboard, "export": review_cli.export, "worker": _worker}
         return commands[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return BAD_INPUT
+    except KeyboardInterrupt:  # before a run's own handler (imports, checks) or in a command without one: no traceback
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the group's SIGINT may come twice (`uv run` forwards it)
+        print(f"interrupted by Ctrl-C (search {args.command}); what was finished is kept", file=sys.stderr)
+        return INTERRUPTED
 
 
 def _run(args) -> int:

@@ -88,7 +88,7 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
 
     done = run_cli(*args)
     assert done.returncode == 0, done.stderr
-    assert f"trials {running[0].number} were left running, closed as failed and requeued" in done.stdout
+    assert f"trial {running[0].number} was left running, closed as failed and requeued" in done.stdout
     after = _study(url).get_trials()
     for number, (params, value, status) in finished.items():  # no finished trial lost or changed
         assert (after[number].params, after[number].value, after[number].user_attrs[schema.STATUS]) == (params, value, status)

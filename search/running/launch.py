@@ -93,9 +93,9 @@ def run_workers(config: RunConfig, workers: int, out=None) -> int:
     if workers == 0:
         storage = config.storage if config.storage.startswith("sqlite") else describe(config.storage)  # no password on screen
         command = worker_command(replace(config, storage=storage), [])[3:]
-        print(f"{len(names)} studies ready; start workers (one per GPU) with: python -m search {shlex.join(command)} --gpu N", file=out, flush=True)
+        print(f"{len(names)} stud{'y' if len(names) == 1 else 'ies'} ready; start workers (one per GPU) with: python -m search {shlex.join(command)} --gpu N", file=out, flush=True)
         return 0
-    print(f"{len(names)} studies, {workers} workers", file=out, flush=True)
+    print(f"{len(names)} stud{'y' if len(names) == 1 else 'ies'}, {workers} worker{'' if workers == 1 else 's'}", file=out, flush=True)
     gpus = gpu_ids(workers) if config.evaluator == "gpu" else [None] * workers
     # the machine's compile processes are shared: each worker takes its part of them
     compile_jobs = default_compile_jobs(workers) if config.compile_jobs == AUTO else config.compile_jobs

@@ -198,7 +198,8 @@ class StudyLoop:
         with self.lock.held():
             requeued = close_interrupted(self.study)
             if requeued:
-                self.view.message(f"[{self.spec.name}] resumed: trials {', '.join(map(str, requeued))} were left running, closed as failed and requeued")
+                trials = f"trial {requeued[0]} was" if len(requeued) == 1 else f"trials {', '.join(map(str, requeued))} were"
+                self.view.message(f"[{self.spec.name}] resumed: {trials} left running, closed as failed and requeued")
             self._enqueue_baseline()
         return requeued
 

@@ -100,6 +100,9 @@ def check_values(values: dict, source: str) -> dict:
         if name not in types:
             raise ConfigError("run_config_key", f"{source}: unknown setting {name!r} (settings: {', '.join(types)})")
         checked[name] = _check_type(name, value, types[name], source)
+    if checked.get("compile_jobs", 0) < 0:  # AUTO (-1) is the default's marker, not a value to give
+        raise ConfigError("run_config_value", f"{source}: compile_jobs must be >= 0 (leave it out for every core but one), "
+                                              f"got {checked['compile_jobs']}")
     return checked
 
 

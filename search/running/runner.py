@@ -6,9 +6,11 @@ settings, suite, target, sampler, evaluator, table, storage URL, and existing st
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -103,6 +105,31 @@ def _what_to_tune(config: RunConfig, evaluator, out) -> tuple[list, list[str]]:
     return problems, directions
 
 
+def _answerable(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
+    """A replayed run skips, one line each, the classes its table cannot answer: no measurement of the class in that
+    direction (e.g. a recorded problem whose class the sweep never measured), or a space with a knob that no measured
+    value of the class fills; no study is created for them. Every class skipped is a one-line error."""
+    if not isinstance(evaluator, ReplayEvaluator):
+        return specs
+    table, kept = evaluator.table, []
+    for spec in specs:
+        why = ""
+        if spec.problem_class.name not in table.problem_classes(spec.direction):
+            why = f"{table.name} has no {spec.direction} measurement of this class"
+        else:
+            empty = [name for name, values in spec.space.domain.items() if not values]
+            if empty:
+                why = f"no value {table.name} measured fits this class's {', '.join(empty)}"
+        if why:
+            print(f"skipped {spec.name}: {why}", file=out)
+        else:
+            kept.append(spec)
+    if not kept:
+        raise ConfigError("table_file", f"table {table.name} can answer none of the run's problem classes "
+                                        f"({', '.join(s.name for s in specs)})")
+    return kept
+
+
 def _table_spaces(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
     """A replayed study searches the knob values its table measured: any other value could only answer 'missing'."""
     if not isinstance(evaluator, ReplayEvaluator):
@@ -114,7 +141,7 @@ def _table_spaces(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
                for name, values in full.domain.items() if space.domain[name] != values]
         if cut:
             print(f"space ({direction}): only the knob values {table.name} measured: {'; '.join(cut)}", file=out)
-    return [replace(spec, space_override=table.space(spec.direction)) for spec in specs]
+    return _answerable([replace(spec, space_override=table.space(spec.direction)) for spec in specs], evaluator, out)
 
 
 def _incumbents(specs: list[StudySpec], evaluator, out) -> list[StudySpec]:
@@ -188,12 +215,13 @@ def run(config: RunConfig, out=None) -> int:
     settings = loop_settings_of(config, config.results or None, git_commit(), config.description)
     stop = StopFlag()
     previous = signal.signal(signal.SIGINT, _stop_handler(stop, out))
+    aborted = False
     outcomes: list[Outcome] = []
     disabled: dict[str, str] = {}
     try:
         with make_view(out) as view:
             proposers = make_proposers(config, view.message)
-            print(f"{len(specs)} studies, {config.n_trials} evaluated configs each; sampler {config.sampler}, "
+            print(f"{len(specs)} stud{'y' if len(specs) == 1 else 'ies'}, {config.n_trials} evaluated config{'' if config.n_trials == 1 else 's'} each; sampler {config.sampler}, "
                   f"proposers {', '.join(p.name for p in proposers) or 'none'}, turns {policy.describe() if proposers else 'the sampler only'}; "
                   f"evaluator {describe_evaluator(evaluator)}, slots {slots} (trials in flight at once)"
                   + (f"; a new study tries up to {max(len(s.transfer) for s in specs)} configs from {config.transfer_table}'s other "
@@ -203,15 +231,22 @@ def run(config: RunConfig, out=None) -> int:
                     outcomes.append(run_study(_loops(storage, spec, config, evaluator, proposers, policy, settings, view, stop, disabled, slots)))
                     if stop.requested:
                         break
+            except KeyboardInterrupt:  # a second Ctrl-C on the terminal: the trial in flight stays RUNNING
+                aborted = True
             finally:
                 for p in proposers:
                     p.close()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        # once stopping, a late SIGINT (one the process group got twice, e.g. through `uv run`) must not break the summary
+        signal.signal(signal.SIGINT, signal.SIG_IGN if stop.requested or aborted else previous)
         if hasattr(evaluator, "close"):
             evaluator.close()
     for o in outcomes:
         print(summary(o), file=out)
+    if aborted:
+        print("aborted by a second Ctrl-C: the trial in flight was left running (the same command requeues it and "
+              "continues)", file=out)
+        return INTERRUPTED
     if stop.requested:
         print("stopped by Ctrl-C; run the same command again to continue", file=out)
         return INTERRUPTED
@@ -234,11 +269,31 @@ def describe_evaluator(evaluator) -> str:
     return f"gpu, compiling ahead in {jobs} CPU processes" if jobs else "gpu, compiling on the GPU's turn"
 
 
-def _stop_handler(stop: StopFlag, out):
+REPEAT_S = 1.0  # a SIGINT this soon after the first is the same interrupt (`uv run` forwards the group's SIGINT ~0.2 s later)
+
+
+def on_terminal() -> bool:
+    """Whether this process is in the foreground of a terminal, where a second Ctrl-C is a person's (an agent's
+    harness or `timeout -s INT` runs it in a group of its own, without a terminal, and may signal it more than once)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stop_handler(stop: StopFlag, out, terminal: bool | None = None):
+    """The first SIGINT stops the run after the current trial; a later one aborts it only on a terminal, and only
+    REPEAT_S after the first (a process group's SIGINT often arrives twice: from the sender and from `uv run`)."""
+    terminal = on_terminal() if terminal is None else terminal
+    first: list[float] = []
+
     def handler(signum, frame):
-        stop.requested = True
-        print("Ctrl-C: stopping after the current trial (Ctrl-C again aborts)", file=out, flush=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if not first:
+            first.append(time.monotonic())
+            stop.requested = True
+            print("Ctrl-C: stopping after the current trial" + (" (Ctrl-C again aborts)" if terminal else ""), file=out, flush=True)
+        elif terminal and time.monotonic() - first[0] > REPEAT_S:
+            raise KeyboardInterrupt
 
     return handler
 

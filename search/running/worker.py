@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument("--evaluator", default="gpu", help="gpu or replay (default gpu)")
     p.add_argument("--table", default="", help="recorded table for the replay evaluator")
     p.add_argument("--replay-delay", type=float, default=0.0, help="seconds the replay evaluator waits per config")
-    p.add_argument("--compile-jobs", type=int, default=AUTO, help="CPU compile processes ahead of the GPU (default: cores - 1; 0: compile on the GPU's turn)")
+    p.add_argument("--compile-jobs", type=int, default=None, help="CPU compile processes ahead of the GPU (default: cores - 1; 0: compile on the GPU's turn)")
     p.add_argument("--slots", type=int, default=0, help="trials in flight in this worker (default: what the evaluator can use)")
     p.add_argument("--results", default="results.tsv", help="results.tsv path ('' for none)")
     p.add_argument("--description", default="", help="text for the results.tsv rows")
@@ -184,7 +184,10 @@ def _seed(base: int, worker_id: str) -> int:
 def _make_evaluator(args, target):
     if args.slots < 0:
         raise ConfigError("slots", f"--slots must be >= 0, got {args.slots}")
-    return make_evaluator(args.evaluator, target, table=args.table, replay_delay=args.replay_delay, compile_jobs=args.compile_jobs)
+    if args.compile_jobs is not None and args.compile_jobs < 0:
+        raise ConfigError("compile_jobs", f"--compile-jobs must be >= 0 (leave it out for every core but one), got {args.compile_jobs}")
+    jobs = AUTO if args.compile_jobs is None else args.compile_jobs
+    return make_evaluator(args.evaluator, target, table=args.table, replay_delay=args.replay_delay, compile_jobs=jobs)
 
 
 def main(args, out=None) -> int:
@@ -205,7 +208,7 @@ def main(args, out=None) -> int:
         make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
     evaluator = replay or _make_evaluator(args, plans[0][1].target)
     requeue = enable(storage, args.heartbeat, args.grace)  # nothing above wrote to the storage
-    print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} studies, evaluator {args.evaluator}"
+    print(f"worker {worker_id}: storage {describe(args.storage)}, {len(plans)} stud{'y' if len(plans) == 1 else 'ies'}, evaluator {args.evaluator}"
           + (f" on GPU {args.gpu}" if args.gpu is not None else ""), file=out, flush=True)
     if any(settings.proposer == "claude" for _, _, settings in plans):
         from search.proposing import claude

@@ -139,11 +139,13 @@ OCCUPANCY_WORDS = {emulated_occupancy.TARGET: "the target's CTAs per SM (launche
 
 
 def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, pruner: optuna.pruners.BasePruner | None = None) -> optuna.Study:
-    """Creates the study (and its attributes) or loads it; call check_existing first."""
+    """Creates the study (and its attributes) or loads it; call check_existing first. The attributes are computed
+    before the study is created, so that a space that cannot be described leaves no empty study behind."""
+    attrs = spec.user_attrs()
     study = optuna.create_study(study_name=spec.name, storage=storage, sampler=sampler, pruner=pruner or optuna.pruners.NopPruner(),
                                 direction="maximize", load_if_exists=True)
     if schema.SPACE_SIGNATURE not in study.user_attrs:
-        for key, value in spec.user_attrs().items():
+        for key, value in attrs.items():
             study.set_user_attr(key, value)
     return study
 

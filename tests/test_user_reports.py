@@ -1,0 +1,130 @@
+"""What a new user tripped on (issue 40, item 7): each report as a test that failed before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+
+from fa4tune.suites import load_suite
+from search_helpers import SUITE, run_cli, write_table
+
+DECODE = "decode b1 16k d128 gqa4"  # a recorded problem of a class the table never measured (as in h200_sweep.json)
+
+
+def _table_with_an_unmeasured_decode_problem(tmp_path):
+    path = write_table(tmp_path)
+    data = json.loads(path.read_text())
+    data["measurements"] = [m for m in data["measurements"] if m["kind"] == "fwd" and m["problem_class"] == "d128-causal-bf16"]
+    problems = [p for p in load_suite(SUITE) if p.problem_class.name == "d128-causal-bf16"]
+    problems += [p for p in load_suite("decode-classes") if p.label == DECODE]
+    data["problems"] = [p.to_dict() for p in problems]
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_replayed_run_skips_a_class_its_table_cannot_answer_with_one_line_and_leaves_no_study(tmp_path):
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    table = _table_with_an_unmeasured_decode_problem(tmp_path)
+    done = run_cli("run", "--storage", url, "--evaluator", "replay", "--table", table, "--direction", "fwd", "--proposer", "none",
+                   "--n-trials", "2", "--confirmations", "0", "--results", "", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    skipped = [line for line in done.stdout.splitlines() if line.startswith("skipped ")]
+    assert skipped == ["skipped fwd:d128-noncausal-gqa4-decode-bf16:sm120: synthetic_table.json has no fwd measurement of this class"]
+    from search.storing.storage import open_storage
+
+    names = optuna.study.get_all_study_names(open_storage(url))
+    assert names == ["fwd:d128-causal-bf16:sm120"]
+    assert "fwd:d128-causal-bf16:sm120: 2 evaluated" in done.stdout
+
+
+def test_compile_jobs_minus_one_is_a_one_line_error_naming_the_rule_and_value(tmp_path, capsys):
+    from search.__main__ import main
+
+    code = main(["run", "--storage", f"sqlite:///{tmp_path / 'search.db'}", "--evaluator", "replay", "--table", "x.json",
+                 "--compile-jobs", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("error: run_config_value:") and "compile_jobs must be >= 0" in err[0] and "got -1" in err[0]
+    assert not (tmp_path / "search.db").exists()
+
+
+def test_a_worker_refuses_compile_jobs_minus_one_too():
+    import argparse
+
+    import pytest
+
+    from fa4tune.config import ConfigError
+    from search.running.worker import _make_evaluator
+
+    with pytest.raises(ConfigError, match=r"compile_jobs: --compile-jobs must be >= 0 .*got -1"):
+        _make_evaluator(argparse.Namespace(slots=0, compile_jobs=-1, evaluator="gpu", table="", replay_delay=0.0), None)
+
+
+def test_one_study_and_one_trial_left_running_are_said_in_the_singular(tmp_path):
+    import io
+
+    from search.running import runner
+    from search.running.run_config import RunConfig
+    from search_helpers import CLASS, make_loop
+
+    out = io.StringIO()
+    config = RunConfig(storage=f"sqlite:///{tmp_path / 'search.db'}", suite=SUITE, directions=["fwd"], problem_classes=[CLASS],
+                       n_trials=1, proposer="none", evaluator="replay", table=str(write_table(tmp_path)), confirmations=0,
+                       results="")
+    assert runner.run(config, out) == 0
+    assert "1 study, 1 evaluated config each;" in out.getvalue()
+
+    storage = optuna.storages.InMemoryStorage()
+    loop, _, view = make_loop(write_table(tmp_path), storage=storage, n_trials=1, confirmations=0)
+    left = loop.study.ask()  # a trial a killed run left RUNNING
+    loop.run()
+    assert any(f"trial {left.number} was left running, closed as failed and requeued" in m for m in view.messages), view.messages
+
+
+# `uv run` forwards a SIGINT it gets to its child ~0.2 s later, so that a SIGINT sent to the process group (an agent's
+# harness, `timeout -s INT`) reaches the run twice; this stand-in does the same without needing uv on the PATH
+FORWARDER = """import signal, subprocess, sys, time
+child = subprocess.Popen(sys.argv[1:])
+def forward(signum, frame):
+    time.sleep(0.2)
+    child.send_signal(signal.SIGINT)
+signal.signal(signal.SIGINT, forward)
+sys.exit(child.wait() % 256)
+"""
+
+
+def test_sigint_to_the_process_group_outside_a_terminal_ends_with_the_summary_and_exit_130(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from optuna.trial import TrialState
+
+    from search.storing.storage import open_storage
+    from search_helpers import ROOT, replay_args
+
+    url = f"sqlite:///{tmp_path / 'search.db'}"
+    args = replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "30", "--confirmations", "0",
+                       "--replay-delay", "1.0")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
+    proc = subprocess.Popen([sys.executable, "-c", FORWARDER, sys.executable, "-m", "search", *map(str, args)], cwd=ROOT, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines, deadline = [], time.time() + 240
+    while sum(" trial " in line for line in lines) < 3:
+        assert time.time() < deadline and proc.poll() is None, "".join(lines) + proc.stderr.read()
+        lines.append(proc.stdout.readline())
+    os.killpg(proc.pid, signal.SIGINT)  # the whole group: the forwarder and the run
+    out, err = proc.communicate(timeout=60)
+    out = "".join(lines) + out
+    assert proc.returncode == 130, out + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "Ctrl-C: stopping after the current trial" in out
+    summary = [line for line in out.splitlines() if line.startswith("fwd:d128-causal-bf16:sm120: ")]
+    assert len(summary) == 1 and "(stopped by Ctrl-C)" in summary[0], out
+    assert out.rstrip().endswith("stopped by Ctrl-C; run the same command again to continue")
+    trials = optuna.load_study(study_name="fwd:d128-causal-bf16:sm120", storage=open_storage(url)).get_trials()
+    assert trials and all(t.state == TrialState.COMPLETE for t in trials)  # the trials finished so far are kept
