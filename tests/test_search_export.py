@@ -247,6 +247,20 @@ def test_a_replayed_export_never_says_its_winners_were_measured(winners_url):
     assert "each winner was replayed from the table (not measured by the harness) 2 times" in text and "re-measured" not in text
 
 
+def test_a_replayed_exports_pull_request_says_its_evidence_is_replayed_not_measured(winners_url, tmp_path):
+    # a user's report (issue 40): the .pr.md said "measured 3 times ... by the same harness" and never said replay
+    patch = tmp_path / "sm120-tuned.patch"
+    done = _export(winners_url, "--allow-replay", out=patch)
+    assert done.returncode == 0, done.stderr
+    pr = (tmp_path / "sm120-tuned.pr.md").read_text()
+    assert "> **Replayed, not measured:** the evidence below was replayed from the recorded table" in pr
+    assert "by the same harness" not in pr and "measured 3 times" not in pr
+    rows = [line for line in pr.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
+    assert rows and all("replayed 3 times from a recorded table (not measured), confirmed" in row for row in rows)
+    message = patch.read_text()
+    assert "same study, same harness" not in message and "measured 3 times" not in message
+
+
 # -- carrying our TMA class ----------------------------------------------------------------------------
 
 TMA_CLASS, SPLITKV_CLASS = "d64-noncausal-bf16", "d128-noncausal-bf16"
@@ -316,14 +330,14 @@ def test_a_tma_winner_is_carried_as_a_new_upstream_file_with_its_test_and_split_
     assert fallback.replaces.config == FWD_SPLITKV.to_dict() and fallback.config.kernel == "sm120"
     # only a winner is re-measured: the runner-up of upstream's kernel was measured once, and the message says so
     assert fallback.config == FWD_MHA_RUNNER_UP and fallback.confirmations == ()
-    assert f"#{fallback.trial.number}, " in prose and "measured 1 time, UNCONFIRMED (0 of 2 confirmations)" in prose
+    assert f"#{fallback.trial.number}, " in prose and "replayed 1 time from a recorded table (not measured), UNCONFIRMED (0 of 2 confirmations)" in prose
     # the pull request's text beside the patch: the evidence table, what changes, how to test
     pr = (tmp_path / "sm120-tuned.pr.md").read_text()
     assert pr.startswith("# cute: tune SM120") and "`flash_attn/cute/flash_fwd_sm120_tma.py` (new)" in pr
     tma = exporter._accept(studies[TMA_CLASS], 2, True)
     row = next(line for line in pr.splitlines() if line.startswith(f"| fwd | {TMA_CLASS} |"))
     assert f"| {tma.default.value:.1f} | {tma.trial.value:.1f} | {tma.trial.value / tma.default.value:.2f}x |" in row
-    assert "`FlashAttentionForwardSm120Tma`" in row and "measured 3 times, confirmed" in row
+    assert "`FlashAttentionForwardSm120Tma`" in row and "replayed 3 times from a recorded table (not measured), confirmed" in row
     assert "`pytest tests/cute/test_flash_attn_sm120_tma.py`" in pr and "Caveat" not in pr  # synthetic, not emulated
 
 

@@ -591,7 +591,23 @@ def _measured(w: Winner, needed: int) -> str:
     """How often the exported trial was measured, and whether that meets the confirmation rule."""
     times = 1 + len(w.confirmations)
     state = "confirmed" if len(w.confirmations) >= needed else f"UNCONFIRMED ({len(w.confirmations)} of {needed} confirmations)"
+    if replayed(w):  # a table's answer read again is no measurement: say so wherever the count is given
+        return f"replayed {times} time{'s' if times > 1 else ''} from a recorded table (not measured), {state}"
     return f"measured {times} time{'s' if times > 1 else ''}, {state}{_occupancy_note(w)}"
+
+
+def replayed(w: Winner) -> bool:
+    """Whether the exported trial's numbers were replayed from a recorded table (`--allow-replay`), not measured."""
+    return w.trial.evaluator == "replay"
+
+
+def evidence_source(winners: list[Winner], table_meta: dict | None = None) -> str:
+    """Where the evidence's numbers come from, for the sentences that introduce them."""
+    if any(replayed(w) for w in winners):
+        name = (table_meta or {}).get("name")
+        return (f"replayed from the recorded table{f' {name}' if name else ''}, not measured by the harness "
+                "(exported with --allow-replay)")
+    return "measured in the same study by the same harness"
 
 
 def _occupancy_note(w: Winner) -> str:
@@ -678,7 +694,8 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
                 f"kernel, #{w.trial.number}, {w.trial.value:.1f} TFLOPS (geomean) against the winner's "
                 f"{w.replaces.value:.1f}; {_measured(w, needed)}."
             )
-    lines += ["", "TFLOPS per problem, upstream's previous SM120 default and the exported config (same study, same harness):", "",
+    same = "same study, same harness" if not any(replayed(w) for w in winners) else evidence_source(winners, table_meta)
+    lines += ["", f"TFLOPS per problem, upstream's previous SM120 default and the exported config ({same}):", "",
               *_evidence_table(winners), "", "Exported configs:"]
     lines += [f"  {w.direction} {w.study.problem_class.name}: {_knobs(w.config)} ({_class_of(w)}; trial #{w.trial.number}, "
               f"{_measured(w, needed)})" for w in winners]

@@ -20,6 +20,9 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
     text = caveat(winners, table_meta)
     if text:
         lines += [f"> **Caveat:** {text}", ""]
+    if any(exporter.replayed(w) for w in winners):
+        lines += [f"> **Replayed, not measured:** the evidence below was {exporter.evidence_source(winners, table_meta)}; "
+                  "no GPU measured these configs for this patch. Measure them on an SM120 GPU before relying on it.", ""]
     lines += ["## What changes", ""]
     for path, old, _ in files:
         if path == "flash_attn/cute/interface.py":
@@ -34,7 +37,7 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
                          f"selected by `FwdConfig.{c.flag}`.")
     lines += ["", "## Evidence", "",
               "Geometric mean of TFLOPS over each class's problems, upstream's previous default and the exported config, "
-              "measured in the same study by the same harness:", "",
+              f"{exporter.evidence_source(winners, table_meta)}:", "",
               "| dir | problem class | default | exported | speedup | class | trial | measured | gate |",
               "|---|---|---:|---:|---:|---|---|---|---|"]
     for w in winners:
