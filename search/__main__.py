@@ -137,6 +137,7 @@ def _report(args) -> int:
     from search.storing.storage import describe, open_existing_storage
 
     url = _storage_url(args)
+    review_cli.check_plots(args)  # before anything is printed: a committed figure is not replaced without --force
     print(f"storage: {describe(url)}")
     storage = open_existing_storage(url)
     report(storage, sys.stdout)

@@ -128,3 +128,30 @@ def test_sigint_to_the_process_group_outside_a_terminal_ends_with_the_summary_an
     assert out.rstrip().endswith("stopped by Ctrl-C; run the same command again to continue")
     trials = optuna.load_study(study_name="fwd:d128-causal-bf16:sm120", storage=open_storage(url)).get_trials()
     assert trials and all(t.state == TrialState.COMPLETE for t in trials)  # the trials finished so far are kept
+
+
+def test_report_plots_refuses_to_replace_committed_figures_without_force(tmp_path):
+    import argparse
+    import subprocess
+
+    import pytest
+
+    from fa4tune.config import ConfigError
+    from search.reviewing.cli import FIGURES, check_plots
+    from search_helpers import ROOT
+
+    committed = [name for name in FIGURES if (ROOT / "docs" / "img" / name).is_file()]
+    assert committed, "docs/img holds the README's figures"
+    with pytest.raises(ConfigError, match=r"plots_committed: --plots .*docs/img: best_so_far.png, .* are committed to git.*--force"):
+        check_plots(argparse.Namespace(plots=str(ROOT / "docs" / "img"), force=False))
+    check_plots(argparse.Namespace(plots=str(ROOT / "docs" / "img"), force=True))  # --force: replaced as asked
+    # a folder of one's own, written before, is replaced without asking (its files are not committed)
+    own = tmp_path / "figures"
+    own.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (own / FIGURES[0]).write_bytes(b"png")
+    check_plots(argparse.Namespace(plots=str(own), force=False))
+    # the command: one error line and exit 2, before the report prints anything
+    done = run_cli("report", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--plots", "docs/img")
+    assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.startswith("error: plots_committed: --plots docs/img: ") and len(done.stderr.splitlines()) == 1

@@ -43,6 +43,31 @@ def add_report_options(p) -> None:
     p.add_argument("--table", default=None, help="take the figures' numbers from this recorded table")
     p.add_argument("--plot-class", default=None, help="forward problem class of the heat map and the registers plot")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs to be plotted (default 2)")
+    p.add_argument("--force", action="store_true", help="let --plots replace figures committed to git (e.g. docs/img)")
+
+
+FIGURES = ("best_so_far.png", "speedup.png", "tile_heatmap.png", "registers_spills.png")  # what --plots writes
+
+
+def check_plots(args) -> None:
+    """Before anything is read: `--plots DIR` does not replace a figure committed to git (docs/img holds the README's)
+    unless --force; a one-line ConfigError that names them. Untracked files in DIR are replaced as before."""
+    if not getattr(args, "plots", None) or getattr(args, "force", False):
+        return
+    import subprocess
+
+    out = Path(args.plots)
+    existing = [out / name for name in FIGURES if (out / name).is_file()]
+    if not existing:
+        return
+    try:
+        tracked = subprocess.run(["git", "ls-files", "--", *(p.name for p in existing)], cwd=out, capture_output=True,
+                                 text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return  # not in git: nothing committed to protect
+    if tracked:
+        raise ConfigError("plots_committed", f"--plots {args.plots}: {', '.join(tracked)} {'is' if len(tracked) == 1 else 'are'} "
+                                             "committed to git; write the figures into another folder, or pass --force to replace them")
 
 
 def plots(args, storage) -> None:
