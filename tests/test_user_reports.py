@@ -155,3 +155,20 @@ def test_report_plots_refuses_to_replace_committed_figures_without_force(tmp_pat
     done = run_cli("report", "--storage", f"sqlite:///{tmp_path / 'none.db'}", "--plots", "docs/img")
     assert done.returncode == 2 and done.stdout == "", done.stdout + done.stderr
     assert done.stderr.startswith("error: plots_committed: --plots docs/img: ") and len(done.stderr.splitlines()) == 1
+
+
+def test_an_unknown_suite_or_sampler_is_refused_before_experiment_py_and_cutlass_are_imported(tmp_path):
+    # a user's report (issue 40): a one-line error took 13-16 s, the replay table's space loading experiment.py first
+    import subprocess
+    import sys
+
+    from search_helpers import ROOT
+
+    probe = ("import sys\nfrom search.__main__ import main\n"
+             f"code = main(['run', '--storage', 'sqlite:///{tmp_path / 's.db'}', '--evaluator', 'replay', '--table', "
+             "'search/data/h200_sweep.json'] + sys.argv[1:])\n"
+             "print(code, 'cutlass' in sys.modules, 'experiment' in sys.modules, 'torch' in sys.modules)\n")
+    for option, value, needle in (("--suite", "nosuch", "unknown_suite"), ("--sampler", "nosuch", "sampler")):
+        done = subprocess.run([sys.executable, "-c", probe, option, value], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
+        assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr

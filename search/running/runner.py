@@ -191,6 +191,8 @@ def plan(config: RunConfig, out) -> Plan:
     """Checks the numbers, target, evaluator, problems, sampler and turn policy of a run; ConfigError for bad input."""
     _check_numbers(config)
     target = get_target(config.target)
+    load_suite(config.suite)  # an unknown suite fails here, before the evaluator loads experiment.py (cutlass: seconds)
+    check_sampler(config.sampler)
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
