@@ -1,7 +1,7 @@
 """experiment.py: the file a coding agent edits (see program.md).
 
-It holds the per-problem-class dispatch tables, `attention()`, which runs any problem of the suites through
-them, and the agent's own kernel classes. Our kernel classes are in kernels/ (one per file); a class defined
+It holds the per-problem-class dispatch tables, the call path the harness times (`attention`, through
+fa4tune.api) and the agent's own kernel classes. Our kernel classes are in kernels/ (one per file); a class defined
 here joins them under the `name` it declares (fa4tune.kernel_class). Everything else (harness, timing,
 correctness gate, metric lines, results.tsv) lives in prepare.py and fa4tune/, which the agent does not edit.
 
@@ -19,497 +19,27 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
-import math
-from functools import partial
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import Callable, Optional
 
-import cuda.bindings.driver as cuda
-import cutlass
-import cutlass.cute as cute
-import torch
-from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import warp
-from flash_attn.cute import ampere_helpers as sm80_utils
-from flash_attn.cute import utils
-from flash_attn.cute.block_info import BlockInfo
-from flash_attn.cute.block_sparsity import BlockSparseTensors
-from flash_attn.cute.cute_dsl_utils import assume_tensor_aligned
 from flash_attn.cute.flash_bwd_sm120 import FlashAttentionBackwardSm120
-from flash_attn.cute.mask import AttentionMask
-from flash_attn.cute.pack_gqa import PackGQA, pack_gqa_layout
-from flash_attn.cute.seqlen_info import SeqlenInfoQK
-from flash_attn.cute.softmax import Softmax
-from flash_attn.cute.tile_scheduler import SingleTileScheduler, TileSchedulerArguments
-from flash_attn.cute.utils import AuxData
-from quack import layout_utils
 
-from fa4tune import defaults
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass, regime_of
-from fa4tune.feasibility import OK, Verdict
-from fa4tune.kernel_class import Limits, forward_kernel
-from fa4tune.sm120_interface import build
-from kernels.tuned_forward_sm120 import TunedForwardSm120
+from fa4tune import api
+from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.kernel_class import forward_kernel
 
 # ---------------------------------------------------------------------------------------------
 # Kernel classes. A forward class defined here is tunable as soon as it declares, as
 # kernels/tma_forward_sm120.py does: `name` (the ForwardConfig `kernel` value that selects it), `knobs`
 # (its own constructor knobs and their domains), `limits`, `smem_bytes` and `can_implement`. Subclass
-# kernels.tuned_forward_sm120.TunedForwardSm120 (upstream's) or kernels.tma_forward_sm120.TmaForwardSm120
-# and override what you change. Every knob of a config arrives through the constructor.
+# kernels.tuned_forward_sm120.TunedForwardSm120 (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or
+# kernels.splitkv_forward_sm120.SplitKvForwardSm120 and override what you change. Every knob of a config arrives
+# through the constructor.
 # ---------------------------------------------------------------------------------------------
 
 
 class TunedBackwardSm120(FlashAttentionBackwardSm120):
     """Upstream's SM120 backward, all knobs from the config."""
-
-
-# Split-KV (issue #13): one query token over a long KV gives upstream's SM120 forward one CTA per (batch, KV head)
-# with GQA packing, a handful of CTAs for the whole GPU. Splitting the KV sequence across CTAs fills the machine;
-# upstream's combine kernel (flash_attn.cute.flash_fwd_combine, cp.async + fp32 math, nothing SM120 lacks) merges
-# the fp32 partial outputs by their LSEs.
-
-SPLITS_DOMAIN = (0, 1, 2, 4, 8, 16, 32, 64, 128)  # 0: split_kv_heuristic; upstream's combine takes up to 256
-MIN_BLOCKS_PER_SPLIT = 2  # below this a split's prologue (Q load, pipeline fill) and its partial write dominate
-ASSUMED_REGISTERS = 255  # registers per thread before compiling (the SM120 forwards compile at 226-255)
-STATIC_SHAPES = {"decode": (1, 4096), "chunked": (512, 8192), "prefill": (8192, 8192)}  # (seqlen_q, seqlen_k) per regime
-
-
-def ctas_per_sm(kernel: type, config: ForwardConfig, pc: ProblemClass, target) -> int:
-    """CTAs of `config` one SM holds at once, by shared memory, threads and (assumed) registers."""
-    smem = kernel.smem_bytes(config, pc)[0] + target.smem_reserved_per_block
-    by_registers = target.registers_per_sm // (config.num_threads * ASSUMED_REGISTERS)
-    return max(1, min(target.smem_per_sm // smem, target.max_threads_per_sm // config.num_threads,
-                      target.max_blocks_per_sm, by_registers))
-
-
-def split_kv_heuristic(total_mblocks: int, num_n_blocks: int, slots: int, max_splits: int = SPLITS_DOMAIN[-1]) -> int:
-    """How many KV splits: enough CTAs to fill `slots` (SMs x CTAs per SM) once, never more than one wave, each
-    split at least MIN_BLOCKS_PER_SPLIT KV blocks long (upstream's num_splits_heuristic with CTAs per SM and a
-    minimum split length), then the fewest splits that keep that length, so that no split is empty."""
-    if total_mblocks <= 0 or num_n_blocks < 2 * MIN_BLOCKS_PER_SPLIT:
-        return 1
-    splits = max(1, min(slots // total_mblocks, num_n_blocks // MIN_BLOCKS_PER_SPLIT, max_splits))
-    # the fewest splits with the same blocks per split: splits of ceil(n / S) blocks leave the last ones empty when S
-    # does not divide n (33 splits of 256 blocks: 32 of 8 blocks and an empty one), and an empty split still costs a
-    # CTA, a partial and a combine wider than 32 (docs/measurements/2026-12-03-h200-decode-split-rounding.md)
-    return -(-num_n_blocks // -(-num_n_blocks // splits))
-
-
-class SplitKvForwardSm120(TunedForwardSm120):
-    """Upstream's SM120 forward with the KV sequence split across CTAs (split-KV), GQA heads packed into M.
-
-    The grid is (m blocks, heads x splits, batch) (upstream's SingleTileScheduler with is_split_kv); split s of
-    an m block runs KV blocks [s*ceil(n/S), (s+1)*ceil(n/S)) of that block's range (upstream's BlockInfo, causal
-    ranges included), walking them from the last down as upstream's mainloop does, and never loading a block
-    below its range. Each split writes its fp32 partial O straight from the accumulator registers (no shared
-    memory: the partial is 4 bytes wide and the write is small next to the split's K/V reads) and its LSE;
-    a split with no KV block (ceil division, or causal ranges shorter than S splits) writes LSE = -inf, which the
-    combine weighs 0. The host (fa4tune.sm120_interface) allocates the partials when num_splits_for(...) > 1 and
-    runs upstream's combine after; the kernel knows it runs split when O has the partials' extra mode.
-    """
-
-    name = "sm120_splitkv"
-    knobs = {"num_splits": SPLITS_DOMAIN}
-    # head dims: the ones the combine's tiles and the gate matrix cover (64, 96, 128)
-    limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 128))
-
-    def __init__(self, *args, num_splits: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent
-        self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)
-        assert self.score_mod is None and self.mask_mod is None, "sm120_splitkv has no score_mod / mask_mod"
-
-    @classmethod
-    def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
-        """Upstream's tiles: the partial O leaves from registers, so splitting adds no shared memory."""
-        return super().smem_bytes(config, problem_class)
-
-    @classmethod
-    def num_n_blocks(cls, config, problem) -> int:
-        """KV blocks of the longest row range (non-causal or causal bottom-right: all of seqlen_k)."""
-        return -(-problem.seqlen_k // config.tile_n)
-
-    @classmethod
-    def num_splits_for(cls, config, problem, num_sms: int) -> int:
-        """The splits this config runs `problem` with: its num_splits knob, or (0) split_kv_heuristic."""
-        chosen = config.extra_knobs.get("num_splits", 0)
-        if chosen:
-            return chosen
-        from fa4tune.targets import get_target
-
-        pc = problem.problem_class
-        rows = problem.seqlen_q * pc.qhead_per_kvhead  # GQA heads packed into M
-        total_mblocks = problem.batch * problem.num_heads_kv * -(-rows // config.tile_m)
-        slots = num_sms * ctas_per_sm(cls, config, pc, get_target())
-        return split_kv_heuristic(total_mblocks, cls.num_n_blocks(config, problem), slots)
-
-    @classmethod
-    def can_implement_problem(cls, config, problem, target) -> Verdict:
-        """Per-problem rules: an explicit num_splits within the KV blocks; causal only bottom-right with sq <= sk."""
-        splits, blocks = config.extra_knobs.get("num_splits", 0), cls.num_n_blocks(config, problem)
-        if splits > blocks:
-            return Verdict(False, "num_splits_le_kv_blocks",
-                           f"num_splits={splits} is more than the {blocks} KV blocks of seqlen_k={problem.seqlen_k} "
-                           f"with tile_n={config.tile_n}")
-        if problem.causal and problem.seqlen_q > problem.seqlen_k:
-            # bottom-right alignment leaves the first sq - sk query rows with no key at all
-            return Verdict(False, "causal_seqlen_q_le_seqlen_k",
-                           f"causal needs seqlen_q <= seqlen_k (bottom-right aligned), got seqlen_q={problem.seqlen_q} "
-                           f"> seqlen_k={problem.seqlen_k}")
-        return OK
-
-    @classmethod
-    def static_problem(cls, problem_class):
-        """The static check's shape: the workload of the class's regime, so that its facts are those of the kernel
-        the class's problems run. A decode (one query token over 4K keys) splits; a chunked prefill (512 over 8K,
-        causal) splits where its query tiles leave CTA slots free (without GQA packing); a prefill (8K over 8K, 16 KV
-        heads: more query tiles than any SM120 part's CTA slots) runs unsplit unless num_splits asks for splits."""
-        from fa4tune.config import Problem
-
-        kv_heads = 16 if problem_class.regime == "prefill" else 8
-        sq, sk = STATIC_SHAPES[problem_class.regime]
-        return Problem(1, sq, sk, kv_heads * problem_class.qhead_per_kvhead, kv_heads, problem_class.head_dim,
-                       problem_class.head_dim_v, problem_class.causal, problem_class.dtype, backward=False)
-
-    @cute.jit
-    def __call__(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
-        softmax_scale: Float32,
-        mCuSeqlensQ: Optional[cute.Tensor] = None,
-        mCuSeqlensK: Optional[cute.Tensor] = None,
-        mSeqUsedQ: Optional[cute.Tensor] = None,
-        mSeqUsedK: Optional[cute.Tensor] = None,
-        mPageTable: Optional[cute.Tensor] = None,
-        window_size_left: Int32 | int | None = None,
-        window_size_right: Int32 | int | None = None,
-        learnable_sink: Optional[cute.Tensor] = None,
-        blocksparse_tensors: Optional[BlockSparseTensors] = None,
-        aux_data: AuxData = AuxData(),
-        mCuTotalMBlocks: Optional[cute.Tensor] = None,
-        mCuTotalSplitsMBlocks: Optional[cute.Tensor] = None,
-        stream: cuda.CUstream = None,
-    ):
-        """Upstream's SM80 host code with split-KV: O (num_splits, b, s, h, d) fp32 and LSE (num_splits, b, h, s)."""
-        assert learnable_sink is None and mPageTable is None, "sm120_splitkv: no learnable sink, no paged KV"
-        assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None and mSeqUsedK is None, \
-            "sm120_splitkv: no varlen"
-        self.is_split_kv = len(mO.shape) == 5
-        if const_expr(self.is_split_kv):
-            assert mO.element_type == Float32 and mLSE is not None, "split-KV partials are fp32 O with an LSE"
-        o_type = mQ.element_type if const_expr(self.is_split_kv) else mO.element_type
-        self._check_type(mQ.element_type, mK.element_type, mV.element_type, o_type,
-                         mLSE.element_type if const_expr(mLSE is not None) else None, None, None, None, None)
-        tiled_mma_qk, tiled_mma_pv = self._get_tiled_mma()
-        self.num_mma_threads = tiled_mma_pv.size
-        self.num_producer_threads = self.num_threads
-        self.num_Q_load_threads = self.num_threads
-        self.num_epilogue_threads = self.num_threads
-        self.use_tma_O = False
-        self._setup_attributes()
-        SharedStorage = self._get_shared_storage_cls()
-        mQ, mK, mV, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mV, mO)]
-        to_kernel = lambda t, order: cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
-        num_splits = mO.shape[0] if const_expr(self.is_split_kv) else Int32(1)
-        # (b, s, h, d) -> (s, d, h, b); the partials' split mode goes last: (s, d, h, b, split)
-        mQ = to_kernel(mQ, [1, 3, 2, 0])
-        mK, mV = to_kernel(mK, [1, 3, 2, 0]), to_kernel(mV, [1, 3, 2, 0])
-        mO = to_kernel(mO, [2, 4, 3, 1, 0] if const_expr(self.is_split_kv) else [1, 3, 2, 0])
-        if const_expr(mLSE is not None):
-            mLSE = to_kernel(mLSE, [3, 2, 1, 0] if const_expr(self.is_split_kv) else [2, 1, 0])
-        if const_expr(self.pack_gqa):
-            nheads_kv = mK.shape[2]
-            mQ = pack_gqa_layout(mQ, self.qhead_per_kvhead, nheads_kv, head_idx=2)
-            mO = pack_gqa_layout(mO, self.qhead_per_kvhead, nheads_kv, head_idx=2)
-            if const_expr(mLSE is not None):
-                mLSE = pack_gqa_layout(mLSE, self.qhead_per_kvhead, nheads_kv, head_idx=1)
-        tile_sched_args = TileSchedulerArguments(
-            num_block=cute.ceil_div(cute.size(mQ.shape[0]), self.tile_m),
-            num_head=cute.size(mQ.shape[2]),
-            num_batch=cute.size(mQ.shape[3]),
-            num_splits=num_splits,
-            seqlen_k=0,
-            headdim=mQ.shape[1],
-            headdim_v=mV.shape[1],
-            total_q=cute.size(mQ.shape[0]) * cute.size(mQ.shape[3]),
-            tile_shape_mn=(self.tile_m, self.tile_n),
-            qhead_per_kvhead_packgqa=self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1,
-            is_split_kv=self.is_split_kv,
-        )
-        tile_sched_params = SingleTileScheduler.to_underlying_arguments(tile_sched_args)
-        grid_dim = SingleTileScheduler.get_grid_shape(tile_sched_params)
-        softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(softmax_scale, self.score_mod)
-        self.kernel(
-            mQ, mK, mV, mO, mLSE, softmax_scale_log2, softmax_scale, num_splits,
-            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
-            self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
-            tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,
-        ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
-
-    @cute.kernel
-    def kernel(
-        self,
-        mQ: cute.Tensor,
-        mK: cute.Tensor,
-        mV: cute.Tensor,
-        mO: cute.Tensor,
-        mLSE: Optional[cute.Tensor],
-        softmax_scale_log2: Float32,
-        softmax_scale: Optional[Float32],
-        num_splits: Int32,
-        sQ_layout: cute.ComposedLayout,
-        sK_layout: cute.ComposedLayout,
-        sV_layout: cute.ComposedLayout,
-        sO_layout: cute.ComposedLayout,
-        gmem_tiled_copy_Q: cute.TiledCopy,
-        gmem_tiled_copy_K: cute.TiledCopy,
-        gmem_tiled_copy_V: cute.TiledCopy,
-        gmem_tiled_copy_O: cute.TiledCopy,
-        tiled_mma_qk: cute.TiledMma,
-        tiled_mma_pv: cute.TiledMma,
-        SharedStorage: cutlass.Constexpr,
-        tile_sched_params,
-    ):
-        tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.is_split_kv):
-            # the combine (a programmatic dependent launch) may be scheduled now; it waits for this grid's partials
-            cute.arch.griddepcontrol_launch_dependents()
-        tile_scheduler = SingleTileScheduler.create(tile_sched_params)
-        work_tile = tile_scheduler.initial_work_tile_info()
-        m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx
-        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, mK.shape[0])
-        qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
-        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.is_split_kv,
-                               qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
-        seqlen = SeqlenInfoQK.create(
-            batch_idx=batch_idx,
-            seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],
-            seqlen_k_static=mK.shape[0],
-        )
-        n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block, split_idx, num_splits)
-
-        smem = cutlass.utils.SmemAllocator()
-        storage = smem.allocate(SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.tile_hdimv)), Float32)
-        acc_O.fill(0.0)
-        softmax = Softmax.create(softmax_scale_log2, num_rows=acc_O.shape[0][0] * acc_O.shape[1], softmax_scale=softmax_scale)
-        softmax.reset()
-        if n_block_min < n_block_max:
-            self.mainloop(mQ, mK, mV, storage, sQ, sK_layout, sV_layout, gmem_tiled_copy_Q, gmem_tiled_copy_K,
-                          gmem_tiled_copy_V, tiled_mma_qk, tiled_mma_pv, acc_O, softmax, seqlen, block_info,
-                          m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx)
-            softmax.rescale_O(acc_O, softmax.finalize())
-        else:
-            # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight
-            softmax.row_sum.fill(-Float32.inf)
-        if const_expr(self.is_split_kv):
-            self.epilogue_partial(acc_O, softmax.row_sum, mO[None, None, None, None, split_idx],
-                                  mLSE[None, None, None, split_idx], seqlen, tiled_mma_pv, tidx, m_block, head_idx, batch_idx)
-        else:
-            sO = cute.make_tensor(sQ.iterator, sO_layout)
-            self.epilogue(acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv,
-                          tidx, m_block, head_idx, batch_idx)
-
-    def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
-        """The tile a CTA runs, from its block index's (the grid's head mode holds head x split) and the keys per head:
-        the same here."""
-        return m_block, head, batch
-
-    @cute.jit
-    def mainloop(self, mQ, mK, mV, storage, sQ, sK_layout, sV_layout, gmem_tiled_copy_Q, gmem_tiled_copy_K,
-                 gmem_tiled_copy_V, tiled_mma_qk, tiled_mma_pv, acc_O, softmax, seqlen, block_info,
-                 m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx):
-        """Upstream's SM80 mainloop over KV blocks [n_block_min, n_block_max), last block first."""
-        num_head_kv = head_idx if const_expr(self.pack_gqa) else head_idx // self.qhead_per_kvhead
-        mQ_cur = mQ[None, None, head_idx, batch_idx]
-        gK = cute.local_tile(mK[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdim), (None, 0))
-        gV = cute.local_tile(mV[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdimv), (None, 0))
-        sK = storage.sK.get_tensor(sK_layout)
-        if const_expr(not self.Q_in_regs):
-            sV = storage.sV.get_tensor(sV_layout)
-        else:
-            sV = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=self.dtype), sV_layout)
-        sVt = layout_utils.transpose_view(sV)
-        gmem_thr_copy_K = gmem_tiled_copy_K.get_slice(tidx)
-        gmem_thr_copy_V = gmem_tiled_copy_V.get_slice(tidx)
-        tKsK, tKgK = gmem_thr_copy_K.partition_D(sK), gmem_thr_copy_K.partition_S(gK)
-        tVsV, tVgV = gmem_thr_copy_V.partition_D(sV), gmem_thr_copy_V.partition_S(gV)
-        thr_mma_qk = tiled_mma_qk.get_slice(tidx)
-        thr_mma_pv = tiled_mma_pv.get_slice(tidx)
-        tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
-        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK[None, None, 0]))
-        tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt[None, None, 0]))
-        copy_QK = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-        copy_V = cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype)
-        smem_thr_copy_Q = utils.make_tiled_copy_A(copy_QK, tiled_mma_qk).get_slice(tidx)
-        smem_thr_copy_K = utils.make_tiled_copy_B(copy_QK, tiled_mma_qk).get_slice(tidx)
-        smem_thr_copy_V = utils.make_tiled_copy_B(copy_V, tiled_mma_pv).get_slice(tidx)
-        tSsQ = smem_thr_copy_Q.partition_S(sQ)
-        tSsK = smem_thr_copy_K.partition_S(sK)
-        tOsVt = smem_thr_copy_V.partition_S(sVt)
-        cK = cute.make_identity_tensor((self.tile_n, self.tile_hdim))
-        tKcK = gmem_thr_copy_K.partition_S(cK)
-        t0KcK = gmem_thr_copy_K.get_slice(0).partition_S(cK)
-        if const_expr(self.tile_hdim == self.tile_hdimv):
-            tVcV, t0VcV = tKcK, t0KcK
-        else:
-            cV = cute.make_identity_tensor((self.tile_n, self.tile_hdimv))
-            tVcV = gmem_thr_copy_V.partition_S(cV)
-            t0VcV = gmem_thr_copy_V.get_slice(0).partition_S(cV)
-        tKpK = utils.predicate_k(tKcK, limit=mK.shape[1])
-        tVpV = tKpK if const_expr(self.same_hdim_kv) else utils.predicate_k(tVcV, limit=mV.shape[1])
-        load_K = partial(self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k)
-        load_V = partial(self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k)
-        step = partial(
-            self.compute_block,
-            mma=SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O),
-            smem_copy=SimpleNamespace(smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K,
-                                      smem_thr_copy_V=smem_thr_copy_V, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt),
-            softmax=softmax, load_K=load_K, load_V=load_V, n_block_min=n_block_min,
-        )
-
-        # Prologue: Q, then K and V of the first num_stages blocks, none below the split. Upstream leaves the last
-        # stage's V to the first block's step (after K of that block has landed), so a split of num_stages blocks
-        # waits for two round trips to memory; here that V goes out with the prologue too (V_ahead), except with
-        # Q_in_regs, where that V buffer holds Q until Q is in registers. The cp.async groups keep upstream's order.
-        n_block = n_block_max - 1
-        if const_expr(not self.pack_gqa):
-            gQ = cute.local_tile(mQ_cur, (self.tile_m, self.tile_hdim), (m_block, 0))
-            self.load_Q(gmem_tiled_copy_Q.get_slice(tidx), gQ, sQ, m_block, seqlen=seqlen.seqlen_q, headdim=mQ.shape[1])
-        else:
-            pack_gqa = PackGQA(self.tile_m, self.tile_hdim, self.check_hdim_oob, self.qhead_per_kvhead)
-            pack_gqa.load_Q(mQ_cur, sQ, gmem_tiled_copy_Q, tidx, m_block, seqlen.seqlen_q)
-        cute.arch.cp_async_commit_group()
-
-        def preprocess_Q():
-            # Q's group landed: later groups are K and V of the stages (V_ahead: one more, the last stage's V)
-            cute.arch.cp_async_wait_group(self.num_stages * 2 - 1 + (1 if const_expr(self.V_ahead) else 0))
-            if const_expr(self.Q_in_regs):
-                cute.arch.barrier()
-                cute.copy(smem_thr_copy_Q, tSsQ, smem_thr_copy_Q.retile(tSrQ))
-
-        if const_expr(self.Q_in_regs):
-            load_K(n_block, smem_pipe_write=0, need_predicates=True)
-            cute.arch.cp_async_commit_group()
-            preprocess_Q()
-            cute.arch.barrier()  # every thread has read Q before V overwrites its buffer
-        for stage in cutlass.range_constexpr(self.num_stages):
-            if const_expr(not self.Q_in_regs or stage > 0):
-                if stage == 0 or n_block - stage >= n_block_min:
-                    load_K(n_block - stage, smem_pipe_write=stage, need_predicates=stage == 0)
-                cute.arch.cp_async_commit_group()
-            if const_expr(stage < self.num_stages - 1 or self.V_ahead):
-                if stage == 0 or n_block - stage >= n_block_min:
-                    load_V(n_block - stage, smem_pipe_write=stage, need_predicates=stage == 0)
-                cute.arch.cp_async_commit_group()
-        if const_expr(not self.Q_in_regs):
-            preprocess_Q()
-
-        mask = AttentionMask(self.tile_m, self.tile_n, seqlen, None, None, qhead_packed_of(self))
-        mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block, thr_mma=thr_mma_qk,
-                          mask_causal=self.is_causal, mask_local=False, mask_mod=None)
-        # the split's last block first, masked for seqlen_k (and causal); then the causal diagonal's blocks;
-        # then the unmasked rest down to the split's first block
-        read, write = Int32(0), Int32(self.num_stages - 1)
-        step(n_block, read, write, is_first_n_block=True, mask_fn=partial(mask_fn, mask_seqlen=True))
-        read, write = self.advance_pipeline(read), self.advance_pipeline(write)
-        if const_expr(self.is_causal):
-            n_block_causal = block_info.get_n_block_min_causal_local_mask(seqlen, m_block, n_block_min)
-            for n_tile in cutlass.range(n_block_max - 1 - n_block_causal, unroll=1):
-                n_block = n_block_max - 2 - n_tile
-                step(n_block, read, write, mask_fn=partial(mask_fn, mask_seqlen=True))
-                read, write = self.advance_pipeline(read), self.advance_pipeline(write)
-        for n_tile in cutlass.range(n_block - n_block_min, unroll=1):
-            step(n_block - n_tile - 1, read, write, mask_fn=partial(mask_fn, mask_seqlen=False))
-            read, write = self.advance_pipeline(read), self.advance_pipeline(write)
-
-    @cute.jit
-    def compute_block(self, n_block: Int32, smem_pipe_read: Int32, smem_pipe_write: Int32, mma: SimpleNamespace,
-                      smem_copy: SimpleNamespace, softmax: Softmax, load_K: Callable, load_V: Callable,
-                      n_block_min: Int32, mask_fn: Callable, is_first_n_block: cutlass.Constexpr = False):
-        """One KV block: S = Q K^T, mask, online softmax, O += P V; upstream's compute_one_n_block, except that
-        the next K/V loads stop at the split's first block (n_block_min), not at block 0."""
-        stage_of = lambda index: index if const_expr(self.num_stages > 1) else 0
-
-        def sync(pending: cutlass.Constexpr = self.num_stages * 2 - 2):
-            cute.arch.cp_async_wait_group(pending)
-            cute.arch.barrier()
-
-        acc_S = cute.make_rmem_tensor(mma.thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        acc_S.fill(0.0)
-        if const_expr(is_first_n_block and self.V_ahead):
-            # the prologue sent this step's V load (its own group, the last): K of this block has landed when
-            # one group more than upstream's count is still in flight; the group order after this step is upstream's
-            sync(self.num_stages * 2 - 1)
-        else:
-            sync()  # K of this block has landed
-            if self.num_stages == 1 or n_block - self.num_stages + 1 >= n_block_min:
-                load_V(n_block - self.num_stages + 1, smem_pipe_write, need_predicates=is_first_n_block and self.num_stages == 1)
-            cute.arch.cp_async_commit_group()
-        sm80_utils.gemm(mma.thr_mma_qk, acc_S, mma.tSrQ, mma.tSrK, smem_copy.tSsQ, smem_copy.tSsK[None, None, None, stage_of(smem_pipe_read)],
-                        smem_copy.smem_thr_copy_Q, smem_copy.smem_thr_copy_K, A_in_regs=self.Q_in_regs)
-        smem_pipe_write = self.advance_pipeline(smem_pipe_write)
-
-        def load_K_next():
-            if n_block - self.num_stages >= n_block_min:
-                load_K(n_block - self.num_stages, smem_pipe_write, need_predicates=False)
-            cute.arch.cp_async_commit_group()
-
-        if const_expr(self.num_stages == 1):
-            sync()  # V of this block has landed
-            load_K_next()
-        mask_fn(acc_S, n_block=n_block)
-        row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=True)
-        softmax.rescale_O(mma.acc_O, row_scale)
-        rP = cute.make_fragment_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
-        if const_expr(self.num_stages > 1):
-            sync()
-            load_K_next()
-        sm80_utils.gemm_rs(mma.thr_mma_pv, mma.acc_O, layout_utils.reshape_acc_to_frgA(rP), mma.tOrVt,
-                           smem_copy.tOsVt[None, None, None, stage_of(smem_pipe_read)], smem_copy.smem_thr_copy_V)
-
-    @cute.jit
-    def epilogue_partial(self, acc_O: cute.Tensor, lse: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                         seqlen: SeqlenInfoQK, tiled_mma: cute.TiledMma, tidx: Int32, m_block: Int32,
-                         head_idx: Int32, batch_idx: Int32):
-        """One split's fp32 O rows and LSE, from the accumulator registers straight to the partial buffers."""
-        thr_mma = tiled_mma.get_slice(tidx)
-        cO = cute.make_identity_tensor((self.tile_m, self.tile_hdimv))
-        tOcO = layout_utils.reshape_acc_to_mn(thr_mma.partition_C(cO))
-        rO = layout_utils.reshape_acc_to_mn(acc_O)
-        mLSE_cur = mLSE[None, head_idx, batch_idx]
-        mO_cur = mO[None, None, head_idx, batch_idx]
-        rows = seqlen.seqlen_q * qhead_packed_of(self)
-        head_dim_v = mO.shape[1]
-        for r in cutlass.range_constexpr(cute.size(rO, mode=[0])):
-            row = m_block * self.tile_m + tOcO[r, 0][0]
-            if row < rows:
-                if const_expr(self.pack_gqa):
-                    m_idx = row // self.qhead_per_kvhead
-                    coord = (row - m_idx * self.qhead_per_kvhead, m_idx)  # (query head in the group, position)
-                else:
-                    coord = row
-                if tOcO[0, 0][1] == 0:  # one thread of the row's quad writes its LSE
-                    lse_row = cute.make_tensor(utils.elem_pointer(mLSE_cur, (coord,)), cute.make_layout((1,)))
-                    lse_row[0] = lse[r]
-                o_row = cute.make_tensor(utils.elem_pointer(mO_cur, (coord, 0)), cute.make_layout((self.tile_hdimv,)))
-                for c in cutlass.range_constexpr(cute.size(rO, mode=[1])):
-                    col = tOcO[r, c][1]
-                    if const_expr(not self.check_hdim_v_oob) or col < head_dim_v:
-                        o_row[col] = rO[r, c]
-
-
-def qhead_packed_of(kernel) -> int:
-    """Query heads packed into one M row block (1 without GQA packing)."""
-    return kernel.qhead_per_kvhead if kernel.pack_gqa else 1
 
 
 def kernel_class(config) -> type:
@@ -520,206 +50,93 @@ def kernel_class(config) -> type:
 
 
 # ---------------------------------------------------------------------------------------------
-# Dispatch tables: problem class name -> config. Seeded with upstream's SM120 defaults;
-# `python -m search apply` rewrites entries with confirmed winners.
+# Dispatch tables: problem class name -> config; a class without an entry takes its fallback class's (a chunked
+# class's prefill class), then upstream's default. `python -m search apply` rewrites entries with confirmed winners.
+# Why each entry is what it is: docs/measurements/ (docs/results.md indexes the records).
 # ---------------------------------------------------------------------------------------------
 
+PREFILL = ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False)  # upstream's tiles
+TRIMMED = replace(PREFILL, kernel="sm120_tma_trimmed")  # paired longest-first TMA, masked PV trimmed
+DECODE = ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False, kernel="sm120_splitkv",
+                       extra={"num_splits": 0})  # split-KV, the heuristic's split count
+
 FORWARD_DISPATCH: dict[str, ForwardConfig] = {
-    "d128-noncausal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
-    "d128-causal-bf16": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True),
-    "d96-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    # the causal prefills below: their TMA twins with tiles handed out longest first, faster on every problem of the
-    # class (docs/measurements/2026-12-04-h200-lpt-classes.md)
-    "d96-causal-bf16": ForwardConfig(  # trimmed since 2026-12-04 (docs/measurements/2026-12-04-h200-trimmed-pv.md)
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_trimmed",
-    ),
-    "d64-noncausal-bf16": ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=1, Q_in_regs=False),
-    "d64-causal-bf16": ForwardConfig(  # trimmed since 2026-12-04 (docs/measurements/2026-12-04-h200-trimmed-pv.md)
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
-    ),
-    "d128-causal-gqa4-bf16": ForwardConfig(
-        tile_m=64, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_lpt",
-    ),
-    "d128-noncausal-gqa4-bf16": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False),
-    # Decode classes (at most DECODE_MAX_SEQLEN_Q query tokens): split-KV with its heuristic's split count
-    # (docs/measurements/2026-12-01-h200-splitkv.md: 3.0-22x upstream's SM120 path, on par with SDPA).
-    "d64-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                               kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d64-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d64-noncausal-gqa8-decode-bf16": ForwardConfig(
-        tile_m=32, tile_n=96, num_threads=64, num_stages=3, Q_in_regs=False, kernel="sm120_splitkv",
-        extra={"num_splits": 0},
-    ),
-    "d64-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                            kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d64-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d64-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=32, num_threads=64, num_stages=2, Q_in_regs=False,
-                                               kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                    kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=1, Q_in_regs=True,
-                                            kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=96, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d96-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=96, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                 kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-noncausal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-noncausal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-noncausal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                     kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-causal-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                             kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-causal-gqa4-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
-    "d128-causal-gqa8-decode-bf16": ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False,
-                                                  kernel="sm120_splitkv", extra={"num_splits": 0}),
-    # Chunked prefills (causal, at least 2 keys per query token; without an entry a class takes its prefill class's):
-    # the winners of their own studies (docs/measurements/2026-12-01-h200-table-vs-upstream.md); the d128 and d96 MHA
-    # winners then moved to their TMA twins (docs/measurements/2026-12-03-h200-chunked-tma-twins.md), every chunked
-    # class to the longest-first TMA class (docs/measurements/2026-12-04-h200-tma-lpt.md, 2026-12-04-h200-lpt-classes.md),
-    # GQA 4 and d96 to its paired order (docs/measurements/2026-12-04-h200-tma-paired.md), and all four to the paired
-    # order with the masked blocks' PV gemms trimmed (kernels/tma_trimmed_forward_sm120.py): level or faster on each
-    # class's problems (docs/measurements/2026-12-04-h200-trimmed-pv.md)
-    "d128-causal-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
-    ),
-    "d128-causal-gqa4-chunked-bf16": ForwardConfig(
-        tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
-    ),
-    "d96-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma_trimmed",
-    ),
-    "d64-causal-chunked-bf16": ForwardConfig(
-        tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=True, kernel="sm120_tma_trimmed",
-    ),
+    "d128-noncausal-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True),
+    "d128-causal-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True),
+    "d96-noncausal-bf16": PREFILL,
+    "d96-causal-bf16": replace(TRIMMED, tile_m=64, tile_n=96),
+    "d64-noncausal-bf16": replace(PREFILL, tile_n=128),
+    "d64-causal-bf16": replace(TRIMMED, Q_in_regs=True),
+    "d128-causal-gqa4-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_lpt"),
+    "d128-noncausal-gqa4-bf16": PREFILL,
+    "d64-noncausal-decode-bf16": DECODE,
+    "d64-noncausal-gqa4-decode-bf16": DECODE,
+    "d64-noncausal-gqa8-decode-bf16": replace(DECODE, tile_n=96, num_stages=3),
+    "d64-causal-decode-bf16": DECODE,
+    "d64-causal-gqa4-decode-bf16": DECODE,
+    "d64-causal-gqa8-decode-bf16": DECODE,
+    "d96-noncausal-decode-bf16": replace(DECODE, tile_n=32),
+    "d96-noncausal-gqa4-decode-bf16": DECODE,
+    "d96-noncausal-gqa8-decode-bf16": DECODE,
+    "d96-causal-decode-bf16": replace(DECODE, num_stages=1, Q_in_regs=True),
+    "d96-causal-gqa4-decode-bf16": replace(DECODE, tile_n=96),
+    "d96-causal-gqa8-decode-bf16": replace(DECODE, tile_n=96),
+    "d128-noncausal-decode-bf16": DECODE,
+    "d128-noncausal-gqa4-decode-bf16": DECODE,
+    "d128-noncausal-gqa8-decode-bf16": DECODE,
+    "d128-causal-decode-bf16": DECODE,
+    "d128-causal-gqa4-decode-bf16": DECODE,
+    "d128-causal-gqa8-decode-bf16": DECODE,
+    "d128-causal-chunked-bf16": replace(TRIMMED, tile_m=64, tile_n=96, Q_in_regs=True),
+    "d128-causal-gqa4-chunked-bf16": replace(TRIMMED, tile_m=64, tile_n=96, Q_in_regs=True),
+    "d96-causal-chunked-bf16": TRIMMED,
+    "d64-causal-chunked-bf16": replace(TRIMMED, Q_in_regs=True),
 }
 
+BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+                     dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False)
+
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
-    "d128-noncausal-bf16": BackwardConfig(
-        m_block_size=32, n_block_size=128, num_stages_Q=1, num_stages_dO=1, num_threads=256, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=4, AtomLayoutMdQ=2, V_in_regs=False,
-    ),
-    "d128-causal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
-    ),
-    "d96-noncausal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
-    ),
-    "d96-causal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
-    ),
-    "d64-noncausal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
-    ),
-    "d64-causal-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False,
-    ),
-    "d128-causal-gqa4-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
-    ),
+    "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
+    "d128-causal-bf16": replace(BWD, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
+    "d96-noncausal-bf16": BWD,
+    "d96-causal-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4),
+    "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
+    "d64-causal-bf16": replace(BWD, num_stages_dO=2, AtomLayoutMSdP=4),
+    "d128-causal-gqa4-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
 }
+
+# The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from
+# the search: docs/measurements/2026-12-01-h200-preprocess-threads.md
+BACKWARD_PREPROCESS_THREADS: dict[str, int] = {}
+
+TABLES = api.DispatchTables(FORWARD_DISPATCH, BACKWARD_DISPATCH, BACKWARD_PREPROCESS_THREADS, kernel_class)
 
 
 def forward_config(pc: ProblemClass) -> ForwardConfig:
-    """The dispatch table's forward config for a problem class; absent, its fallback class's entry (a chunked class's
-    prefill class), then upstream's default."""
-    fallback = pc.fallback
-    return (FORWARD_DISPATCH.get(pc.name) or (fallback and FORWARD_DISPATCH.get(fallback.name))
-            or defaults.upstream_forward(pc))
-
-
-# The backward preprocess kernel's thread count per problem class (upstream's default, 256, where absent). It is
-# timed apart from the search (bench/gpu_preprocess_threads.py): the preprocess is its own kernel, so its count
-# does not interact with the main kernel's knobs. docs/measurements/2026-12-01-h200-preprocess-threads.md
-BACKWARD_PREPROCESS_THREADS: dict[str, int] = {}
-
-
-def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
-    """The preprocess's thread count for a class (its entry, its fallback class's, then 256); a one-line error that
-    names the rule for a count the kernel cannot run."""
-    from fa4tune.config import ConfigError
-    from fa4tune.feasibility import check_preprocess_threads
-
-    fallback = pc.fallback
-    threads = BACKWARD_PREPROCESS_THREADS.get(pc.name) or (fallback and BACKWARD_PREPROCESS_THREADS.get(fallback.name)) or 256
-    verdict = check_preprocess_threads(threads, bwd_config, pc)
-    if not verdict:
-        raise ConfigError(verdict.rule, f"{pc.name}: {verdict.message}")
-    return threads
+    """The dispatch table's forward config for a problem class (its entry, its fallback class's, upstream's)."""
+    return TABLES.forward_config(pc)
 
 
 def backward_config(pc: ProblemClass) -> BackwardConfig:
-    """The dispatch table's backward config for a problem class; absent, its fallback class's entry, then upstream's default."""
-    fallback = pc.fallback
-    return (BACKWARD_DISPATCH.get(pc.name) or (fallback and BACKWARD_DISPATCH.get(fallback.name))
-            or defaults.upstream_backward(pc))
+    """The dispatch table's backward config for a problem class (its entry, its fallback class's, upstream's)."""
+    return TABLES.backward_config(pc)
+
+
+def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
+    """The backward preprocess's thread count for a class (its entry, its fallback class's, then 256)."""
+    return TABLES.preprocess_threads(pc, bwd_config)
 
 
 # ---------------------------------------------------------------------------------------------
-# attention(): forward through the tuned kernels, backward through autograd.
+# attention(): what the harness gates and times. It looks each problem's configs up through this module's
+# functions above (override any of them, or attention itself, to change the call path).
 # ---------------------------------------------------------------------------------------------
-
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-
-
-def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> ProblemClass:
-    """The problem class of (batch, seqlen, heads, head_dim) tensors; one-line errors for bad input."""
-    from fa4tune.config import ConfigError
-
-    if q.dtype not in _DTYPE_NAMES:
-        raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
-    return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
-                        regime_of(q.shape[-3], k.shape[-3], causal))
-
-
-class _Attention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads):
-        host = build(kernel_class)
-        out, lse, *_ = host.flash_attn_fwd(
-            q, k, v, softmax_scale=softmax_scale, causal=causal,
-            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config,
-        )
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
-        ctx.preprocess_threads = preprocess_threads
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        host = build(kernel_class)
-        dq, dk, dv = host.flash_attn_bwd(
-            q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
-            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads,
-        )
-        return dq, dk, dv, None, None, None, None, None
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False):
-    """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
-
-    Configs default to the dispatch tables' entries for the problem class; gradients flow through
-    the tuned backward kernel.
-    """
-    pc = problem_class_of(q, k, v, causal)
-    fwd_config = fwd_config or forward_config(pc)
-    bwd_config = bwd_config or backward_config(pc)
-    if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads(pc, bwd_config))
-    return (out, lse) if return_lse else out
+    """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels (fa4tune.api);
+    configs default to this file's dispatch entries, gradients flow through the tuned backward kernel."""
+    tables = SimpleNamespace(forward_config=forward_config, backward_config=backward_config,
+                             preprocess_threads=preprocess_threads, kernel_class=kernel_class)
+    return api.attention(q, k, v, causal, softmax_scale, fwd_config, bwd_config, return_lse, tables=tables)

@@ -23,7 +23,7 @@ from fa4tune.sm120_interface import build  # noqa: E402
 combine_cache = build(experiment.kernel_class).combine_caches[0]  # the PDL combine's (COMBINE_PDL, the default)
 
 instances = []  # every kernel object the host path builds: its is_split_kv is what its trace saw
-split_class = experiment.SplitKvForwardSm120
+from kernels.splitkv_forward_sm120 import SplitKvForwardSm120 as split_class  # noqa: E402
 original_init = split_class.__init__
 
 

@@ -14,6 +14,7 @@ from fa4tune.harness import candidates, guards
 from fa4tune.kernel_class import Limits, forward_kernels, upstream_class
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
+from kernels.splitkv_forward_sm120 import SplitKvForwardSm120
 from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tma_lpt_forward_sm120 import TmaLptForwardSm120
 from kernels.tma_paired_forward_sm120 import TmaPairedForwardSm120
@@ -94,16 +95,15 @@ def agent(tmp_path_factory):
 
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
-    # experiment.py's own split-KV classes (issue #13) join ours
+    # ours in kernels/, by name; an agent's class in experiment.py joins them
     assert forward_kernels(experiment) == {"sm120": TunedForwardSm120,
                                            "sm120_tma": TmaForwardSm120,
                                            "sm120_tma_lpt": TmaLptForwardSm120,
                                            "sm120_tma_paired": TmaPairedForwardSm120,
                                            "sm120_tma_trimmed": TmaTrimmedForwardSm120,
-                                           "sm120_splitkv": experiment.SplitKvForwardSm120}
+                                           "sm120_splitkv": SplitKvForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_tma", "sm120_tma_lpt",
-                              "sm120_tma_paired", "sm120_tma_trimmed", "sm120_splitkv",
+    assert list(registry) == ["sm120", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired", "sm120_tma_trimmed",
                               "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
@@ -111,8 +111,8 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
 
 def test_the_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     space = get_space("fwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
-                                      "sm120_tma_trimmed", "sm120_splitkv", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
+                                      "sm120_tma_trimmed", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != forward_space(forward_kernels(experiment)).signature(TARGET)
     feasible = space.feasible(D64, TARGET)
     own = [c for c in feasible if c.kernel == "sm120_spare"]
@@ -193,8 +193,8 @@ def _module(*classes: dict) -> types.ModuleType:
 
 def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     helper = _module({"cls": "Helper"}, {"cls": "Mine", "name": "sm120_mine"})
-    assert list(forward_kernels(helper)) == ["sm120", "sm120_tma", "sm120_tma_lpt",
-                                             "sm120_tma_paired", "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
+    assert list(forward_kernels(helper)) == ["sm120", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
+                                             "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
     with pytest.raises(ConfigError) as err:
         forward_kernels(_module({"cls": "FasterTma", "bases": (TmaForwardSm120,), "name": "sm120_tma"}))
     assert err.value.rule == "kernel_name_taken"

@@ -144,7 +144,8 @@ def test_an_entry_that_does_not_sit_on_its_own_lines_is_refused():
 
 
 def test_an_entry_that_already_holds_the_winner_keeps_its_own_line_breaks():
-    """the shipped decode entries sit on two hand-wrapped lines; a decision that changes nothing leaves them as written"""
+    """the shipped decode entries are one short line each (`DECODE`, a name for the regime's default); a decision that
+    changes nothing leaves them as written, one that changes an entry rewrites that line alone"""
     source = (ROOT / "experiment.py").read_text()
     held = "d128-noncausal-gqa4-decode-bf16"
     entry = dispatch_table.entry_config(source, "fwd", held)
@@ -158,7 +159,7 @@ def test_an_entry_that_already_holds_the_winner_keeps_its_own_line_breaks():
             if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))]
     lines = source.splitlines()
     start = next(i for i, line in enumerate(lines) if '"d128-noncausal-gqa8-decode-bf16"' in line)
-    assert [line[1:] for line in diff if line[0] == "-"] == lines[start:start + 2]  # the changed entry's two lines only
+    assert [line[1:] for line in diff if line[0] == "-"] == lines[start:start + 1]  # the changed entry's line only
     assert dispatch_table.entry_config(edited, "fwd", "d128-noncausal-gqa8-decode-bf16") == changed
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import experiment
-from experiment import SplitKvForwardSm120, ctas_per_sm, split_kv_heuristic
+from kernels.splitkv_forward_sm120 import SplitKvForwardSm120, ctas_per_sm, split_kv_heuristic
 from fa4tune.config import ForwardConfig, Problem, ProblemClass
 from fa4tune.fake_compile import STATIC_SEQLEN, static_shape
 from fa4tune.feasibility import check_forward, check_forward_problem

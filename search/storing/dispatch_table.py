@@ -78,15 +78,41 @@ def effective_entry_config(source: str, direction: str, problem_class) -> dict |
 
 def entry_config(source: str, direction: str, key: str) -> dict | None:
     """The knob values written in a dispatch entry, read back from the source (None if absent or not a literal
-    ForwardConfig(...) / BackwardConfig(...), e.g. `defaults.upstream_backward(...)`)."""
+    config: ForwardConfig(...) / BackwardConfig(...) with literal knobs, a module-level name bound to one (DECODE),
+    or `replace(<one of those>, knob=literal, ...)`; not e.g. `defaults.upstream_backward(...)`)."""
+    tree = ast.parse(source)
     table = _dispatch_node(source, DISPATCH[direction])
+    names = {node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign)
+             and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
+    names.update({node.target.id: node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                  and isinstance(node.target, ast.Name) and node.value is not None})
     for k, v in zip(table.keys, table.values):
-        if (isinstance(k, ast.Constant) and k.value == key and isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
-                and v.func.id in ("ForwardConfig", "BackwardConfig")):
-            try:
-                knobs = {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
-            except ValueError:
+        if isinstance(k, ast.Constant) and k.value == key:
+            knobs = _knobs(v, names, depth=0)
+            if knobs is None:
                 return None
             extra = knobs.pop("extra", {})  # a kernel class's own knobs: flat, as in ForwardConfig.to_dict()
             return {**knobs, **extra}
+    return None
+
+
+def _knobs(node, names: dict, depth: int) -> dict | None:
+    """The keywords of a literal config expression (see entry_config), or None."""
+    if depth > 8:
+        return None
+    if isinstance(node, ast.Name):
+        return _knobs(names[node.id], names, depth + 1) if node.id in names else None
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        return None
+    try:
+        keywords = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    except ValueError:
+        return None
+    if None in keywords:  # **kwargs
+        return None
+    if node.func.id in ("ForwardConfig", "BackwardConfig") and not node.args:
+        return keywords
+    if node.func.id == "replace" and len(node.args) == 1:
+        base = _knobs(node.args[0], names, depth + 1)
+        return None if base is None else {**base, **keywords}
     return None

@@ -1,0 +1,109 @@
+"""The public call path: `attention()` through the tuned SM120 kernels, each problem's configs from dispatch tables.
+
+    import experiment                      # the tuned tables (FORWARD_DISPATCH, ...) and the kernel classes
+    from fa4tune.api import attention
+    out = attention(q, k, v, causal=True, tables=experiment.TABLES)
+
+q, k, v are (batch, seqlen, heads, head_dim) CUDA tensors in bfloat16 or float16; gradients flow through the tuned
+backward. `tables` is a DispatchTables (the tables as dicts, and the function that maps a config to its kernel
+class), or any object with the same four methods (forward_config, backward_config, preprocess_threads,
+kernel_class). experiment.py builds its TABLES from its own dicts; its `attention` calls this one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import torch
+
+from fa4tune import defaults
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass, regime_of
+from fa4tune.sm120_interface import build
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+UPSTREAM_PREPROCESS_THREADS = 256
+
+
+def _lookup(table: Mapping, pc: ProblemClass):
+    """A class's entry, else its fallback class's (a chunked class's prefill class), else None."""
+    fallback = pc.fallback
+    return table.get(pc.name) or (fallback and table.get(fallback.name)) or None
+
+
+@dataclass(frozen=True)
+class DispatchTables:
+    """Problem class name -> config, per direction, and the preprocess's thread counts; a class without an entry takes
+    its fallback class's, then upstream's default. `kernel_class(config)` is the class that runs a config (the
+    host path's compile caches are per kernel_class function: pass the same one each call)."""
+
+    forward: Mapping[str, ForwardConfig]
+    backward: Mapping[str, BackwardConfig]
+    preprocess: Mapping[str, int] = field(default_factory=dict)
+    kernel_class: Callable[[object], type] | None = None
+
+    def forward_config(self, pc: ProblemClass) -> ForwardConfig:
+        return _lookup(self.forward, pc) or defaults.upstream_forward(pc)
+
+    def backward_config(self, pc: ProblemClass) -> BackwardConfig:
+        return _lookup(self.backward, pc) or defaults.upstream_backward(pc)
+
+    def preprocess_threads(self, pc: ProblemClass, bwd_config: BackwardConfig) -> int:
+        """The backward preprocess's thread count (its entry, its fallback class's, then 256); a one-line error that
+        names the rule for a count the kernel cannot run."""
+        from fa4tune.feasibility import check_preprocess_threads
+
+        threads = _lookup(self.preprocess, pc) or UPSTREAM_PREPROCESS_THREADS
+        verdict = check_preprocess_threads(threads, bwd_config, pc)
+        if not verdict:
+            raise ConfigError(verdict.rule, f"{pc.name}: {verdict.message}")
+        return threads
+
+
+def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> ProblemClass:
+    """The problem class of (batch, seqlen, heads, head_dim) tensors; one-line errors for bad input."""
+    if q.dtype not in _DTYPE_NAMES:
+        raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
+    return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
+                        regime_of(q.shape[-3], k.shape[-3], causal))
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads, kernel_class):
+        host = build(kernel_class)
+        out, lse, *_ = host.flash_attn_fwd(
+            q, k, v, softmax_scale=softmax_scale, causal=causal,
+            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config,
+        )
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
+        ctx.preprocess_threads, ctx.kernel_class = preprocess_threads, kernel_class
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        host = build(ctx.kernel_class)
+        dq, dk, dv = host.flash_attn_bwd(
+            q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
+            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads,
+        )
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, *,
+              tables):
+    """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
+
+    Configs default to `tables`' entries for the problem class; gradients flow through the tuned backward kernel.
+    """
+    pc = problem_class_of(q, k, v, causal)
+    fwd_config = fwd_config or tables.forward_config(pc)
+    bwd_config = bwd_config or tables.backward_config(pc)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
+                                tables.preprocess_threads(pc, bwd_config), tables.kernel_class)
+    return (out, lse) if return_lse else out
