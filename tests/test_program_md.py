@@ -175,3 +175,20 @@ def test_what_the_tools_write_at_the_root_is_ignored_by_git(path):
     # program.md: results.tsv stays untracked ("never git add it"); so do the logs, databases and patches the tools write
     done = subprocess.run(["git", "check-ignore", "-q", path], cwd=ROOT)
     assert done.returncode == 0, f"{path} is not in .gitignore"
+
+
+def _required_reading() -> tuple[int, list[Path]]:
+    """Setup step 2's stated line count and the files it names before "Open the rest"."""
+    step = PROGRAM.split("2. Read these files whole", 1)[1].split("Open the rest", 1)[0]
+    stated = int(re.search(r"about ([\d,]+) project lines", step).group(1).replace(",", ""))
+    return stated, [ROOT / name for name in re.findall(r"`([\w/.]+\.(?:py|md))`", step)]
+
+
+def test_the_required_reading_is_under_1500_project_lines_and_counted_right():
+    stated, files = _required_reading()
+    assert {f.name for f in files} >= {"README.md", "program.md", "experiment.py", "prepare.py", "settings.py"}
+    for path in files:
+        assert path.is_file(), path
+    actual = sum(len(path.read_text().splitlines()) for path in files)
+    assert actual <= 1500, f"the agent's required reading is {actual} lines: over 1,500"
+    assert abs(actual - stated) <= 0.1 * actual, f"program.md says about {stated} lines; the files hold {actual}"
