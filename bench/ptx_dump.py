@@ -30,10 +30,7 @@ CONFIGS = {
     "tma_256x64_t256_causal": (("sm120_tma", 256, 64, 256, 1, False), (1, 1024, 1024, 16, 16, 128, True)),
     "tma_lpt_64x96_qr_chunked_gqa4": (("sm120_tma_lpt", 64, 96, 128, 1, True), CHUNKED_GQA),
     "tma_paired_64x96_qr_chunked_gqa4": (("sm120_tma_paired", 64, 96, 128, 1, True), CHUNKED_GQA),
-    "tma_smpaired_64x96_qr_chunked_gqa4": (("sm120_tma_smpaired", 64, 96, 128, 1, True), CHUNKED_GQA),
     "tma_trimmed_64x96_qr_chunked_gqa4": (("sm120_tma_trimmed", 64, 96, 128, 1, True), CHUNKED_GQA),
-    "overlap_64x64_qr_chunked_gqa4": (("sm120_tma_overlap", 64, 64, 128, 1, True), CHUNKED_GQA),
-    "overlap_128x64_t256_d64": (("sm120_tma_overlap", 128, 64, 256, 1, False), (1, 1024, 1024, 16, 16, 64, False)),
     "sm120_128x64_causal": (("sm120", 128, 64, 128, 1, False), (1, 1024, 1024, 16, 16, 128, True)),
     "splitkv_32x64_decode": (("sm120_splitkv", 32, 64, 64, 2, False), (1, 1, 4096, 32, 8, 128, False)),
 }

@@ -14,7 +14,7 @@ kernel computes the same outputs whatever the dispatch really does; only the sch
 `%nsmid` (the GPU's SM identifiers: 132 on the H200), so the same cubin counts rounds right on any GPU.
 
 Measured (docs/measurements/2026-12-04-h200-tma-paired.md, H200, SM120 kernels emulated): the H200 puts CTA L and
-CTA L + 132 on one SM for only 24 of 132 L (bench/gpu_sm_dispatch.py), so the pairing holds in part. Still +0.8 % on the
+CTA L + 132 on one SM for only 24 of 132 L (a probe in that record), so the pairing holds in part. Still +0.8 % on the
 sq 512 over 8K GQA prefill and +4-5 % on the d96 chunked problems over `sm120_tma_lpt`; level or slower elsewhere.
 """
 

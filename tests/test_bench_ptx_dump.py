@@ -18,13 +18,13 @@ def test_an_unknown_config_name_is_refused_with_the_known_ones(tmp_path, capsys)
         bench.main([str(tmp_path), "--configs", "tma_64x64_qr_chunked_gqa4,tma_999x1"])
     assert done.value.code == 2
     err = capsys.readouterr().err
-    assert "--configs: unknown name(s) ['tma_999x1']" in err and "overlap_128x64_t256_d64" in err
+    assert "--configs: unknown name(s) ['tma_999x1']" in err and "sm120_128x64_causal" in err
     assert not any(tmp_path.iterdir())  # refused before any compile or file
 
 
 @pytest.mark.compile
 def test_two_dumps_of_one_config_are_byte_identical(tmp_path):
-    name = "overlap_128x64_t256_d64"
+    name = "sm120_128x64_causal"
     for run in ("a", "b"):
         done = subprocess.run([sys.executable, "bench/ptx_dump.py", str(tmp_path / run), "--configs", name],
                               cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -1,6 +1,6 @@
 """The TMA-fed SM120 forward (kernels/tma_forward_sm120.py, kernel="sm120_tma"): compile, static facts, layout, rules.
 
-Correctness on a GPU is bench/gpu_tma.py's job (H200, SM120 kernels emulated); these tests are what a CPU can show.
+Correctness on a GPU is bench/gpu_twins.py's job (H200, SM120 kernels emulated); these tests are what a CPU can show.
 """
 
 import json

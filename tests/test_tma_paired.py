@@ -3,7 +3,7 @@ kernel="sm120_tma_paired"): registered and searched (its trimmed subclass runs t
 SM count, pairs (CTA L, CTA L + S) that sum to about the same work at the issue's chunked prefill, and (compile-marked)
 an sm_120a compile of the GQA chunked entry's tile with the %nsmid read in it.
 
-Whether it pays on a GPU is bench/gpu_lpt.py's job (`:p` configs and the "paired twin" candidate).
+Whether it pays on a GPU is bench/gpu_twins.py's job (the paired twin of each entry).
 """
 
 import itertools

@@ -4,7 +4,7 @@ entries run it, the visible-key count never drops a key that some row of the war
 upstream's mask rule, brute force) and keeps no 16-key step that none of them sees, and (compile-marked) sm_120a
 compiles of the GQA chunked and d96 chunked entries without spills at their CTAs per SM.
 
-Whether it pays on a GPU is bench/gpu_lpt.py's job (`:t` configs and the "trimmed twin" candidate); the GPU gate ran
+Whether it pays on a GPU is bench/gpu_twins.py's job (the trimmed twin of each entry); the GPU gate ran
 the correctness matrix (docs/measurements/2026-12-04-h200-trimmed-pv.md).
 """
 
