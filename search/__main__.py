@@ -198,9 +198,17 @@ def _bench(args) -> int:
         raise ConfigError("table_file", f"table {path!r} has no problem class with a passing {direction} config")
     sampler = args.sampler or DEFAULT_SAMPLER
     check_sampler(sampler)  # a one-line error for an unknown name
+    import time
+
     print(bench.header(table, classes, args.seeds, args.threshold, kind), flush=True)
+    start = time.monotonic()
     for strategy in strategies:  # row by row: a long GP row does not hold back the others
-        runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, kind, jobs=args.jobs, sampler=sampler)
+        name = bench.label(strategy, sampler)
+
+        def progress(done, total, run, name=name):  # on stderr: stdout stays the markdown table
+            print(bench.progress_line(name, done, total, run, time.monotonic() - start), file=sys.stderr, flush=True)
+
+        runs = bench.bench(path, strategy, classes, args.seeds, args.threshold, kind, jobs=args.jobs, sampler=sampler, progress=progress)
         print(bench.row(table, bench.label(strategy, sampler), runs, kind), flush=True)
     return 0
 

@@ -23,6 +23,30 @@ def test_bench_prints_median_and_spread_per_strategy_and_class(tmp_path):
     assert set(rows) == {"random", "tpe", "turns (tpe)", "default (tpe)"}
 
 
+def test_bench_prints_a_progress_line_per_finished_run_before_the_strategys_row(tmp_path):
+    import subprocess
+    import sys
+
+    from search_helpers import ROOT
+
+    table = write_table(tmp_path)
+    for jobs in ("1", "2"):
+        # stderr merged into stdout, as a terminal shows them: each run's line comes as it finishes, the row after
+        done = subprocess.run([sys.executable, "-m", "search", "bench", "--table", str(table), "--strategies", "random,tpe",
+                               "--seeds", "2", "--problem-class", CLASS, "--jobs", jobs],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout
+        lines = done.stdout.splitlines()
+        for strategy in ("random", "tpe"):
+            shown = [i for i, line in enumerate(lines) if line.startswith("[bench ") and f"] {strategy} {CLASS} seed " in line]
+            assert len(shown) == 2, done.stdout
+            assert lines[shown[0]].startswith("[bench 1/2, ") and " s] " in lines[shown[0]] and lines[shown[1]].startswith("[bench 2/2, ")
+            (table_row,) = [i for i, line in enumerate(lines) if line.startswith(f"| {strategy} |")]
+            assert max(shown) < table_row
+        assert lines.index(next(line for line in lines if line.startswith("| strategy"))) < min(
+            i for i, line in enumerate(lines) if line.startswith("[bench "))
+
+
 def test_one_run_stops_when_it_reaches_99_percent_of_the_tables_best(tmp_path):
     table = load_table(str(write_table(tmp_path)))
     run = one_run(table, "random", "fwd", CLASS, seed=0, threshold=0.99)

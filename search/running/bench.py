@@ -1,7 +1,7 @@
 """`python -m search bench`: how many evaluated configs each strategy needs to reach 99% of a table's best.
 
 Replays a recorded table (CPU only) through the same loop a run uses, per problem class and seed, and
-prints median and spread. The space is the table's: the knob values it measured, under today's rules; a
+prints median and spread (a markdown table on stdout; a progress line per finished run on stderr). The space is the table's: the knob values it measured, under today's rules; a
 config the table lacks is looked up, counted apart, and not counted as an evaluation. "turns" is the
 turn-taking loop: a sampler and a scripted proposer in Claude's seat (a fixed expert ordering, not a
 model) at the run's default ratio; "default" is what `search run` does without an API key: upstream's
@@ -12,8 +12,9 @@ class under test left out), then the sampler.
 from __future__ import annotations
 
 import statistics
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import optuna
 
@@ -143,14 +144,31 @@ def classes_of(table: ReplayTable, kind: str = "fwd", classes: list[str] | None 
 
 
 def bench(path: str, strategy: str, classes: list[str], seeds: int, threshold: float = 0.99, kind: str = "fwd", jobs: int = 1,
-          sampler: str = DEFAULT_SAMPLER) -> list[Run]:
-    """One strategy on every (problem class, seed); runs in `jobs` processes."""
+          sampler: str = DEFAULT_SAMPLER, progress: Callable[[int, int, Run], None] | None = None) -> list[Run]:
+    """One strategy on every (problem class, seed), in that order; runs in `jobs` processes. `progress(done, total, run)`
+    is called as each run finishes (in the order they finish)."""
     work = [(path, strategy, kind, c, seed, threshold, sampler) for c in classes for seed in range(seeds)]
+    runs: list[Run | None] = [None] * len(work)
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
-            return list(pool.map(_one_run_from_path, work))
+            futures = {pool.submit(_one_run_from_path, args): i for i, args in enumerate(work)}
+            for done, future in enumerate(as_completed(futures), 1):
+                runs[futures[future]] = run = future.result()
+                if progress:
+                    progress(done, len(work), run)
+        return runs
     table = load_table(path)
-    return [one_run(table, *args[1:]) for args in work]
+    for i, args in enumerate(work):
+        runs[i] = run = one_run(table, *args[1:])
+        if progress:
+            progress(i + 1, len(work), run)
+    return runs
+
+
+def progress_line(strategy: str, done: int, total: int, run: Run, elapsed_s: float) -> str:
+    """One finished run, e.g. '[bench 3/24, 12.4 s] tpe d128-causal-bf16 seed 2: 7 evaluated configs to the threshold'."""
+    reached = f"{run.needed} evaluated configs to the threshold" if run.needed is not None else "threshold not reached"
+    return f"[bench {done}/{total}, {elapsed_s:.1f} s] {strategy} {run.problem_class} seed {run.seed}: {reached}"
 
 
 def label(strategy: str, sampler: str = DEFAULT_SAMPLER) -> str:
