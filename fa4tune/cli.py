@@ -41,6 +41,17 @@ def _parser() -> CommandParser:
 def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
     """Entry point of `python experiment.py` (the file at `path`); returns the exit code (2 for bad input)."""
     args = _parser().parse_args(argv)
+    # --suite and --target before experiment.py is imported (it imports torch and the CuTe DSL: 13-30 s), so that a
+    # typo is one line at once (--jobs and --timeout are checked by the parser)
+    from fa4tune.suites import load_suite
+    from fa4tune.targets import get_target
+
+    try:
+        get_target(args.target)
+        load_suite(args.suite)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     from fa4tune.harness import guards
 
     path = Path(path)

@@ -127,7 +127,7 @@ def test_sigint_to_the_process_group_outside_a_terminal_ends_with_the_summary_an
     assert len(summary) == 1 and "(stopped by Ctrl-C)" in summary[0], out
     assert out.rstrip().endswith("stopped by Ctrl-C; run the same command again to continue")
     trials = optuna.load_study(study_name="fwd:d128-causal-bf16:sm120", storage=open_storage(url)).get_trials()
-    assert trials and all(t.state == TrialState.COMPLETE for t in trials)  # the trials finished so far are kept
+    assert trials and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)  # the trials finished so far are kept
 
 
 def test_report_plots_refuses_to_replace_committed_figures_without_force(tmp_path):
@@ -170,5 +170,41 @@ def test_an_unknown_suite_or_sampler_is_refused_before_experiment_py_and_cutlass
              "print(code, 'cutlass' in sys.modules, 'experiment' in sys.modules, 'torch' in sys.modules)\n")
     for option, value, needle in (("--suite", "nosuch", "unknown_suite"), ("--sampler", "nosuch", "sampler")):
         done = subprocess.run([sys.executable, "-c", probe, option, value], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
+        assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_an_unknown_problem_class_is_refused_before_experiment_py_and_cutlass_are_imported(tmp_path):
+    # a user's report (issue 40): `search run --problem-class nosuch` took 28 s to say so (the evaluator loaded
+    # experiment.py and cutlass before the classes were compared with the suite's)
+    import subprocess
+    import sys
+
+    from search_helpers import ROOT
+
+    probe = ("import sys\nfrom search.__main__ import main\n"
+             f"code = main(['run', '--storage', 'sqlite:///{tmp_path / 's.db'}', '--evaluator', 'replay', '--table', "
+             "'search/data/h200_sweep.json', '--problem-class', 'nosuch'])\n"
+             "print(code, 'cutlass' in sys.modules, 'experiment' in sys.modules, 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
+    assert done.stderr.startswith("error: problem_class: problem class 'nosuch' has no problems in the suite for fwd, bwd (classes: ")
+    assert "d128-causal-bf16" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "s.db").exists()
+
+
+def test_experiment_py_refuses_an_unknown_suite_or_target_before_importing_itself_and_cutlass():
+    # a user's report (issue 40): `python experiment.py --suite nosuch` took 27 s (experiment.py, which imports the
+    # CuTe DSL, was imported before the suite was looked up)
+    import subprocess
+    import sys
+
+    from search_helpers import ROOT
+
+    probe = ("import sys\nfrom fa4tune.cli import experiment_main\n"
+             "code = experiment_main('experiment.py', sys.argv[1:])\n"
+             "print(code, 'cutlass' in sys.modules, 'experiment' in sys.modules, 'torch' in sys.modules)\n")
+    for option, needle in (("--suite", "unknown_suite: suite 'nosuch'"), ("--target", "unknown_target: target 'nosuch'")):
+        done = subprocess.run([sys.executable, "-c", probe, option, "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
         assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr

@@ -187,11 +187,23 @@ class Plan(NamedTuple):
     policy: object
 
 
+def _check_classes(config: RunConfig, problems: list) -> None:
+    """A --problem-class that no problem of the suite has, for the run's directions, is refused by name (as
+    search.storing.study.specs_for does later, once the evaluator has loaded experiment.py)."""
+    directions = list(config.directions)
+    have = sorted({p.problem_class.name for p in problems if any(d == "fwd" or p.backward for d in directions)})
+    unknown = sorted(set(config.problem_classes or ()) - set(have))
+    if unknown:
+        raise ConfigError("problem_class", f"problem class {unknown[0]!r} has no problems in the suite for {', '.join(directions)} "
+                                           f"(classes: {', '.join(have) or 'none'})")
+
+
 def plan(config: RunConfig, out) -> Plan:
     """Checks the numbers, target, evaluator, problems, sampler and turn policy of a run; ConfigError for bad input."""
     _check_numbers(config)
     target = get_target(config.target)
-    load_suite(config.suite)  # an unknown suite fails here, before the evaluator loads experiment.py (cutlass: seconds)
+    # an unknown suite or problem class fails here, before the evaluator loads experiment.py (cutlass: seconds)
+    _check_classes(config, load_suite(config.suite))
     check_sampler(config.sampler)
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
