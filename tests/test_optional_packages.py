@@ -41,7 +41,8 @@ def sampled_only(url: str) -> bool:
     explore turns (taken when the sampler repeats itself), none of them claude's."""
     kept = trials(url)
     proposers = [t.user_attrs[schema.PROPOSER] for t in kept]
-    return (len(kept) > 1 and all(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None for t in kept)
+    return (len(kept) > 1 and all(t.state == optuna.trial.TrialState.COMPLETE and t.value is not None
+                                    or t.state == optuna.trial.TrialState.PRUNED and t.user_attrs[schema.CONSTRAINT][0] > 0 for t in kept)
             and proposers[0] == "baseline" and "tpe" in proposers and set(proposers[1:]) <= {"tpe", "explore"})
 
 

@@ -50,8 +50,11 @@ def _study_with_failed_trials(tmp) -> str:
 
 @pytest.fixture(scope="module")
 def dashboard(tmp_path_factory):
-    """A study (baseline, two scripted configs with a rationale, random ones, confirmations) served on a free port."""
+    """A study (baseline, two scripted configs with a rationale, random ones, confirmations) served on a free port.
+    Its objective's name is taken away first, as a study made before search named it: the dashboard names it."""
     url = _study_with_failed_trials(tmp_path_factory.mktemp("dashboard"))
+    study = optuna.load_study(study_name=STUDY, storage=url)
+    study._storage.set_study_system_attr(study._study_id, "study:metric_names", None)  # Optuna's key for set_metric_names
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "search", "dashboard", "--storage", url, "--port", str(port)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -105,6 +108,24 @@ def test_notes_show_feasibility_and_the_study_baseline(dashboard):
     scripted = next(t for t in detail["trials"] if _attrs(t)["proposer"] == "scripted")
     assert "**feasible: yes** · **ok**" in scripted["note"]["body"] and f"> {RATIONALE}" in scripted["note"]["body"]
     assert "static facts (sm_120a cubin):\n\n| registers | stack B |" in scripted["note"]["body"] and FOOTER in scripted["note"]["body"]
+
+
+def test_the_value_axis_is_named_no_infeasible_or_failed_trial_is_at_0_and_values_are_rounded(dashboard):
+    _, _, detail, started = dashboard
+    # the plots' value axis: optuna-dashboard writes "Objective 0" where the study has no metric name
+    assert detail["objective_names"] == ["fwd TFLOPS (geomean)"] and "objective named on 1 study" in started
+    trials = detail["trials"]
+    failed = [t for t in trials if _attrs(t).get("status") in ("infeasible", "incorrect")]
+    assert {_attrs(t)["status"] for t in failed} == {"infeasible", "incorrect"}
+    # told PRUNED without a value (their constraint says why), so the history plot does not draw them at 0
+    assert all(t["state"] == "Pruned" and "values" not in t for t in failed)
+    assert not [t for t in trials if t.get("values") == [0]]
+    ok = [t for t in trials if _attrs(t).get("status") == "ok"]
+    for t in ok:  # told rounded to 0.01 TFLOPS; the exact geomean stays in its attr
+        assert t["values"] == [round(float(_attrs(t)["geomean_tflops"]), 2)]
+    assert any(float(_attrs(t)["geomean_tflops"]) != t["values"][0] for t in ok), "no value needed rounding"
+    (best,) = detail["best_trials"]
+    assert best["values"] == [max(t["values"][0] for t in ok)] and len(repr(best["values"][0]).split(".")[1]) <= 2
 
 
 @pytest.mark.browser
@@ -198,6 +219,7 @@ def test_search_run_leaves_a_note_on_each_study(tmp_path):
     note = get_note_from_system_attrs(system, None)["body"]
     assert note.startswith(f"## {STUDY}") and "| upstream default |" in note and "| mode | `replay`" in note
     assert "The table's numbers: SYNTHETIC test data" in note  # the run's table is remembered for later notes
+    assert optuna.load_study(study_name=STUDY, storage=url).metric_names == ["fwd TFLOPS (geomean)"]  # named when created
     from search.reviewing.notes import write_notes
 
     write_notes(storage)

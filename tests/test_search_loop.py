@@ -25,13 +25,28 @@ def test_an_infeasible_config_never_reaches_the_evaluator_and_is_told_as_a_const
     infeasible = [t for t in trials if t.user_attrs[schema.STATUS] == "infeasible"]
     assert infeasible, "random sampling of this domain proposes infeasible configs"
     for t in infeasible:
-        # COMPLETE with the penalty and a positive constraint: TPE and GP both read it (FAIL would be ignored)
-        assert t.state == TrialState.COMPLETE and t.value == 0.0
+        # PRUNED without a value and with a positive constraint: TPE and GP both read it (FAIL would be ignored), and the
+        # dashboard's history plot leaves it out (a value of 0 flattened it)
+        assert t.state == TrialState.PRUNED and t.value is None
         assert t.constraints[schema.CONSTRAINT_KEY] > 0 and t.user_attrs[schema.CONSTRAINT][0] > 0
         assert t.user_attrs[schema.RULE] and not t.user_attrs[schema.EVALUATED]
     pc = spec().problem_class
     assert all(check_forward(ForwardConfig.from_dict(c), pc, TARGET) for _, _, c in evaluator.calls)
     assert len(evaluator.calls) == sum(t.user_attrs[schema.EVALUATED] for t in trials) == 15
+
+
+def test_gp_is_shown_infeasible_trials_as_complete_with_the_penalty(tmp_path):
+    from search.proposing.samplers import PENALTY, _InfeasibleAsComplete
+
+    loop, _, _ = make_loop(write_table(tmp_path), sampler="random", n_trials=15, confirmations=0)
+    loop.run()
+    pruned = {t.number for t in loop.study.get_trials(states=(TrialState.PRUNED,)) if t.constraints[schema.CONSTRAINT_KEY] > 0}
+    assert pruned
+    shown = _InfeasibleAsComplete(loop.study)._get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    complete = {t.number for t in loop.study.get_trials(states=(TrialState.COMPLETE,))}
+    assert {t.number for t in shown} == complete | pruned  # what GPSampler fits its objective and constraint models on
+    assert all(t.value == PENALTY for t in shown if t.number in pruned)
+    assert loop.study.trials[min(pruned)].state == TrialState.PRUNED  # the study itself is unchanged
 
 
 def test_shared_memory_overflow_is_graded_so_the_sampler_sees_the_boundary(tmp_path):

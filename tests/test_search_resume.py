@@ -22,6 +22,8 @@ from search.storing.storage import open_storage
 from search.storing.study import close_interrupted
 from search_helpers import CLASS, ROOT, TARGET, replay_args, run_cli, write_table
 
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # a finished trial (an infeasible or failed one is told PRUNED)
+
 SPACE = get_space("fwd")
 
 STUDY = "fwd:d128-causal-bf16:sm120"
@@ -63,7 +65,7 @@ def _interrupted(tmp_path, after_trials: int, signum) -> tuple[str, list, subpro
     # for a trial found running to finish before the signal arrives.
     def evaluating():
         trials = optuna.load_study(study_name=STUDY, storage=storage).get_trials()
-        done = {json.dumps(t.user_attrs.get(schema.CONFIG), sort_keys=True) for t in trials if t.state == TrialState.COMPLETE}
+        done = {json.dumps(t.user_attrs.get(schema.CONFIG), sort_keys=True) for t in trials if t.state in FINISHED}
         # a trial the replay really evaluates: feasible and not a duplicate (those end in milliseconds)
         return [t for t in trials if t.state == TrialState.RUNNING and schema.CONFIG in t.user_attrs
                 and (datetime.now() - t.datetime_start).total_seconds() < DELAY / 2
@@ -83,7 +85,7 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
 
     before = _study(url).get_trials()
     running = [t for t in before if t.state == TrialState.RUNNING]
-    finished = {t.number: (t.params, t.value, t.user_attrs[schema.STATUS]) for t in before if t.state == TrialState.COMPLETE}
+    finished = {t.number: (t.params, t.value, t.user_attrs[schema.STATUS]) for t in before if t.state in FINISHED}
     assert len(running) == 1 and len(finished) >= 3
 
     done = run_cli(*args)
@@ -94,7 +96,7 @@ def test_kill_9_mid_study_then_the_same_command_loses_nothing_and_finishes(tmp_p
         assert (after[number].params, after[number].value, after[number].user_attrs[schema.STATUS]) == (params, value, status)
     assert after[running[0].number].state == TrialState.FAIL
     requeued = [t for t in after if t.user_attrs.get(schema.REQUEUED_FROM) == running[0].number]
-    assert len(requeued) == 1 and requeued[0].params == running[0].params and requeued[0].state == TrialState.COMPLETE
+    assert len(requeued) == 1 and requeued[0].params == running[0].params and requeued[0].state in FINISHED
     assert requeued[0].user_attrs[schema.PROPOSER] == running[0].user_attrs[schema.PROPOSER]
     assert evaluated_count(records(_study(url))) == 8
     assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
@@ -106,7 +108,7 @@ def test_ctrl_c_stops_after_the_current_trial_and_the_run_continues_later(tmp_pa
     assert proc.returncode == 130, err
     assert "stopping after the current trial" in out and "Traceback" not in err
     trials = _study(url).get_trials()
-    assert trials and all(t.state == TrialState.COMPLETE for t in trials)  # the trial under way finished
+    assert trials and all(t.state in FINISHED for t in trials)  # the trial under way finished
     assert evaluated_count(records(_study(url))) < 8
 
     done = run_cli(*args)

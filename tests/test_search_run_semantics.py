@@ -107,7 +107,8 @@ def test_a_config_clearly_slower_than_the_best_is_pruned_and_told_to_the_sampler
     loop, evaluator = _pruning_loop(tmp_path, 1.3)
     outcome = loop.run()
     trials = loop.study.get_trials()
-    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    # a PRUNED trial with a constraint > 0 is an infeasible or failed config (search.running.loop.told), not a pruned one
+    pruned = [t for t in trials if t.state == TrialState.PRUNED and t.constraints[schema.CONSTRAINT_KEY] <= 0]
     assert pruned, "random sampling of this table finds configs 30 % behind the best"
     for t in pruned:
         # measured and pruned, or a copy of one (a duplicate proposal is not measured again)
@@ -124,14 +125,15 @@ def test_a_config_clearly_slower_than_the_best_is_pruned_and_told_to_the_sampler
 def test_without_pruning_nothing_is_pruned(tmp_path):
     loop, evaluator = _pruning_loop(tmp_path, 0.0)
     loop.run()
-    assert not [t for t in loop.study.get_trials() if t.state == TrialState.PRUNED]
+    # (an infeasible or failed config is told PRUNED too, with a constraint > 0: its status says which)
+    assert not [t for t in loop.study.get_trials() if t.user_attrs.get(schema.STATUS) == PRUNED]
     assert all(v is None for limits in evaluator.limits for v in limits.values())
 
 
 def test_a_duplicate_of_a_pruned_config_is_copied_as_pruned(tmp_path):
     loop, _ = _pruning_loop(tmp_path, 1.3)
     loop.run()
-    pruned = next(t for t in loop.study.get_trials() if t.state == TrialState.PRUNED)
+    pruned = next(t for t in loop.study.get_trials() if t.state == TrialState.PRUNED and t.user_attrs[schema.STATUS] == PRUNED)
     loop.study.enqueue_trial(pruned.params)
     trial = loop.study.ask(loop.distributions)
     r = loop._run_trial(trial, records(loop.study))
@@ -145,7 +147,7 @@ def test_the_baseline_and_the_incumbent_are_measured_whole_however_slow(tmp_path
     first.run()
     trials = first.study.get_trials()
     fast = max((t for t in trials if t.state == TrialState.COMPLETE and t.value), key=lambda t: t.value)
-    slow = next(t for t in trials if t.state == TrialState.PRUNED and t.user_attrs[schema.EVALUATED])
+    slow = next(t for t in trials if t.user_attrs[schema.STATUS] == PRUNED and t.user_attrs[schema.EVALUATED])
     for proposer, state in (("transfer", "PRUNED"), ("baseline", "COMPLETE"), ("incumbent", "COMPLETE")):
         loop, evaluator = _pruning_loop(tmp_path, 1.3)
         for params, who in ((fast.params, "transfer"), (slow.params, proposer)):
@@ -239,7 +241,7 @@ def test_a_fault_a_hang_and_a_wrong_result_are_recorded_with_their_reasons_and_n
             assert t.user_attrs[schema.STATUS] == status and t.user_attrs[schema.REASON] and t.constraints[schema.CONSTRAINT_KEY] == 1.0
         elif t.user_attrs[schema.EVALUATED] and t.user_attrs[schema.STATUS] == "ok":  # the others: exactly the table's numbers
             m = clean.evaluate("fwd", loop.space.config(t.params), spec().problem_class, list(spec().problems))
-            assert t.value == m.geomean_tflops()
+            assert t.user_attrs[schema.GEOMEAN_TFLOPS] == m.geomean_tflops() and t.value == round(m.geomean_tflops(), 2)
     assert len(evaluator.faulted) == 3
     rows = results_tsv.read_rows(path).rows
     assert len(rows) == len(trials) and {row.status for row in rows} >= {"crash", "timeout", "incorrect", "ok"}

@@ -36,6 +36,7 @@ from pg_server import postgres  # noqa: F401  (the session's server)
 
 STUDY = f"fwd:{CLASS}:sm120"
 N_TRIALS = 12
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # a finished trial (an infeasible or failed one is told PRUNED)
 DELAY = 0.8  # seconds per replayed config: trials of different workers overlap
 # The worker that is killed measures slower, so that the test's poll (a storage query, slow on a loaded 2-core CI
 # machine) finds it inside a trial: with 0.8 s trials the 0.4 s window was missed under load. It runs alone until
@@ -71,7 +72,7 @@ def _kill_mid_trial(url: str, proc: subprocess.Popen, name: str) -> optuna.trial
     while time.time() < deadline:
         assert proc.poll() is None, proc.stdout.read()
         trials = study.get_trials()
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
+        done = [t for t in trials if t.state in FINISHED and t.user_attrs.get(schema.WORKER) == name and t.user_attrs.get(schema.EVALUATED)]
         mine = [t for t in trials if t.state == TrialState.RUNNING and t.user_attrs.get(schema.WORKER) == name
                 and t.user_attrs.get(schema.CONFIRMATION_OF) is None]
         if done and mine and KILL_WINDOW[0] < (datetime.now() - mine[0].datetime_start).total_seconds() < KILL_WINDOW[1]:
@@ -104,11 +105,11 @@ def _check_three_workers_one_killed(url: str, tmp_path) -> None:
 
     trials = _study(url).get_trials()
     # every trial accounted for: finished, and only the killed one failed
-    assert {t.state for t in trials} <= {TrialState.COMPLETE, TrialState.FAIL}
+    assert {t.state for t in trials} <= {*FINISHED, TrialState.FAIL}
     assert [t.number for t in trials if t.state == TrialState.FAIL] == [killed.number]
     # its config was queued again and finished by another worker
     requeued = [t for t in trials if t.user_attrs.get(schema.REQUEUED_FROM) == killed.number]
-    assert len(requeued) == 1 and requeued[0].params == killed.params and requeued[0].state == TrialState.COMPLETE
+    assert len(requeued) == 1 and requeued[0].params == killed.params and requeued[0].state in FINISHED
     assert requeued[0].user_attrs[schema.PROPOSER] == killed.user_attrs[schema.PROPOSER]
     assert any(f"trials {killed.number} lost their worker" in out for out in outputs.values())
     # no config measured twice (confirmations measure again on purpose), and exactly n_trials measured
@@ -124,13 +125,13 @@ def _check_three_workers_one_killed(url: str, tmp_path) -> None:
     assert counts["failed"] == [killed.number] and counts["requeued"] == {str(killed.number): requeued[0].number}
     assert counts["measured_search_trials"] == counts["distinct_configs"] == N_TRIALS
     # the winner was confirmed once
-    confirmations = [t for t in trials if t.user_attrs.get(schema.CONFIRMATION_OF) is not None and t.state == TrialState.COMPLETE]
+    confirmations = [t for t in trials if t.user_attrs.get(schema.CONFIRMATION_OF) is not None and t.state in FINISHED]
     assert confirmations and confirmations[-1].user_attrs[schema.CONFIRMED]
     # results.tsv: one whole row per finished trial, from every worker, nothing torn or interleaved
     contents = results_tsv.read_rows(results)
     assert contents.skipped == ()
     numbers = [row.config["trial"] for row in contents.rows]
-    assert sorted(numbers) == sorted(t.number for t in trials if t.state == TrialState.COMPLETE)
+    assert sorted(numbers) == sorted(t.number for t in trials if t.state in FINISHED)
 
 
 @pytest.mark.postgres

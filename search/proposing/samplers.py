@@ -12,12 +12,13 @@ enough to measure whole (a few hundred configs at a few seconds each with compil
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any, Callable, Hashable
 
 import optuna
 from optuna.distributions import BaseDistribution
-from optuna.trial import FrozenTrial
+from optuna.trial import FrozenTrial, TrialState
 
 from fa4tune.config import ConfigError
 from search.storing import schema
@@ -43,12 +44,61 @@ def make_sampler(name: str, seed: int | None = None, spec=None) -> optuna.sample
         # constant_liar: trials in flight (the run's slots) count as bad guesses, so parallel asks spread out
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=8, constant_liar=True)
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8, deterministic_objective=False)
+        return ConstrainedGPSampler(seed=seed, n_startup_trials=8, deterministic_objective=False)
     if spec is None:
         raise ConfigError("sampler", "the sweep sampler needs the study's space (a StudySpec), got none")
     space = spec.space
     points = [space.params(c) for c in space.feasible(spec.problem_class, spec.target)]
     return SweepSampler(points, space.distributions(), seed, key=lambda params: _config_of(space, params))
+
+
+PENALTY = 0.0  # the objective GP is shown for an infeasible or failed trial (search.running.loop tells it PRUNED)
+
+
+class _InfeasibleAsComplete:
+    """A study as GPSampler reads it, where a PRUNED trial with a constraint > 0 (an infeasible or failed config:
+    search.running.loop.told) is COMPLETE with the PENALTY value, as such trials were once stored."""
+
+    def __init__(self, study: optuna.Study):
+        self._study = study
+
+    def __getattr__(self, name):
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = False, states=None, use_cache: bool = False) -> list[FrozenTrial]:
+        asked = None if states is None else tuple(states)
+        query = asked
+        if asked is not None and TrialState.COMPLETE in asked and TrialState.PRUNED not in asked:
+            query = asked + (TrialState.PRUNED,)
+        found = self._study._get_trials(deepcopy=deepcopy, states=query, use_cache=use_cache)
+        shown = [_as_complete(t) if t.state == TrialState.PRUNED and _infeasible(t) else t for t in found]
+        return [t for t in shown if asked is None or t.state in asked]
+
+    def get_trials(self, deepcopy: bool = True, states=None) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+
+def _infeasible(t: FrozenTrial) -> bool:
+    return any(v > 0 for v in t.constraints.values())
+
+
+def _as_complete(t: FrozenTrial) -> FrozenTrial:
+    shown = copy.copy(t)
+    shown.state = TrialState.COMPLETE
+    shown.values = [PENALTY]
+    return shown
+
+
+class ConstrainedGPSampler(optuna.samplers.GPSampler):
+    """Optuna's GPSampler, shown infeasible and failed trials (told PRUNED with a constraint > 0) as COMPLETE with
+    the PENALTY value: its constraint model and its objective model learn from them as when they were told 0
+    (GPSampler reads COMPLETE trials only; pruned trials with a constraint of 0 stay unseen, as before)."""
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return super().infer_relative_search_space(_InfeasibleAsComplete(study), trial)
+
+    def sample_relative(self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return super().sample_relative(_InfeasibleAsComplete(study), trial, search_space)
 
 
 class SweepSampler(optuna.samplers.BaseSampler):

@@ -1,8 +1,9 @@
 """`python -m search dashboard`: optuna-dashboard on the project's storage, with fa4-tune's notes.
 
 The port is bound before anything is written, so a port in use is a one-line error and the storage is
-left as it was. Then every search study gets its notes (search.reviewing.notes) and optuna-dashboard's WSGI app is
-served by a threaded wsgiref server (a browser loads the page's files in parallel).
+left as it was. Then every search study gets its notes (search.reviewing.notes) and its objective's name (the
+plots' value axis), and optuna-dashboard's WSGI app is served by a threaded wsgiref server (a browser loads the
+page's files in parallel).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def serve(url: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, table: d
                   f"this port can read, rename and delete the studies", file=sys.stderr)
         print(f"storage: {describe(url)}", file=out)
         written, kept = write_notes(storage, table=table)
-        print(f"notes: {written} written" + (f", {kept} edited by hand left alone" if kept else ""), file=out)
+        named = name_metrics(storage)
+        print(f"notes: {written} written" + (f", {kept} edited by hand left alone" if kept else "")
+              + (f"; objective named on {named} {'study' if named == 1 else 'studies'}" if named else ""), file=out)
         server.set_app(optuna_dashboard.wsgi(storage))
         print(f"optuna-dashboard: http://{host}:{server.server_port}/dashboard (Ctrl-C stops)", file=out, flush=True)
         server.serve_forever()
@@ -67,3 +70,19 @@ def serve(url: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, table: d
     finally:
         server.server_close()
     return 0
+
+
+def name_metrics(storage) -> int:
+    """Names the objective of every search study that has no name for it yet (a study made before search.storing.study
+    named it), so that the plots' value axis reads e.g. "fwd TFLOPS (geomean)" instead of "Objective 0"; how many."""
+    import optuna
+
+    from search.storing import schema
+    from search.storing.study import name_metric
+
+    named = 0
+    for summary in optuna.study.get_all_study_summaries(storage, include_best_trial=False):
+        direction = summary.user_attrs.get(schema.DIRECTION)
+        if direction:
+            named += name_metric(optuna.load_study(study_name=summary.study_name, storage=storage), direction)
+    return named

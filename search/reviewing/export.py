@@ -36,7 +36,7 @@ from search.reviewing.carry import CarriedClass, carried, upstream_source, upstr
 from search.reviewing.evidence import StudyEvidence, load_studies, mode_sentence
 from search.space import get_space
 from search.storing import schema
-from search.storing.history import TrialRecord, winner
+from search.storing.history import FINISHED, TrialRecord, winner
 
 UPSTREAM_PATH = "flash_attn/cute/interface.py"
 SUBJECT = "cute: tune SM120 forward and backward defaults per head_dim, causal and GQA"
@@ -129,7 +129,7 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
     leave_out = "(export the other studies with --problem-class)"
     if not ev.search_trials:
         raise ConfigError("study_empty", f"{ev.name}: the study has no finished trials: run `python -m search run` first {leave_out}")
-    refuted = [c for c in ev.history if c.confirmation_of is not None and c.state == "COMPLETE" and not c.confirmed]
+    refuted = [c for c in ev.history if c.confirmation_of is not None and c.state in FINISHED and not c.confirmed]
     why = "; ".join(f"#{c.confirmation_of} refuted by its confirmation #{c.number}: {c.status}" + (f" ({c.reason})" if c.reason else "")
                     for c in refuted[:2])
     w = ev.winner()

@@ -75,8 +75,8 @@ def study_note(ev: StudyEvidence, table_meta: dict | None = None) -> str:
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     return (
         f"## {ev.name}\n\n| | |\n|---|---|\n{table}\n\n"
-        "Feasibility: a config that breaks a static rule is told with value 0 and `trial.set_constraint(\"feasibility\", v)`, "
-        "v > 0. This dashboard does not show constraints: each trial's note starts with its status and the rule that "
+        "Feasibility: a config that breaks a static rule (or whose measurement failed) is told PRUNED without a value and with "
+        "`trial.set_constraint(\"feasibility\", v)`, v > 0, so the history plot leaves it out. This dashboard does not show constraints: each trial's note starts with its status and the rule that "
         "rejected it (user attrs `status`, `rule`, `reason`, `constraint`).\n\n" + FOOTER + "\n"
     )
 

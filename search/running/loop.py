@@ -6,8 +6,9 @@ with the storage-wide lock, claims and heartbeats of search.storing.claims (sear
 changes how a study is resumed and how a running trial shows it is alive), as Optuna's `_run_trial` serves
 both its sequential and its parallel `optimize`.
 
-A config that the static rules reject never reaches the evaluator: it is told with the penalty value
-and a constraint > 0, which TPE and GP both read (a FAIL trial would be ignored and re-proposed). A config
+A config that the static rules reject never reaches the evaluator: it is told PRUNED without a value and with
+a constraint > 0, which TPE and GP both read (a FAIL trial would be ignored and re-proposed; a value of 0 would
+flatten the dashboard's history plot); so is a config whose measurement failed (see `told`). A config
 measured before is copied (`duplicate_of`) and costs no budget: `n_trials` counts distinct configs that
 reached the evaluator. A hopeless config is pruned (search.evaluating.pruning); the baseline and the incumbent never
 are, since every winner is compared with them. When every feasible config was measured the study stops and
@@ -41,7 +42,8 @@ from search.storing.history import TrialRecord, best, config_key, confirmations,
 from search.storing.results_log import trial_row
 from search.storing.study import BASELINE, INCUMBENT, close_interrupted, enqueue_baseline, waiting
 
-PENALTY = 0.0  # the value of an infeasible or failed trial (its constraint says why)
+PENALTY = 0.0  # what the GP sampler is shown for an infeasible or failed trial (search.proposing.samplers.ConstrainedGPSampler)
+TOLD_DIGITS = 2  # the value told to Optuna is rounded to 0.01 TFLOPS (what the dashboard shows); the exact one is `geomean_tflops`
 CONFIRMATION = "confirmation"
 EXPLORE = "explore"  # a random unmeasured feasible config, drawn when the sampler keeps repeating itself
 POLL_S = 0.25  # how often a slot looks again while others finish what it needs
@@ -435,6 +437,7 @@ class StudyLoop:
         for key, item in found.items():
             trial.set_user_attr(key, item)
         trial.set_constraint(schema.CONSTRAINT_KEY, violation)
+        state, value = told(state, value, violation)
         r = record(self.study.tell(trial, value, state=state))
         self.trials_run += 1
         if self.settings.results_path:
@@ -540,6 +543,16 @@ class _SharedPolicy:
 def confirmed_count(history: list[TrialRecord], w: TrialRecord) -> int:
     """How many re-measurements confirmed the winner (passed the gate, within tolerance)."""
     return sum(1 for c in confirmations(history, w.number) if c.confirmed)
+
+
+def told(state: TrialState, value: float | None, violation: float) -> tuple[TrialState, float | None]:
+    """The state and value a finished trial is told with. A trial that is infeasible or failed (violation > 0) is
+    told PRUNED without a value, its constraint saying why: TPE ranks it after every feasible trial by that
+    constraint (as it did when it was told 0), GP is shown it as before (ConstrainedGPSampler), and the dashboard's
+    history plot leaves it out instead of drawing it at 0. A measured value is rounded to TOLD_DIGITS."""
+    if violation > 0:
+        return TrialState.PRUNED, None
+    return state, (round(value, TOLD_DIGITS) if value is not None else None)
 
 
 def measurement_attrs(m: Measurement) -> dict:

@@ -238,6 +238,7 @@ def main(args, out=None) -> int:
 def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluator, worker_id: str, slots: int, args, stop, requeue, out) -> Outcome:
     """The study's loops, one per slot (each with its own sampler seed), under one study lock."""
     from search.running.runner import git_commit, make_proposers
+    from search.storing.study import name_metric
 
     proposers = make_proposers(settings)  # main() said once when the SDK is missing
     policy = make_policy(settings.policy, parse_ratio(settings.ratio, settings.sampler, "claude"), settings.window)
@@ -248,6 +249,8 @@ def _run_study(storage, name: str, spec: StudySpec, settings: RunConfig, evaluat
         slot_id = worker_id if slots == 1 else f"{worker_id}/{i}"
         study = optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(settings.sampler, _seed(settings.seed, slot_id), spec),
                                   pruner=make_pruner(settings.prune_factor))
+        if i == 0:
+            name_metric(study, spec.direction)  # a study made before its objective had a name gets one
         loops.append(WorkerLoop(study, spec, evaluator, settings.sampler, proposers, policy, loop_settings, WorkerView(f"[{slot_id}]", out),
                                 stop, disabled, worker_id=slot_id, lock=lock, requeue=requeue))
     try:

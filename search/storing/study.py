@@ -19,7 +19,8 @@ from fa4tune.targets import Target
 from search.space import Space, get_space
 from search.storing import schema
 
-OBJECTIVE = "geometric mean of TFLOPS over the problems (maximize); infeasible or failed configs get 0 and a constraint > 0"
+OBJECTIVE = ("geometric mean of TFLOPS over the problems (maximize; told rounded to 0.01, exact in geomean_tflops); "
+             "infeasible or failed configs are told PRUNED without a value, with a constraint > 0")
 # Attributes a proposer sets when it enqueues; a requeued trial keeps them.
 BASELINE = "baseline"  # the proposer name of the enqueued upstream default
 INCUMBENT = "incumbent"  # the proposer name of the enqueued dispatch-table entry, where it is not upstream's default
@@ -147,7 +148,24 @@ def open_study(storage, spec: StudySpec, sampler: optuna.samplers.BaseSampler, p
     if schema.SPACE_SIGNATURE not in study.user_attrs:
         for key, value in attrs.items():
             study.set_user_attr(key, value)
+    name_metric(study, spec.direction)
     return study
+
+
+def metric_name(direction: str) -> str:
+    """The objective's name, which optuna-dashboard puts on its plots' value axis (else "Objective 0")."""
+    return f"{direction} TFLOPS (geomean)"
+
+
+def name_metric(study: optuna.Study, direction: str) -> bool:
+    """Names the study's objective (Study.set_metric_names) unless it already has that name; whether it wrote."""
+    wanted = [metric_name(direction)]
+    if study.metric_names == wanted:
+        return False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # experimental since Optuna 3.2, stable since
+        study.set_metric_names(wanted)
+    return True
 
 
 def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
