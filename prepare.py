@@ -78,7 +78,18 @@ def _parser() -> CommandParser:
 
 
 if __name__ == "__main__":
-    _parser().parse_args()  # exits here for --help and bad arguments; main() parses again
+    _early = _parser().parse_args()  # exits here for --help and bad arguments; main() parses again
+    from fa4tune.config import ConfigError
+    from fa4tune.suites import load_suite
+
+    try:  # a bad suite or experiment path is one line now, not after the imports below
+        load_suite(_early.suite)
+    except ConfigError as _error:
+        print(f"error: {_error}", file=sys.stderr)
+        sys.exit(2)
+    if _early.experiment and not Path(_early.experiment).is_file():
+        print(f"error: experiment_file: {_early.experiment!r} does not exist", file=sys.stderr)
+        sys.exit(2)
 
 from fa4tune.config import ConfigError, Problem  # noqa: E402
 from fa4tune.harness import baselines, candidates, evaluation, gpu, guards, metrics, results_tsv, runs, self_check  # noqa: E402

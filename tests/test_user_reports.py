@@ -208,3 +208,22 @@ def test_experiment_py_refuses_an_unknown_suite_or_target_before_importing_itsel
         done = subprocess.run([sys.executable, "-c", probe, option, "nosuch"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
         assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_prepare_py_refuses_an_unknown_suite_or_experiment_file_before_importing_torch():
+    # a user's report (issue 40): `prepare.py --experiment experiment.py --suite nosuch` took 26 s (the harness and
+    # torch were imported before the suite was looked up)
+    import subprocess
+    import sys
+
+    from search_helpers import ROOT
+
+    probe = ("import runpy, sys\nsys.argv = ['prepare.py', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_path('prepare.py', run_name='__main__')\nexcept SystemExit as done:\n"
+             "    print(done.code, 'torch' in sys.modules, 'cutlass' in sys.modules)\n")
+    for args, needle in ((["--experiment", "experiment.py", "--suite", "nosuch"], "unknown_suite: suite 'nosuch'"),
+                         (["--baseline", "--suite", "nosuch"], "unknown_suite: suite 'nosuch'"),
+                         (["--experiment", "nofile.py"], "experiment_file: 'nofile.py' does not exist")):
+        done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
+        assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr
