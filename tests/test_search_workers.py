@@ -287,7 +287,7 @@ def test_a_replayed_run_and_its_workers_search_only_the_knob_values_the_table_me
     alone = run_cli("run", *common, "--n-trials", "8")
     assert alone.returncode == 0, alone.stdout + alone.stderr
     # kernel cut to the table's one class (of all registered: sm120, sm120_tma, experiment.py's sm120_splitkv)
-    assert "space (fwd): only the knob values synthetic_table.json measured: kernel sm120 (of sm120/sm120_tma/" in alone.stdout
+    assert "space (fwd): only the knob values synthetic_table.json measured: kernel sm120 (of sm120/sm120_splitkv/sm120_tma/" in alone.stdout
     together = run_cli("run", "--workers", "2", *common, "--n-trials", "14", timeout=180)  # the same study, resumed by workers
     assert together.returncode == 0, together.stdout + together.stderr
     trials = _study(url).trials
