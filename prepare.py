@@ -181,7 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not path.is_file():
         runs.error(f"experiment_file: {str(path)!r} does not exist")
         return 2
-    return run_experiment(candidates.load_experiment(path), args.suite, description=args.description, only=args.only, timeout_s=args.time_limit)
+    try:
+        experiment_module = candidates.load_experiment(path)  # the static rules and the pin first (guards.admit)
+    except guards.Refused as refused:
+        for line in refused.lines:
+            runs.error(line)
+        return 2
+    return run_experiment(experiment_module, args.suite, description=args.description, only=args.only, timeout_s=args.time_limit)
 
 
 if __name__ == "__main__":

@@ -127,7 +127,10 @@ def main(argv=None) -> int:
     from fa4tune import sm120_interface
     from fa4tune.suites import load_suite
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
 
     sm120_interface.COMBINE_PDL = args.combine_launch == "pdl"
     before = None

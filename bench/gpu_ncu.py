@@ -33,7 +33,10 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
     from fa4tune.suites import load_suite
 
     problem = next(p for p in load_suite(args.suite) if args.only in p.label)

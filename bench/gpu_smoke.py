@@ -15,8 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
-import experiment  # noqa: E402
+from fa4tune.harness.candidates import load_experiment  # noqa: E402
+from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT  # noqa: E402
 from fa4tune.config import BackwardConfig, ForwardConfig  # noqa: E402
+
+experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
 
 
 def reference(q, k, v, causal):

@@ -147,7 +147,10 @@ def main(argv=None) -> int:
         settings = dataclasses.replace(settings, rounds=args.rounds)
     compile_ahead(compile_pairs(configs, load_experiment(EXPERIMENT_PATH), args), settings, args.compile_jobs)
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
     print(f"gate seed {settings.gate_seed}; combine launch {args.combine_launch}; split configs: "
           f"{', '.join(config_name(c) for c in configs)}", flush=True)
     matrix = [p for p in matrix_problems() if args.only in p.label]

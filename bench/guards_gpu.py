@@ -1,5 +1,7 @@
 """The guardrails on a real GPU: an honest kernel and experiment.attention pass them, a side-stream cheat is caught,
-and what the guards cost per (problem, direction) next to the gate.
+what the guards cost per (problem, direction) next to the gate, and issue 41's planted cheats (correct then garbage,
+cached outputs, gradients not computed or never written, a new stream, a harness patch, a wrong x8 answer) are each
+caught by measure_step as a step child runs it (a line each: caught / NOT CAUGHT).
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=<SMs> python3 bench/guards_gpu.py
 
@@ -69,6 +71,168 @@ def verdict(forward, problem, direction) -> tuple[str, float]:
     return result, time.perf_counter() - start
 
 
+# ------------------------------------------------------------------------------------------------
+# Issue 41: cheats that pass the gate and the guards' first calls, then cheat while timed (tests/test_planted_cheats.py
+# plants the same on the CPU; tests/test_bench_guards_gpu.py runs these on the CPU too). Each is made from an honest
+# forward and `turn`, the forward calls it answers honestly (the gate's, the guards', the warm-up's).
+# ------------------------------------------------------------------------------------------------
+
+
+class _ZeroGrad(torch.autograd.Function):
+    """Identity forward; a backward that does no work."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(grad)
+
+
+class _NeverWritten(torch.autograd.Function):
+    """Identity forward; gradients that are never written (torch.empty: the gate's allocator hands out NaN)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty_like(grad) if grad.is_cuda else torch.full_like(grad, float("nan"))
+
+
+def _after(turn, honest, cheat):
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        return cheat(q, k, v, causal) if seen[0] > turn else honest(q, k, v, causal)
+    return forward
+
+
+def garbage_after(honest, turn):
+    return _after(turn, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]))
+
+
+def cached_from_the_gate(honest, turn):
+    cache, seen = {}, [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] > turn and q.shape in cache:
+            return cache[q.shape]  # the gate's output of this shape, for other inputs
+        result = honest(q, k, v, causal)
+        cache.setdefault(q.shape, result)
+        return result
+    return forward
+
+
+def memo_by_pointer(honest, turn):
+    memo, seen = {}, [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if seen[0] > turn and key in memo:
+            return memo[key]
+        memo[key] = honest(q, k, v, causal)
+        return memo[key]
+    return forward
+
+
+def zero_gradients_after(honest, turn):
+    return _after(turn, honest, lambda q, k, v, c: (lambda o: (_ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
+
+
+def unwritten_gradients_after(honest, turn):
+    return _after(turn, honest, lambda q, k, v, c: (lambda o: (_NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
+
+
+def stream_after(honest, turn):
+    def cheat(q, k, v, causal):
+        try:
+            torch.cuda.Stream()  # the trap, kept set while timing, records it even swallowed
+        except Exception:
+            pass
+        return honest(q, k, v, causal)
+    return _after(turn, honest, cheat)
+
+
+def patches_the_harness_after(honest, turn):
+    from fa4tune.harness import gate
+
+    original = gate.check_outputs
+
+    def cheat(q, k, v, causal):
+        gate.check_outputs = lambda *a, **kw: original(*a, **kw)  # a check that could be told to pass
+        return honest(q, k, v, causal)
+    return _after(turn, honest, cheat)
+
+
+def off_at_x8(honest, turn):
+    def forward(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        return ((out.float() * 1.05).to(out.dtype) if q.abs().max() > 12 else out), lse
+    return forward
+
+
+# (name, direction, factory, the statuses that count as caught, whether `turn` counts the timed graphs' forwards)
+CHEATS = [
+    ("garbage after the gate", "fwd", garbage_after, ("incorrect",)),
+    ("cached from the gate", "fwd", cached_from_the_gate, ("incorrect",)),
+    ("memo by data_ptr", "fwd", memo_by_pointer, ("guard",)),
+    ("zero gradients", "bwd", zero_gradients_after, ("incorrect",)),
+    ("unwritten gradients", "bwd", unwritten_gradients_after, ("incorrect",)),
+    ("new stream", "fwd", stream_after, ("guard",)),
+    ("patches the harness", "fwd", patches_the_harness_after, ("guard",)),
+    ("out x1.05 at x8", "fwd", off_at_x8, ("incorrect",)),
+]
+
+
+def calls_before_timing(honest, problem, direction, device, settings) -> int:
+    """The forward calls an honest guarded candidate answers before its first timed call (backward: before the
+    forwards of the timed input sets)."""
+    count = [0]
+
+    def counting(q, k, v, causal):
+        count[0] += 1
+        return honest(q, k, v, causal)
+
+    results = steps.measure_step(problem, direction, [candidates.Candidate("count", counting, {}, guarded=True)], device=device, settings=settings)
+    assert results["count"].status == "ok", results["count"]
+    after = [0]
+
+    def counting_after(q, k, v, causal):
+        after[0] += 1
+        return honest(q, k, v, causal)
+
+    runtime_guards.check_candidate(counting_after, problem, direction, device, 0)
+    timed = 0 if direction == "bwd" else settings.rounds * settings.input_sets
+    return count[0] - timed - after[0] - (settings.input_sets if direction == "bwd" else 0)
+
+
+def planted_cheats(honest, problem, device, settings) -> list[tuple[str, str, str, str, bool]]:
+    """(cheat, direction, status, reason, caught) of each planted cheat, measured as a step child does
+    (steps.measure_step: the gate, the guards, timing, the timed outputs' check, the guards again)."""
+    from fa4tune.harness import gate
+
+    rows, turns = [], {}
+    for name, direction, factory, caught_as in CHEATS:
+        if direction == "bwd" and not problem.backward:
+            continue
+        if direction not in turns:
+            turns[direction] = calls_before_timing(honest, problem, direction, device, settings)
+        original = gate.check_outputs
+        try:
+            cheat = candidates.Candidate(name, factory(honest, turns[direction]), {}, guarded=True)
+            result = steps.measure_step(problem, direction, [cheat], device=device, settings=settings)[name]
+        finally:
+            gate.check_outputs = original
+        rows.append((name, direction, result.status, result.reason, result.status in caught_as))
+    return rows
+
+
 def main() -> int:
     global SIDE
     SIDE = torch.cuda.Stream()
@@ -92,6 +256,11 @@ def main() -> int:
                 result, guard_s = verdict(forward, problem, "fwd")
                 surprises += not result.startswith(expected)
                 print(f"{problem.name:<16} {'fwd':<4} {name:<20} {'':>7} {guard_s:9.2f}  {result}")
+    print(f"{'problem':<16} {'dir':<4} {'planted cheat (issue 41)':<26} {'status':<10} reason")
+    for problem in PROBLEMS[:2]:
+        for name, direction, status, reason, caught in planted_cheats(einsum_attention, problem, "cuda", Settings(gate_seed=1234, rounds=3)):
+            surprises += not caught
+            print(f"{problem.name:<16} {direction:<4} {name:<26} {status:<10} {'caught' if caught else 'NOT CAUGHT'}: {reason[:140]}")
     print(f"guards_gpu: {'ok' if not surprises else f'{surprises} unexpected'}")
     return 0 if not surprises else 1
 

@@ -53,7 +53,10 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit)
     from fa4tune import fake_compile
     from fa4tune.config import ForwardConfig, Problem
 

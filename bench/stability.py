@@ -178,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # before the kernels are imported: upstream reads the arch once (emulated on a GPU that is not SM 12.0)
     os.environ.update(gpu.kernel_env(info, target, mode))
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
     from fa4tune.harness.settings import Settings, new_gate_seed
 
     settings = Settings(gate_seed=new_gate_seed())

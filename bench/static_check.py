@@ -21,7 +21,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     args = parser.parse_args()
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit)
     from fa4tune.cli import static_jobs
     from fa4tune.static_check import run_static
     from fa4tune.suites import load_suite

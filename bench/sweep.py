@@ -86,7 +86,10 @@ def run_shard(shard: int, shards: int, classes: list[str], out: Path, deadline: 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import experiment
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
+
+    experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
     from fa4tune.harness import evaluation
     from fa4tune.harness.settings import Settings
 

@@ -64,6 +64,8 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
             refusals = [str(v) for v in guards.check_kernel_classes(module)] + dispatch_refusals(module, get_target(args.target))
         except ConfigError as err:
             refusals = [str(err)]
+        except guards.Refused as refused:  # (the pin: load_experiment admits the file first)
+            refusals = refused.lines
     for line in refusals:
         print(f"error: {line}", file=sys.stderr)
     if refusals:

@@ -137,7 +137,8 @@ def test_run_experiment_refuses_a_cheating_experiment_file_before_running_anythi
     cheat.write_text("import torch.nn.functional as F\nimport time\n\ndef attention(q, k, v, **kw):\n"
                      "    t = time.perf_counter()\n    return F.scaled_dot_product_attention(q, k, v)\n")
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(candidates.load_experiment(cheat), results_path=results, context=CPU, device="cpu", settings=SETTINGS)
+    monkeypatch.setattr(prepare, "run_experiment", lambda *a, **k: pytest.fail("the refused file reached run_experiment"))
+    code = prepare.main(["--experiment", str(cheat)])  # load_experiment admits the file (guards.admit) before it runs
     assert code == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert errors == [
@@ -538,7 +539,13 @@ def _run_with_pin(tmp_path, monkeypatch, pin_text):
     (tmp_path / "experiment.py").write_text(FAKE_EXPERIMENT)
     (tmp_path / "suite.json").write_text(ONE_PROBLEM)
     results = tmp_path / "results.tsv"
-    code = prepare.run_experiment(candidates.load_experiment(tmp_path / "experiment.py"), str(tmp_path / "suite.json"),
+    try:
+        module = candidates.load_experiment(tmp_path / "experiment.py")  # admitted first: the static rules and the pin
+    except guards.Refused as refused:  # (prepare.main prints these and exits 2, as run_experiment does)
+        for line in refused.lines:
+            runs.error(line)
+        return 2, results
+    code = prepare.run_experiment(module, str(tmp_path / "suite.json"),
                                   description="pin test", results_path=results, context=CPU, device="cpu", settings=SETTINGS)
     return code, results
 

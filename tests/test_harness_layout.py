@@ -52,6 +52,8 @@ def test_the_pinned_set_is_prepare_py_the_harness_package_and_what_they_import()
     assert files[:len(tracked) + 1] == ["prepare.py", *sorted(tracked)]
     # then the project modules they import (tests/test_import_graph.py computes them apart), never the agent's
     assert {"fa4tune/config.py", "fa4tune/kernel_class.py", "fa4tune/import_graph.py"} <= set(files)
+    # and what every timed call runs through experiment.py: the host path and the emulated occupancy (issue 41)
+    assert {"fa4tune/api.py", "fa4tune/sm120_interface.py", "fa4tune/emulated_occupancy.py"} <= set(files)
     assert not [name for name in files if name == "experiment.py" or name.startswith("kernels/")]
     assert list(guards.read_pin()) == files
     assert (guards.HARNESS_MODULE, guards.HARNESS_PACKAGE) == ("prepare", "fa4tune.harness")

@@ -54,7 +54,8 @@ def test_the_child_persists_across_calls_and_reuses_its_references(tmp_path):
         assert os.getsid(pid) != os.getsid(0)  # its own session: a terminal Ctrl-C does not reach it
         (first,) = s.run_steps([step("counting")], SETTINGS)
         computed = log.read_text().split()
-        assert len(computed) == 2 * 4 and set(computed) == {str(pid)}  # fp32 and plain, for each of 4 gate cases
+        # fp32 and plain, for each of 4 gate cases and each timed input set (the timed outputs are checked: issue 41)
+        assert len(computed) == 2 * (4 + SETTINGS.input_sets) and set(computed) == {str(pid)}
         # another candidate on the same cases, in a later call: the same child, no reference computed again
         (second,) = evaluation.run_steps_isolated([step("correct")], SETTINGS, server=s)
         assert s.pids == [pid] and s.pid == pid

@@ -18,7 +18,7 @@ from typing import Callable
 
 from fa4tune import kernel_class
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
-from fa4tune.harness import gate, isolation, runtime_guards, settings
+from fa4tune.harness import gate, guards, isolation, runtime_guards, settings
 
 # Candidate kinds a step can run (baseline names as printed).
 EXPERIMENT, UPSTREAM_SM120, FA4_OWN_PATH, TORCH_SDPA = "experiment", "sm120 upstream", "fa4 own path", "torch sdpa"
@@ -89,6 +89,7 @@ def load_experiment(path: str | Path):
     if known is not None and known[0] == digest:
         sys.modules["experiment"] = known[1]  # the kernels' classes look their module up by name
         return known[1]
+    guards.admit(path)  # the static rules (experiment.py, kernels/) and the pin, before any of its code runs: guards.Refused
     cached = sys.modules.get("experiment")
     if known is None and cached is not None and Path(getattr(cached, "__file__", "")).resolve() == path:
         _EXPERIMENTS[path] = (digest, cached)  # imported by name (`import experiment`) before

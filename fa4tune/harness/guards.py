@@ -286,6 +286,41 @@ def check_module(module) -> list[Violation]:
     return (check_source(source) if source else []) + check_kernel_classes(module)
 
 
+def kernel_sources(root: Path | None = None) -> list[Path]:
+    """kernels/*.py: the agent's kernel classes (promoted from experiment.py), checked like it, not pinned."""
+    return sorted(((root or ROOT) / "kernels").glob("*.py"))
+
+
+class Refused(Exception):
+    """What `admit` refuses: one line per violation (the static rules, the pin), each `guard <rule>: ...`."""
+
+    def __init__(self, lines: Sequence[str]):
+        super().__init__("; ".join(lines))
+        self.lines = list(lines)
+
+
+def admission_refusals(experiment_path: str | Path, root: Path | None = None) -> list[str]:
+    """Why the harness may not run this experiment file: the static rules on its source and on every kernels/
+    source (before any of their code runs), and the pin of prepare.py and the harness (unless
+    FA4TUNE_ALLOW_HARNESS_EDIT=1). [] when it may."""
+    refusals = [str(v) for v in check_source(experiment_path)]
+    for path in kernel_sources(root):
+        refusals += [str(v) for v in check_source_text(path.read_text(), f"kernels/{path.name}")]
+    changed = harness_changes(root) if root is not None else harness_changes()
+    if changed and not harness_edit_allowed():
+        refusals.append(harness_edit_error(changed))
+    return refusals
+
+
+def admit(experiment_path: str | Path, root: Path | None = None) -> None:
+    """The one entry point every measuring path passes (fa4tune.harness.candidates.load_experiment calls it
+    before experiment.py's code runs: prepare.py, experiment.py, search run / worker, the bench scripts, and
+    each step child): raises Refused with admission_refusals' lines."""
+    refusals = admission_refusals(experiment_path, root)
+    if refusals:
+        raise Refused(refusals)
+
+
 # ------------------------------------------------------------------------------------------------
 # Harness edits: hashes of the pinned files (prepare.py, fa4tune/harness/ and the project modules they import) against the pin.
 # ------------------------------------------------------------------------------------------------
@@ -297,14 +332,33 @@ def unpinned_module(name: str) -> bool:
     return name == "experiment" or under(name, "kernels")
 
 
+def _measured_path_imports(root: Path) -> list[str]:
+    """The project modules experiment.py and kernels/ import (fa4tune.api, fa4tune.sm120_interface: the host path
+    every timed call runs), themselves aside: the agent's files are checked by the static rules, what they call
+    into is pinned."""
+    modules = import_graph.project_modules(root)
+    known = set(modules)
+    found = []
+    for name, path in sorted(modules.items()):
+        if unpinned_module(name):
+            try:
+                edges = import_graph.imports_of(name, path, known)
+            except (SyntaxError, ValueError, UnicodeDecodeError):
+                edges = []
+            found += [edge.target for edge in edges if not unpinned_module(edge.target)]
+    return sorted(set(found))
+
+
 def harness_files(root: Path | None = None) -> list[str]:
     """The pinned files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
-    (bytecode caches aside), then every other project module these import, transitively and at any depth (read
-    with ast: fa4tune.import_graph.reachable), in path order; experiment.py and kernels/ aside (unpinned_module)."""
+    (bytecode caches aside), then every other project module these, experiment.py or kernels/ import, transitively
+    and at any depth (read with ast: fa4tune.import_graph.reachable), in path order; experiment.py and kernels/
+    themselves aside (unpinned_module: the agent's, guarded by the static rules, not pinned)."""
     root = root or ROOT
     package = sorted(path.relative_to(root).as_posix() for path in (root / HARNESS_DIR).rglob("*")
                      if path.is_file() and "__pycache__" not in path.relative_to(root).parts)
     starts = [HARNESS_MODULE, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
+    starts += _measured_path_imports(root)
     imported = sorted(path.relative_to(root).as_posix() for path in import_graph.reachable(starts, root, unpinned_module).values())
     return [HARNESS_SCRIPT, *package, *(name for name in imported if name != HARNESS_SCRIPT and name not in package)]
 

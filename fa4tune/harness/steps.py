@@ -126,14 +126,80 @@ def timed_calls(candidate: Candidate, problem: Problem, direction: str, device, 
             def call(q=q, k=k, v=v):
                 with torch.no_grad():
                     return candidate.forward(q, k, v, problem.causal)
+            call.forward_outputs = None
         else:
             q, k, v = (t.requires_grad_() for t in (q, k, v))
-            out, _ = candidate.forward(q, k, v, problem.causal)
+            out, lse = gate._unpack(candidate.forward(q, k, v, problem.causal))
 
             def call(out=out, q=q, k=k, v=v, dout=dout):
                 return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            call.forward_outputs = (out, lse)
+        call.inputs, call.seed = (q, k, v, dout), seed  # for the check of what the timed calls returned
         calls.append(call)
     return calls
+
+
+def timed_output_check(problem: Problem, direction: str, calls: dict[str, list[Callable]], settings: Settings,
+                       references: gate.ReferenceCache | None, spent: dict | None = None) -> Callable[[str, int, object], str]:
+    """timing.benchmark's `check`: a timed call's output (forward: out and LSE; backward: dQ, dK, dV and the
+    forward's out and LSE it differentiates) against the fp32 reference of that call's inputs, with the gate's
+    pass rule; '' when right, else the reason. `spent["check"]` adds up the seconds it takes (outside the clock)."""
+    import torch
+
+    spent = {} if spent is None else spent
+    spent.setdefault("check", 0.0)
+    if references is None:  # the timed input sets' references, computed once for every check of this step
+        references = gate.ReferenceCache(REFERENCE_CACHE_CPU_BYTES)
+
+    def check(name: str, input_set: int, output) -> str:
+        began = time.perf_counter()
+        call = calls[name][input_set]
+        q, k, v, dout = call.inputs
+        try:
+            with torch.no_grad():
+                if call.forward_outputs is None:
+                    out, lse = gate._unpack(output)
+                    result = gate.check_outputs(q, k, v, problem.causal, out, lse, variant="timed", seed=call.seed,
+                                                chunk_bytes=settings.reference_chunk_bytes, references=references)
+                else:
+                    out, lse = call.forward_outputs
+                    out, lse = out.detach(), (lse.detach() if isinstance(lse, torch.Tensor) else None)
+                    result = gate.check_outputs(q.detach(), k.detach(), v.detach(), problem.causal, out, lse, output, dout,
+                                                variant="timed", seed=call.seed, chunk_bytes=settings.reference_chunk_bytes,
+                                                references=references)
+            return "" if result.passed else result.reason
+        except Exception as err:  # an output that cannot be compared is not a right one
+            return f"its output cannot be checked: {_one_line(err)}"
+        finally:
+            spent["check"] += time.perf_counter() - began
+
+    return check
+
+
+def _guards_after_timing(guarded: Sequence[Candidate], problem: Problem, direction: str, device, settings: Settings) -> dict[str, tuple[str, str]]:
+    """The run-time guards again, on fresh inputs, once every candidate is timed: a candidate that turns to
+    caching (by data_ptr), lazy or deferred work after its gate and first guard calls is caught here.
+    {name: (status, reason)} of those that fail."""
+    failed = {}
+    for c in guarded:
+        try:
+            with runtime_guards.attention_trap():
+                runtime_guards.check_candidate(c.forward, problem, direction, device, settings.gate_seed + GUARD_SEED_OFFSET + 1)
+        except Exception as err:
+            if _context_lost(err):
+                raise
+            failed[c.name] = (_status_of_error(err), f"after timing: {_one_line(err)}")
+    return failed
+
+
+def _trapped_calls(calls: list[Callable]) -> list[Callable]:
+    """Each call under its own runtime_guards trap (a guarded candidate timed beside unguarded ones)."""
+    def trapped(fn):
+        def call():
+            with runtime_guards.attention_trap():
+                return fn()
+        return call
+    return [trapped(fn) for fn in calls]
 
 
 def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, device, seed: int) -> float | None:
@@ -196,7 +262,7 @@ def measure_step(
     finally:
         total = time.perf_counter() - started
         seconds.setdefault("gate", total)  # (set where the gate ends; unset when it raised)
-        seconds["timing"] = total - seconds["gate"]
+        seconds["timing"] = total - seconds["gate"]  # (includes "check": the timed outputs' check, outside the clock)
 
 
 def _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started):
@@ -222,15 +288,23 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
     seconds["gate"] = time.perf_counter() - started
     if not passed:
         return results
+    # The run-time trap stays set while guarded candidates are timed: one trap around everything when every
+    # candidate is guarded, else one per guarded call (the unguarded ones, e.g. SDPA's baseline, are not trapped).
+    every_guarded = all(c.guarded for c, _ in passed)
     try:
-        memory = {c.name: _peak_memory_mb(c, problem, direction, device, settings.gate_seed + 99) for c, _ in passed}
-        seeds = [settings.gate_seed + 100 + i for i in range(settings.input_sets)]
-        calls = {c.name: timed_calls(c, problem, direction, device, seeds) for c, _ in passed}
-        timings = timing.benchmark(
-            calls, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
-            flush=flusher, warmup=settings.warmup, rounds=settings.rounds, seed=settings.gate_seed,
-            give_up=None if give_up_ms is None else {c.name: give_up_ms for c, _ in passed},
-        )
+        with runtime_guards.attention_trap() if every_guarded else contextlib.nullcontext():
+            memory = {c.name: _peak_memory_mb(c, problem, direction, device, settings.gate_seed + 99) for c, _ in passed}
+            seeds = [settings.gate_seed + 100 + i for i in range(settings.input_sets)]
+            calls = {c.name: timed_calls(c, problem, direction, device, seeds) for c, _ in passed}
+            timed = {c.name: (_trapped_calls(calls[c.name]) if c.guarded and not every_guarded else calls[c.name]) for c, _ in passed}
+            timings = timing.benchmark(
+                timed, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
+                flush=flusher, warmup=settings.warmup, rounds=settings.rounds, seed=settings.gate_seed,
+                give_up=None if give_up_ms is None else {c.name: give_up_ms for c, _ in passed},
+                check=timed_output_check(problem, direction, calls, settings, references, seconds),
+            )
+        del calls, timed
+        after = _guards_after_timing([c for c, _ in passed if c.guarded and not timings[c.name].incorrect], problem, direction, device, settings)
     except Exception as err:
         status, reason = _status_of_error(err), f"while timing: {_one_line(err)}"
         for c, errors in passed:
@@ -242,7 +316,11 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
     for c, errors in passed:
         t = timings[c.name]
         status, reason = "ok", ""
-        if t.stopped:
+        if t.incorrect:
+            status, reason = "incorrect", t.incorrect
+        elif c.name in after:
+            status, reason = after[c.name]
+        elif t.stopped:
             status = "pruned"
             count_text = f"{len(t.samples_ms)} sample{'s' if len(t.samples_ms) != 1 else ''}"
             reason = f"stopped after {count_text}: median {t.median_ms:.4g} ms > {give_up_ms:.4g} ms (give-up threshold)"

@@ -10,6 +10,7 @@ with a simulated device or a wall-clock timer.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -25,6 +26,8 @@ class Timing:
 
     samples_ms: tuple[float, ...]
     stopped: bool = False  # timed no further: its median passed its give-up threshold (benchmark's give_up)
+    incorrect: str = ""  # why a timed call's output failed the check (benchmark's check), with the call's index
+    checked_calls: int = 0  # timed calls whose outputs were checked
 
     def __post_init__(self):
         if not self.samples_ms:
@@ -276,6 +279,7 @@ def benchmark(
     rounds: int = 10,
     seed: int = 0,
     give_up: Mapping[str, float] | None = None,
+    check: Callable[[str, int, object], str] | None = None,
 ) -> dict[str, Timing]:
     """Time candidates against each other; `candidates[name][i]` runs the call on input set i.
 
@@ -283,6 +287,12 @@ def benchmark(
     runs on every input set at least once during warm-up. After each round, a candidate whose median so far
     exceeds its `give_up[name]` milliseconds is timed no further (its Timing has `stopped`): a config many
     times slower than the incumbent costs one round, not all of them.
+
+    `check(name, input_set, output) -> reason ('' when right)` verifies what timed calls returned, after the
+    clock stops: the outputs of a round are held (references, no copy, nothing added on the device inside the
+    timed window) until the round's timer returns; then one call per candidate, drawn from os.urandom at that
+    moment (the candidate cannot know which when it runs), and in the last round every candidate's last call.
+    A failure ends that candidate's timing; its Timing has `incorrect` = the reason with the timed call's index.
     """
     if not candidates:
         return {}
@@ -297,16 +307,67 @@ def benchmark(
     samples: dict[str, list[float]] = {name: [] for name in candidates}
     stopped: set[str] = set()
     plans = schedule(list(candidates), num_sets, rounds, seed)
+    incorrect: dict[str, str] = {}
+    checked: dict[str, int] = {name: 0 for name in candidates}
     for r, plan in enumerate(plans):
-        plan = [(name, i) for name, i in plan if name not in stopped]
+        plan = [(name, i) for name, i in plan if name not in stopped and name not in incorrect]
         if not plan:
             break
-        times = timer.time_calls([candidates[name][i] for name, i in plan], flush)
+        held: list[object] = [None] * len(plan)
+        calls = [candidates[name][i] if check is None else _holding(candidates[name][i], held, j) for j, (name, i) in enumerate(plan)]
+        times = timer.time_calls(calls, flush)
         for (name, _), ms in zip(plan, times):
             samples[name].append(ms)
+        if check is not None:  # the clock has stopped: check the held outputs, then let them go
+            for name, reason in _check_round(plan, held, samples, check, last_round=r + 1 == len(plans)).items():
+                checked[name] += reason[1]
+                if reason[0]:
+                    incorrect[name] = reason[0]
+            del held, calls
         if r + 1 < len(plans):  # a candidate timed to the end keeps its full record
             stopped |= {name for name, limit in give_up.items() if name in samples and statistics.median(samples[name]) > limit}
-    return {name: Timing(tuple(values), stopped=name in stopped) for name, values in samples.items()}
+    return {
+        name: Timing(tuple(values), stopped=name in stopped and name not in incorrect, incorrect=incorrect.get(name, ""), checked_calls=checked[name])
+        for name, values in samples.items()
+    }
+
+
+def _holding(fn: Callable[[], object], held: list, slot: int) -> Callable[[], object]:
+    """The call, keeping what it returns in held[slot] (a reference: no copy, no device work)."""
+
+    def call():
+        held[slot] = fn()
+        return held[slot]
+
+    return call
+
+
+def _random_index(n: int) -> int:
+    """An index in [0, n) from os.urandom: nothing in the process can predict it."""
+    return int.from_bytes(os.urandom(8), "little") % n
+
+
+def _check_round(plan, held, samples, check, last_round: bool) -> dict[str, tuple[str, int]]:
+    """Per candidate of the round: (reason of the first failing check or '', checks run). Checked: one of its
+    calls drawn now, and in the last round its last call (the last timed call of every candidate timed to the end;
+    a pruned one is not `ok` anyway)."""
+    by_name: dict[str, list[int]] = {}
+    for j, (name, _) in enumerate(plan):
+        by_name.setdefault(name, []).append(j)
+    verdicts = {}
+    for name, slots in by_name.items():
+        first_timed = len(samples[name]) - len(slots)  # the index of this round's first call among the candidate's timed calls
+        picks = sorted({slots[_random_index(len(slots))], *([slots[-1]] if last_round else [])})
+        reason, count = "", 0
+        for j in picks:
+            index = first_timed + slots.index(j)
+            count += 1
+            found = check(name, plan[j][1], held[j])
+            if found:
+                reason = f"timed call {index} (input set {plan[j][1]}, checked after timing): {found}"
+                break
+        verdicts[name] = (reason, count)
+    return verdicts
 
 
 def is_improvement(candidate_runs: Sequence[Timing], incumbent_runs: Sequence[Timing] | Timing) -> bool:

@@ -1,0 +1,342 @@
+"""Issue 41: planted cheats that pass the gate and the run-time guards' first calls, then cheat while timed; the
+harness catches each (CPU tensors, fakes: fa4tune.harness.steps.measure_step as a step child runs it).
+
+Each cheat counts its calls and turns after the calls the gate, the guards and the warm-up make (`calls_before_timing`),
+so only what the harness does while timing or after it can catch it: the check of the timed calls' outputs
+(timing.benchmark's `check`), the run-time trap kept set while timing, and the run-time guards run again after it.
+"""
+
+import threading
+
+import pytest
+import torch
+
+from fa4tune.config import Problem
+from fa4tune.harness import candidates, gate, guards, runtime_guards, steps
+from fa4tune.harness.settings import Settings
+from prepare_child_targets import torch_attention
+
+torch.set_num_threads(1)
+
+SETTINGS = Settings(gate_seed=11, warmup=1, rounds=3, input_sets=2, gate_random_problems=1)
+PROBLEM = Problem(1, 48, 48, 2, 2, 32, 32, True, name="tiny causal")
+
+
+def honest(q, k, v, causal):
+    return torch_attention(q, k, v, causal, return_lse=True)
+
+
+def guarded(forward, name="planted"):
+    return candidates.Candidate(name, forward, {}, guarded=True)
+
+
+def calls_before_timing(direction: str) -> int:
+    """Forward calls an honest guarded candidate gets before its first timed call: the gate's cases, the run-time
+    guards' calls, and (for the backward) the forward of each timed input set and the warm-up."""
+    count = [0]
+
+    def counting(q, k, v, causal):
+        count[0] += 1
+        return honest(q, k, v, causal)
+
+    results = steps.measure_step(PROBLEM, direction, [guarded(counting)], device="cpu", settings=SETTINGS)
+    assert results["planted"].status == "ok", results["planted"]
+    timed = 0 if direction == "bwd" else SETTINGS.rounds * SETTINGS.input_sets  # (a timed backward calls no forward)
+    return count[0] - timed - _guard_calls_after_timing(direction)
+
+
+def _guard_calls_after_timing(direction: str) -> int:
+    count = [0]
+
+    def counting(q, k, v, causal):
+        count[0] += 1
+        return honest(q, k, v, causal)
+
+    runtime_guards.check_candidate(counting, PROBLEM, direction, "cpu", 0)
+    return count[0]
+
+
+def _first_round(reason: str) -> bool:
+    """The reason names a timed call of the first round (the checks after it: one drawn at random and the last)."""
+    return reason.startswith("timed call ") and int(reason.split()[2]) < SETTINGS.input_sets
+
+
+def measure(forward, direction="fwd", others=()):
+    return steps.measure_step(PROBLEM, direction, [guarded(forward), *others], device="cpu", settings=SETTINGS)
+
+
+# ------------------------------------------------------------------------------------------------
+# Correct, then garbage: the timed calls' outputs are checked after the clock stops.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_correct_then_garbage_after_n_calls_is_incorrect_with_the_timed_call_index():
+    turn = calls_before_timing("fwd")
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        return (torch.zeros_like(out), lse) if seen[0] > turn else (out, lse)
+
+    results = measure(forward, others=[candidates.Candidate("honest", honest, {})])
+    planted = results["planted"]
+    assert planted.status == "incorrect", planted
+    assert _first_round(planted.reason) and "checked after timing" in planted.reason and "out " in planted.reason
+    assert results["honest"].status == "ok"  # the honest one beside it is timed and checked too, and passes
+
+
+def test_garbage_only_in_the_last_timed_call_is_caught_by_the_last_calls_check():
+    last = SETTINGS.input_sets * SETTINGS.rounds - 1
+    turn = calls_before_timing("fwd") + last  # right for every timed call but the last
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        return (out, lse + 1.0) if seen[0] == turn + 1 else (out, lse)
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "incorrect" and "lse " in planted.reason, planted
+    assert planted.reason.startswith(f"timed call {last} "), planted.reason
+
+
+def test_correct_then_zero_gradients_is_incorrect():
+    turn = calls_before_timing("bwd")
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        if seen[0] > turn - SETTINGS.input_sets:  # the forwards whose graphs the timed backward calls differentiate
+            out = _ZeroGrad.apply(out)
+        return out, lse
+
+    planted = measure(forward, "bwd")["planted"]
+    assert planted.status == "incorrect" and _first_round(planted.reason) and "dq " in planted.reason, planted
+
+
+class _ZeroGrad(torch.autograd.Function):
+    """Identity forward; a backward that does no work (its gradients are zeros)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.zeros_like(grad)
+
+
+class _NeverWritten(torch.autograd.Function):
+    """Identity forward; a backward that returns gradients it never wrote (what the gate's NaN-poisoned CUDA
+    allocator hands out: NaN here, on the CPU, where nothing poisons torch.empty)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full_like(grad, float("nan"))
+
+
+def test_gradients_never_written_fail_the_gate():
+    passed, _, reason = steps.gate_candidate(guarded(lambda q, k, v, c: (_NeverWritten.apply(honest(q, k, v, c)[0]), None)),
+                                             PROBLEM, "bwd", "cpu", SETTINGS)
+    assert not passed and "dq: " in reason and "NaN" in reason
+
+
+def test_gradients_never_written_after_the_gate_are_incorrect():
+    turn = calls_before_timing("bwd")
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        return (_NeverWritten.apply(out) if seen[0] > turn - SETTINGS.input_sets else out), lse
+
+    planted = measure(forward, "bwd")["planted"]
+    assert planted.status == "incorrect" and "NaN" in planted.reason, planted
+
+
+# ------------------------------------------------------------------------------------------------
+# Caching: outputs of the gate's inputs, or memoized by the tensors' identity once the guards have run.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_outputs_cached_from_the_gates_inputs_are_incorrect():
+    turn = calls_before_timing("fwd")
+    seen, cache = [0], {}
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] > turn and q.shape in cache:
+            return cache[q.shape]  # the gate's first output of this shape, for other inputs
+        result = honest(q, k, v, causal)
+        cache.setdefault(q.shape, result)
+        return result
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "incorrect" and _first_round(planted.reason), planted
+
+
+def test_memoizing_by_tensor_identity_after_the_guards_is_caught_after_timing():
+    # right values for the timed calls (each input set's own output), no work: the guards run again after timing
+    turn = calls_before_timing("fwd")
+    seen, memo = [0], {}
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+        if seen[0] > turn and key in memo:
+            return memo[key]
+        memo[key] = honest(q, k, v, causal)
+        return memo[key]
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and planted.reason.startswith("after timing: ") and "output_reuse" in planted.reason, planted
+
+
+# ------------------------------------------------------------------------------------------------
+# Deferred work: another thread, another stream; patching the harness while timed.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_work_deferred_to_a_thread_while_timed_is_caught():
+    turn = calls_before_timing("fwd")
+    seen, timers = [0], []
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        if seen[0] <= turn:
+            return out, lse
+        result = torch.zeros_like(out)
+        timer = threading.Timer(0.2, lambda: result.copy_(out))  # "finished later", off the timed window
+        timer.start()
+        timers.append(timer)
+        return result, lse
+
+    try:
+        planted = measure(forward)["planted"]
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert planted.status in ("incorrect", "guard"), planted
+    assert planted.reason.startswith("timed call ") or "deferred_work" in planted.reason
+
+
+def test_a_stream_made_while_timed_is_caught_by_the_trap_kept_set():
+    turn = calls_before_timing("fwd")
+    seen = [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] > turn:
+            try:
+                torch.cuda.Stream()  # the trap records it, even swallowed
+            except Exception:
+                pass
+        return honest(q, k, v, causal)
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and "side_stream" in planted.reason, planted
+
+
+def test_patching_the_harness_while_timed_is_caught(monkeypatch):
+    monkeypatch.setattr(gate, "check_outputs", gate.check_outputs)  # put back after the test
+    turn = calls_before_timing("fwd")
+    seen = [0]
+    original = gate.check_outputs
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] == turn + 1:
+            gate.check_outputs = lambda *a, **k: original(*a, **k)  # a check that could be told to pass
+        return honest(q, k, v, causal)
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "check_outputs" in planted.reason, planted
+
+
+# ------------------------------------------------------------------------------------------------
+# Before any code runs: a kernels/ class that patches the harness at import, a config that reads the gate seed.
+# ------------------------------------------------------------------------------------------------
+
+
+PATCHES_AT_IMPORT = """
+from fa4tune.harness import gate
+gate.compare = lambda *args, **kwargs: None
+class PatchingForwardSm120:
+    pass
+"""
+READS_THE_GATE_SEED = """
+import os
+from pathlib import Path
+Path(__file__).with_name("ran").write_text("experiment.py's code ran")
+SEED = int(os.environ.get("FA4TUNE_GATE_SEED", "0"))
+FORWARD_DISPATCH = {"d128": {"tile_m": 128 if SEED % 2 else 64}}
+"""
+
+
+def test_a_kernel_class_that_patches_the_harness_at_import_is_refused_before_it_runs(tmp_path, monkeypatch):
+    kernel = tmp_path / "kernels" / "patching_forward_sm120.py"
+    kernel.parent.mkdir()
+    kernel.write_text(PATCHES_AT_IMPORT)
+    experiment = tmp_path / "experiment.py"
+    experiment.write_text("x = 1\n")
+    monkeypatch.setattr(guards, "kernel_sources", lambda root=None: [kernel])
+    with pytest.raises(guards.Refused) as refused:
+        candidates.load_experiment(experiment)
+    assert any(line.startswith("guard harness_access: kernels/patching_forward_sm120.py:2") for line in refused.value.lines), refused.value.lines
+
+
+def test_a_config_that_reads_the_gate_seed_is_refused_before_its_code_runs(tmp_path):
+    experiment = tmp_path / "experiment.py"
+    experiment.write_text(READS_THE_GATE_SEED)
+    with pytest.raises(guards.Refused) as refused:
+        candidates.load_experiment(experiment)
+    assert any("guard harness_access" in line and "os.environ" in line for line in refused.value.lines), refused.value.lines
+    assert not (tmp_path / "ran").exists()  # refused before any of its code ran
+
+
+def test_the_harness_reads_the_seed_from_settings_not_from_the_candidate():
+    # the gate seed is drawn per run (settings.new_gate_seed); the random gate cases follow it
+    a = gate.gate_cases(PROBLEM, 1, random_count=1)[-1]
+    b = gate.gate_cases(PROBLEM, 2, random_count=1)[-1]
+    assert a.seed != b.seed
+
+
+# ------------------------------------------------------------------------------------------------
+# The x8 case: a slightly wrong answer fails (the relative rule), an honest one passes.
+# ------------------------------------------------------------------------------------------------
+
+
+def _off_at_large_inputs(factor):
+    def forward(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        if q.abs().max() > 12:  # only the x8 case's inputs are this large
+            out = (out.float() * factor).to(out.dtype)
+        return out, lse
+    return forward
+
+
+def test_out_scaled_by_1_05_at_x8_fails_the_gate():
+    passed, _, reason = steps.gate_candidate(guarded(_off_at_large_inputs(1.05)), PROBLEM, "fwd", "cpu", SETTINGS)
+    assert not passed and reason.startswith("scaled x8") and "out relative error" in reason, reason
+
+
+def test_the_max_error_rule_alone_let_out_x_1_05_through_at_x8(monkeypatch):
+    # what the relative rule adds: without it (an infinite relative floor), the same wrong answer passed
+    monkeypatch.setattr(gate, "RELATIVE_FLOOR", {torch.bfloat16: float("inf"), torch.float16: float("inf")})
+    passed, _, reason = steps._gate_cases(guarded(_off_at_large_inputs(1.05)), PROBLEM, "fwd", "cpu", SETTINGS)
+    assert passed, reason
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_an_honest_kernel_is_ok_with_every_timed_output_checked(direction):
+    spent = {}
+    results = steps.measure_step(PROBLEM, direction, [guarded(honest)], device="cpu", settings=SETTINGS, seconds=spent)
+    assert results["planted"].status == "ok", results["planted"]
+    assert spent["check"] > 0  # the check ran (after the clock stopped: its seconds are not in any sample)
