@@ -52,9 +52,33 @@ def test_every_kernel_a_step_runs_is_compiled_ahead_and_jobs_group_by_config_and
         assert all((kind, cfg, p) in pairs for p in problems)
 
 
-def test_runs_alternate_the_candidates_order():
+def test_runs_alternate_the_candidates_order(tmp_path, monkeypatch):
     bench = load_bench()
     assert bench.order(1) == ("table", "upstream") and bench.order(2) == ("upstream", "table") and bench.order(3) == bench.order(1)
+    # and main() hands measure_step the candidates in that order, run after run (the GPU parts faked)
+    from fa4tune.config import BackwardConfig, ForwardConfig, Problem
+    from fa4tune.harness import candidates as harness_candidates, gpu, steps as harness_steps
+    from fa4tune.harness.measurement import ProblemResult
+
+    problem = Problem(1, 128, 128, 2, 2, 64, 64, False, backward=False, name="p")
+    configs = (ForwardConfig(), BackwardConfig())
+    step = bench.Step("s", problem, "fwd", configs, configs)
+    seen = []
+
+    def measure_step(problem, direction, candidates, **kwargs):
+        seen.append(tuple(c.name for c in candidates))
+        return {c.name: ProblemResult(problem.label, direction, "ok", tflops=1.0, ms_median=1.0) for c in candidates}
+
+    monkeypatch.setattr(bench, "plan", lambda suites, experiment, only: [step])
+    monkeypatch.setattr(bench, "compile_ahead", lambda *args, **kwargs: None)
+    monkeypatch.setattr(harness_candidates, "load_experiment", lambda path: experiment)
+    monkeypatch.setattr(harness_candidates, "experiment_candidate", lambda module, fwd, bwd, name: harness_candidates.Candidate(name, None, {}))
+    monkeypatch.setattr(gpu, "read_device", lambda: gpu.DeviceInfo("fake GPU", (12, 0), 1))
+    monkeypatch.setattr(gpu, "select_mode", lambda info, target: "native")
+    monkeypatch.setattr(harness_steps, "make_flusher", lambda device: None)
+    monkeypatch.setattr(harness_steps, "measure_step", measure_step)
+    assert bench.main(["--runs", "3", "--out", str(tmp_path / "out.jsonl"), "--compile-jobs", "0"]) == 0
+    assert seen == [bench.order(1), bench.order(2), bench.order(3)]
 
 
 def _records(problem, direction, regime, table_ms, upstream_ms, status="ok"):

@@ -11,26 +11,35 @@ from fa4tune import kernel_cache
 from fa4tune.targets import get_target
 
 SM120 = get_target("sm120").smem_per_sm
+# The hardware's numbers, written here apart from the module's constants (CUDA C++ Programming Guide, compute
+# capabilities table): shared memory per SM and the most one CTA may opt in to; the driver keeps 1 KB per CTA.
+HARDWARE = {"sm_90a": (228 * 1024, 227 * 1024), "sm_80": (164 * 1024, 163 * 1024)}
+RESERVED = 1024
 
 
 def ctas(smem: int, per_sm: int) -> int:
-    return per_sm // (smem + eo.RESERVED_PER_CTA)
+    return per_sm // (smem + RESERVED)
+
+
+def test_sm120_has_100_kb_per_sm():
+    assert SM120 == 100 * 1024
 
 
 @pytest.mark.parametrize("smem", [12288, 26624 - 1024, 37888, 50176, 65536, 74752, 82944, 99328])
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
 def test_the_gpu_then_holds_the_targets_ctas_by_shared_memory(smem, arch):
+    per_sm, per_cta = HARDWARE[arch]
     padded = eo.padded_smem(smem, SM120, arch)
     assert padded >= smem
-    assert padded <= eo.SMEM_PER_CTA[arch]
-    assert ctas(padded, eo.SMEM_PER_SM[arch]) == max(1, ctas(smem, SM120))
+    assert padded <= per_cta
+    assert ctas(padded, per_sm) == max(1, ctas(smem, SM120))
 
 
 def test_a_49_kb_cta_two_on_an_h200_sm_as_on_sm120():
     # 49 KB dynamic + the reserved KB: 4 per H200 SM by shared memory, 2 per SM120 SM (102,400 B = 2 x 51,200).
     # The driver's own count on the H200 (docs/measurements/2026-12-03-h200-smem-accounting.md): 2 CTAs per SM at
     # 115,712 B dynamic, the padded size.
-    assert ctas(50176, eo.SMEM_PER_SM["sm_90a"]) == 4 and ctas(50176, SM120) == 2
+    assert ctas(50176, HARDWARE["sm_90a"][0]) == 4 and ctas(50176, SM120) == 2
     assert eo.padded_smem(50176, SM120, "sm_90a") == 115712
 
 

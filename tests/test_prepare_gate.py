@@ -155,6 +155,62 @@ def test_unwritten_elements_of_a_prefilled_output_fail():
     assert gate.gate_forward(writes_all, *inputs()[:3], True).passed
 
 
+class _PoisonedAllocator:
+    """A stand-in for the CUDA caching allocator on the CPU: after gate.poison_cuda_allocator's call, the next blocks
+    it hands out read as NaN (what 0xFF bytes are in fp32/bf16), before it they read as 0 (what a fresh block may)."""
+
+    def __init__(self, monkeypatch):
+        self.poisoned, self.sizes = False, []
+        monkeypatch.setattr(gate, "poisons", lambda device: True)
+        monkeypatch.setattr(gate, "poison_cuda_allocator", self.poison)
+
+    def poison(self, nbytes, device):
+        self.poisoned, self.sizes = True, list(nbytes)
+
+    def empty_like(self, t):
+        return torch.full_like(t, float("nan") if self.poisoned else 0.0)
+
+
+def test_unwritten_elements_of_a_candidates_own_output_fail(monkeypatch):
+    # the path experiment candidates take (no out=): the allocator is poisoned right before the call, so rows the
+    # kernel never writes in its own allocation read as NaN; without the poisoning they read as 0 and would pass
+    # as masked rows
+    allocator = _PoisonedAllocator(monkeypatch)
+
+    def writes_half(q, k, v, causal):
+        full, full_lse = correct(q, k, v, causal)
+        out = allocator.empty_like(full)
+        out[:, : out.shape[1] // 2] = full[:, : out.shape[1] // 2]  # forgets the second half of the rows
+        return out, full_lse
+
+    q, k, v = inputs()[:3]
+    result = gate.gate_forward(writes_half, q, k, v, True)
+    assert not result.passed and "never written" in result.reason
+    assert allocator.sizes == [q.numel() // q.shape[-1] * v.shape[-1] * q.element_size(), q.shape[0] * q.shape[2] * q.shape[1] * 4]
+
+
+def test_gradients_a_backward_never_writes_fail(monkeypatch):
+    allocator = _PoisonedAllocator(monkeypatch)
+
+    class WritesNoDQ(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return correct(q, k, v, True)[0]
+
+        @staticmethod
+        def backward(ctx, dout):
+            q, k, v = ctx.saved_tensors
+            with torch.enable_grad():
+                qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+                _, dk, dv = torch.autograd.grad(correct(qq, kk, vv, True)[0], (qq, kk, vv), dout)
+            return allocator.empty_like(q), dk, dv  # dq allocated, never written
+
+    q, k, v, dout = inputs()
+    result = gate.gate_backward(lambda q, k, v, c: (WritesNoDQ.apply(q, k, v), None), q, k, v, True, dout)
+    assert not result.passed and result.reason.split(": ", 1)[1].startswith("dq: ") and "never written" in result.reason
+
+
 def test_a_wrong_gradient_fails_naming_the_tensor():
     class ScaledDQ(torch.autograd.Function):
         @staticmethod
