@@ -157,7 +157,15 @@ def test_report_plots_refuses_to_replace_committed_figures_without_force(tmp_pat
     assert done.stderr.startswith("error: plots_committed: --plots docs/img: ") and len(done.stderr.splitlines()) == 1
 
 
-def test_an_unknown_suite_or_sampler_is_refused_before_experiment_py_and_cutlass_are_imported(tmp_path):
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unknown_suite_sampler_or_storage_url_is_refused_before_experiment_py_and_cutlass_are_imported(tmp_path):
     # a user's report (issue 40): a one-line error took 13-16 s, the replay table's space loading experiment.py first
     import subprocess
     import sys
@@ -168,7 +176,10 @@ def test_an_unknown_suite_or_sampler_is_refused_before_experiment_py_and_cutlass
              f"code = main(['run', '--storage', 'sqlite:///{tmp_path / 's.db'}', '--evaluator', 'replay', '--table', "
              "'search/data/h200_sweep.json'] + sys.argv[1:])\n"
              "print(code, 'cutlass' in sys.modules, 'experiment' in sys.modules, 'torch' in sys.modules)\n")
-    for option, value, needle in (("--suite", "nosuch", "unknown_suite"), ("--sampler", "nosuch", "sampler")):
+    for option, value, needle in (("--suite", "nosuch", "unknown_suite"), ("--sampler", "nosuch", "sampler"),
+                                  ("--storage", "mongodb://localhost/x", "storage_url"),
+                                  ("--storage", f"sqlite:///{tmp_path / 'missing' / 's.db'}", "storage_unreachable"),
+                                  ("--storage", f"postgresql://tuner@127.0.0.1:{_free_port()}/search", "storage_unreachable")):
         done = subprocess.run([sys.executable, "-c", probe, option, value], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.stdout.split() == ["2", "False", "False", "False"], done.stdout + done.stderr
         assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr

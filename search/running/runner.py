@@ -30,7 +30,7 @@ from search.running.run_config import RunConfig
 from search.running.view import make_view
 from search.space import get_space
 from search.storing.history import short_config
-from search.storing.storage import describe, open_storage
+from search.storing.storage import check_reachable, describe, open_storage
 from search.storing.study import StudySpec, check_existing, open_study, specs_for
 
 INTERRUPTED = 130  # exit code after Ctrl-C, as a shell reports it
@@ -201,6 +201,7 @@ def _check_classes(config: RunConfig, problems: list) -> None:
 def plan(config: RunConfig, out) -> Plan:
     """Checks the numbers, target, evaluator, problems, sampler and turn policy of a run; ConfigError for bad input."""
     _check_numbers(config)
+    check_reachable(config.storage)  # a storage that cannot open fails before experiment.py is loaded, as bad names do
     target = get_target(config.target)
     # an unknown suite or problem class fails here, before the evaluator loads experiment.py (cutlass: seconds)
     _check_classes(config, load_suite(config.suite))

@@ -58,15 +58,39 @@ def _is_sqlite(path: Path) -> bool:
         connection.close()
 
 
+def _driver_url(url: str) -> tuple[str, dict]:
+    """The URL SQLAlchemy is given (a bare postgresql:// is psycopg 3 to SQLAlchemy 2.1; the installed driver is
+    psycopg2) and the engine's arguments."""
+    engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {}
+    return ("postgresql+psycopg2://" + url[len("postgresql://"):] if url.startswith("postgresql://") else url), engine_kwargs
+
+
+def check_reachable(url: str) -> None:
+    """check_url, and for a server, one connection that writes nothing: a run refuses an unreachable database before
+    it loads experiment.py."""
+    check_url(url)
+    if not url.startswith("postgresql"):
+        return
+    import sqlalchemy
+
+    driver_url, engine_kwargs = _driver_url(url)
+    engine = sqlalchemy.create_engine(driver_url, **engine_kwargs)
+    try:
+        engine.connect().close()
+    except (sqlalchemy.exc.SQLAlchemyError, ImportError) as err:
+        first_line = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+        raise ConfigError("storage_unreachable", f"cannot open {describe(url)}: {first_line}")
+    finally:
+        engine.dispose()
+
+
 def open_storage(url: str):
     """An Optuna RDBStorage for the URL; one-line ConfigError when the database cannot be reached."""
     import optuna
     import sqlalchemy.exc
 
     check_url(url)
-    engine_kwargs = {"connect_args": {"connect_timeout": 10}} if url.startswith("postgresql") else {}
-    # SQLAlchemy 2.1 reads a bare postgresql:// as psycopg 3; the installed driver is psycopg2
-    driver_url = "postgresql+psycopg2://" + url[len("postgresql://"):] if url.startswith("postgresql://") else url
+    driver_url, engine_kwargs = _driver_url(url)
     try:
         storage = optuna.storages.RDBStorage(driver_url, engine_kwargs=engine_kwargs)
     except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, ImportError) as err:
