@@ -78,7 +78,7 @@ def verdict(forward, problem, direction) -> tuple[str, float]:
 # ------------------------------------------------------------------------------------------------
 
 
-class _ZeroGrad(torch.autograd.Function):
+class ZeroGrad(torch.autograd.Function):
     """Identity forward; a backward that does no work."""
 
     @staticmethod
@@ -90,7 +90,7 @@ class _ZeroGrad(torch.autograd.Function):
         return torch.zeros_like(grad)
 
 
-class _NeverWritten(torch.autograd.Function):
+class NeverWritten(torch.autograd.Function):
     """Identity forward; gradients that are never written (torch.empty: the gate's allocator hands out NaN)."""
 
     @staticmethod
@@ -142,11 +142,11 @@ def memo_by_pointer(honest, turn):
 
 
 def zero_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (_ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return _after(turn, honest, lambda q, k, v, c: (lambda o: (ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def unwritten_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (_NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return _after(turn, honest, lambda q, k, v, c: (lambda o: (NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def stream_after(honest, turn):

@@ -15,6 +15,7 @@ from fa4tune.config import Problem
 from fa4tune.harness import candidates, gate, guards, runtime_guards, steps
 from fa4tune.harness.settings import Settings
 from prepare_child_targets import torch_attention
+from bench.guards_gpu import NeverWritten, ZeroGrad
 
 torch.set_num_threads(1)
 
@@ -109,40 +110,15 @@ def test_correct_then_zero_gradients_is_incorrect():
         seen[0] += 1
         out, lse = honest(q, k, v, causal)
         if seen[0] > turn - SETTINGS.input_sets:  # the forwards whose graphs the timed backward calls differentiate
-            out = _ZeroGrad.apply(out)
+            out = ZeroGrad.apply(out)
         return out, lse
 
     planted = measure(forward, "bwd")["planted"]
     assert planted.status == "incorrect" and _first_round(planted.reason) and "dq " in planted.reason, planted
 
 
-class _ZeroGrad(torch.autograd.Function):
-    """Identity forward; a backward that does no work (its gradients are zeros)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.zeros_like(grad)
-
-
-class _NeverWritten(torch.autograd.Function):
-    """Identity forward; a backward that returns gradients it never wrote (what the gate's NaN-poisoned CUDA
-    allocator hands out: NaN here, on the CPU, where nothing poisons torch.empty)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return torch.full_like(grad, float("nan"))
-
-
 def test_gradients_never_written_fail_the_gate():
-    passed, _, reason = steps.gate_candidate(guarded(lambda q, k, v, c: (_NeverWritten.apply(honest(q, k, v, c)[0]), None)),
+    passed, _, reason = steps.gate_candidate(guarded(lambda q, k, v, c: (NeverWritten.apply(honest(q, k, v, c)[0]), None)),
                                              PROBLEM, "bwd", "cpu", SETTINGS)
     assert not passed and "dq: " in reason and "NaN" in reason
 
@@ -154,7 +130,7 @@ def test_gradients_never_written_after_the_gate_are_incorrect():
     def forward(q, k, v, causal):
         seen[0] += 1
         out, lse = honest(q, k, v, causal)
-        return (_NeverWritten.apply(out) if seen[0] > turn - SETTINGS.input_sets else out), lse
+        return (NeverWritten.apply(out) if seen[0] > turn - SETTINGS.input_sets else out), lse
 
     planted = measure(forward, "bwd")["planted"]
     assert planted.status == "incorrect" and "NaN" in planted.reason, planted
