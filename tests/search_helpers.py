@@ -1,11 +1,14 @@
-"""Shared pieces of the search tests: a synthetic table, a study loop on it, the CLI in a subprocess."""
+"""Shared pieces of the search tests: a synthetic table, a study loop on it, the CLI (in this process, or its own)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import traceback
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import optuna
@@ -84,12 +87,40 @@ def make_loop(table_path, sampler="tpe", proposers=(), weights=None, storage=Non
     return loop, evaluator, view
 
 
-def run_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
-    """`python -m search ARGS` in the project root, without an API key unless env gives one."""
+def run_cli(*args, env=None, timeout=120, own_process=False) -> subprocess.CompletedProcess:
+    """`python -m search ARGS` in the project root, without an API key unless env gives one: its exit code, stdout and
+    stderr. By default in this process (search.__main__.main with the environment, directory and streams swapped in
+    for the call), so that a test pays for torch and the CuTe DSL once per process, not once per command;
+    `own_process=True` starts the interpreter as a user does, for what only a process shows (imports, signals)."""
+    argv = list(map(str, args))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "search", *map(str, args)], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    if own_process:
+        return subprocess.run([sys.executable, "-m", "search", *argv], cwd=ROOT, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+    from search.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(full_env)
+    os.chdir(ROOT)
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as done:  # argparse's exits, and sys.exit(...) with a message
+                code = done.code if isinstance(done.code, int) or done.code is None else 1
+                if not isinstance(done.code, int) and done.code is not None:
+                    print(done.code, file=sys.stderr)
+            except BaseException:  # what the interpreter would print and exit 1 with
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+    return subprocess.CompletedProcess([sys.executable, "-m", "search", *argv], code or 0, out.getvalue(), err.getvalue())
 
 
 def replay_args(storage_url: str, table, *extra) -> list:
