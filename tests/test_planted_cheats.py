@@ -15,7 +15,7 @@ from fa4tune.config import Problem
 from fa4tune.harness import candidates, gate, guards, runtime_guards, steps
 from fa4tune.harness.settings import Settings
 from prepare_child_targets import torch_attention
-from bench.guards_gpu import NeverWritten, ZeroGrad
+from bench.guards_gpu import NeverWritten, ZeroGrad, memo_by_pointer
 
 torch.set_num_threads(1)
 
@@ -159,18 +159,7 @@ def test_outputs_cached_from_the_gates_inputs_are_incorrect():
 
 def test_memoizing_by_tensor_identity_after_the_guards_is_caught_after_timing():
     # right values for the timed calls (each input set's own output), no work: the guards run again after timing
-    turn = calls_before_timing("fwd")
-    seen, memo = [0], {}
-
-    def forward(q, k, v, causal):
-        seen[0] += 1
-        key = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-        if seen[0] > turn and key in memo:
-            return memo[key]
-        memo[key] = honest(q, k, v, causal)
-        return memo[key]
-
-    planted = measure(forward)["planted"]
+    planted = measure(memo_by_pointer(honest, calls_before_timing("fwd")))["planted"]
     assert planted.status == "guard" and planted.reason.startswith("after timing: ") and "output_reuse" in planted.reason, planted
 
 
