@@ -8,6 +8,9 @@ from pathlib import Path
 from fa4tune.config import ConfigError, Problem, ProblemClass
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+# Keys a suite row may carry for people, not for the kernel: where its figures come from (e.g. suites/models.json cites
+# each model's config.json). The loader drops them; any other unknown key is still an error.
+CITATION_KEYS = ("source",)
 
 
 def suite_names() -> list[str]:
@@ -35,7 +38,7 @@ def load_suite(name_or_path: str) -> list[Problem]:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ConfigError("suite_file", f"{path}: problem #{i} is not an object")
-        entry = dict(entry)
+        entry = {key: value for key, value in entry.items() if key not in CITATION_KEYS}
         entry.setdefault("head_dim_v", entry.get("head_dim"))
         try:
             problems.append(Problem.from_dict(entry))

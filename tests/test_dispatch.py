@@ -15,9 +15,14 @@ def _entry_key(table: dict, pc: ProblemClass) -> str:
     return pc.name if pc.name in table else (pc.fallback.name if pc.fallback else pc.name)
 
 
+# Suites of real models' shapes (issue #42) rather than tuning targets: a class of theirs that no study tuned runs
+# upstream's defaults (test below), so these suites need no table entry per class.
+REAL_SHAPE_SUITES = {"models"}
+
+
 def test_every_suite_problem_class_has_a_feasible_table_entry():
     assert {"standard", "quick"} <= set(suite_names())
-    for name in suite_names():
+    for name in sorted(set(suite_names()) - REAL_SHAPE_SUITES):
         problems = load_suite(name)
         for pc in problem_classes(problems):
             key = _entry_key(experiment.FORWARD_DISPATCH, pc)
@@ -29,6 +34,21 @@ def test_every_suite_problem_class_has_a_feasible_table_entry():
                 assert _entry_key(experiment.BACKWARD_DISPATCH, pc) in experiment.BACKWARD_DISPATCH, (name, pc.name)
                 bwd = experiment.backward_config(pc)
                 assert check_backward(bwd, pc, TARGET), (pc.name, check_backward(bwd, pc, TARGET))
+
+
+def test_real_shape_suites_run_table_entries_or_upstream_defaults_and_both_are_feasible():
+    for name in REAL_SHAPE_SUITES:
+        problems = load_suite(name)
+        for pc in problem_classes(problems):
+            fwd = experiment.forward_config(pc)
+            key = _entry_key(experiment.FORWARD_DISPATCH, pc)
+            assert fwd is experiment.FORWARD_DISPATCH[key] if key in experiment.FORWARD_DISPATCH else fwd == upstream_forward(pc)
+            assert check_forward(fwd, pc, TARGET), (name, pc.name, check_forward(fwd, pc, TARGET))
+            if any(p.backward and p.problem_class == pc for p in problems):
+                bwd = experiment.backward_config(pc)
+                key = _entry_key(experiment.BACKWARD_DISPATCH, pc)
+                assert bwd is experiment.BACKWARD_DISPATCH[key] if key in experiment.BACKWARD_DISPATCH else bwd == upstream_backward(pc)
+                assert check_backward(bwd, pc, TARGET), (name, pc.name, check_backward(bwd, pc, TARGET))
 
 
 def test_every_forward_entry_runs_its_class_s_shortest_and_its_suites_problems():
