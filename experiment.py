@@ -50,8 +50,8 @@ def kernel_class(config) -> type:
 
 
 # ---------------------------------------------------------------------------------------------
-# Dispatch tables: problem class name -> config; a class without an entry takes its fallback class's (a chunked
-# class's prefill class), then upstream's default. `python -m search apply` rewrites entries with confirmed winners.
+# Dispatch tables: problem class name -> config; a class without an entry takes its nearest tuned class's where
+# feasible (fa4tune/fallback.py: same head dims, mask, regime; nearest GQA ratio; fp16 <-> bf16), else upstream's. `python -m search apply` rewrites entries with confirmed winners.
 # Why each entry is what it is: docs/measurements/ (docs/results.md indexes the records).
 # ---------------------------------------------------------------------------------------------
 
@@ -114,17 +114,17 @@ TABLES = api.DispatchTables(FORWARD_DISPATCH, BACKWARD_DISPATCH, BACKWARD_PREPRO
 
 
 def forward_config(pc: ProblemClass) -> ForwardConfig:
-    """The dispatch table's forward config for a problem class (its entry, its fallback class's, upstream's)."""
+    """The dispatch table's forward config for a problem class (its entry, its nearest tuned class's, upstream's)."""
     return TABLES.forward_config(pc)
 
 
 def backward_config(pc: ProblemClass) -> BackwardConfig:
-    """The dispatch table's backward config for a problem class (its entry, its fallback class's, upstream's)."""
+    """The dispatch table's backward config for a problem class (its entry, its nearest tuned class's, upstream's)."""
     return TABLES.backward_config(pc)
 
 
 def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
-    """The backward preprocess's thread count for a class (its entry, its fallback class's, then 256)."""
+    """The backward preprocess's thread count for a class (its entry, its nearest tuned class's, then 256)."""
     return TABLES.preprocess_threads(pc, bwd_config)
 
 

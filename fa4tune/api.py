@@ -18,7 +18,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from fa4tune import defaults
+from fa4tune import defaults, fallback
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass, regime_of
 from fa4tune.sm120_interface import build
 
@@ -26,39 +26,73 @@ _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 UPSTREAM_PREPROCESS_THREADS = 256
 
 
-def _lookup(table: Mapping, pc: ProblemClass):
-    """A class's entry, else its fallback class's (a chunked class's prefill class), else None."""
-    fallback = pc.fallback
-    return table.get(pc.name) or (fallback and table.get(fallback.name)) or None
+def _feasible_forward(kernel_class, target):
+    def feasible(config: ForwardConfig, pc: ProblemClass):
+        from fa4tune.feasibility import check_forward_entry
+
+        try:
+            kernels = {config.kernel: kernel_class(config)} if kernel_class else None
+        except ConfigError:
+            return False
+        return check_forward_entry(config, pc, target, kernels)
+    return feasible
+
+
+def _feasible_backward(target):
+    def feasible(config: BackwardConfig, pc: ProblemClass):
+        from fa4tune.feasibility import check_backward
+
+        return check_backward(config, pc, target)
+    return feasible
 
 
 @dataclass(frozen=True)
 class DispatchTables:
-    """Problem class name -> config, per direction, and the preprocess's thread counts; a class without an entry takes
-    its fallback class's, then upstream's default. `kernel_class(config)` is the class that runs a config (the
-    host path's compile caches are per kernel_class function: pass the same one each call)."""
+    """Problem class name -> config, per direction, and the preprocess's thread counts; a class without an entry runs
+    its nearest tuned class's where that is feasible for it (fa4tune.fallback: the rule), else upstream's default.
+    `kernel_class(config)` is the class that runs a config (the host path's compile caches are per kernel_class
+    function: pass the same one each call)."""
 
     forward: Mapping[str, ForwardConfig]
     backward: Mapping[str, BackwardConfig]
     preprocess: Mapping[str, int] = field(default_factory=dict)
     kernel_class: Callable[[object], type] | None = None
+    target: str | None = None  # fa4tune.targets name whose static rules a fallback entry must pass (None: sm120)
+    _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def resolution(self, direction: str, pc: ProblemClass) -> fallback.Resolution:
+        """Which entry runs `pc` in direction 'fwd' or 'bwd', and why (fa4tune.fallback), memoized per class."""
+        key = (direction, pc)
+        if key not in self._resolved:
+            from fa4tune.targets import get_target
+
+            target = get_target(self.target)
+            if direction == "fwd":
+                found = fallback.resolve(pc, self.forward, _feasible_forward(self.kernel_class, target))
+            else:
+                found = fallback.resolve(pc, self.backward, _feasible_backward(target))
+            self._resolved[key] = found
+        return self._resolved[key]
 
     def forward_config(self, pc: ProblemClass) -> ForwardConfig:
-        return _lookup(self.forward, pc) or defaults.upstream_forward(pc)
+        return self.resolution("fwd", pc).config or defaults.upstream_forward(pc)
 
     def backward_config(self, pc: ProblemClass) -> BackwardConfig:
-        return _lookup(self.backward, pc) or defaults.upstream_backward(pc)
+        return self.resolution("bwd", pc).config or defaults.upstream_backward(pc)
 
     def preprocess_threads(self, pc: ProblemClass, bwd_config: BackwardConfig) -> int:
-        """The backward preprocess's thread count (its entry, its fallback class's, then 256); a one-line error that
-        names the rule for a count the kernel cannot run."""
+        """The backward preprocess's thread count: its own entry (a one-line error that names the rule for a count
+        the kernel cannot run), else a neighbour's that runs with `bwd_config` (the fallback rule), else 256."""
         from fa4tune.feasibility import check_preprocess_threads
 
-        threads = _lookup(self.preprocess, pc) or UPSTREAM_PREPROCESS_THREADS
-        verdict = check_preprocess_threads(threads, bwd_config, pc)
-        if not verdict:
-            raise ConfigError(verdict.rule, f"{pc.name}: {verdict.message}")
-        return threads
+        own = self.preprocess.get(pc.name)
+        if own is not None:
+            verdict = check_preprocess_threads(own, bwd_config, pc)
+            if not verdict:
+                raise ConfigError(verdict.rule, f"{pc.name}: {verdict.message}")
+            return own
+        found = fallback.resolve(pc, self.preprocess, lambda threads, c: check_preprocess_threads(threads, bwd_config, c))
+        return found.config or UPSTREAM_PREPROCESS_THREADS
 
 
 def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> ProblemClass:

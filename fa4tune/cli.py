@@ -74,12 +74,33 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
     # script, this module is that one
     sys.modules.setdefault("experiment", module)
     try:
+        for line in fallback_lines(module, load_suite(args.suite)):
+            print(line, flush=True)
         if args.static or not _gpu_available():
             return static_main(module, args)
         return run_prepare(["--experiment", str(path), "--suite", args.suite, "--description", args.description])
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def fallback_lines(module, problems) -> list[str]:
+    """One line per problem class of the suite (and direction it runs) that runs another class's entry under the
+    fallback rule (fa4tune.fallback), read from experiment.py's TABLES; none where the file has no DispatchTables."""
+    from fa4tune.api import DispatchTables
+    from fa4tune.suites import problem_classes
+
+    tables = getattr(module, "TABLES", None)
+    if not isinstance(tables, DispatchTables):
+        return []
+    lines = []
+    for pc in problem_classes(problems):
+        backward = any(p.backward and p.problem_class == pc for p in problems)
+        for direction in ("fwd", "bwd") if backward else ("fwd",):
+            found = tables.resolution(direction, pc)
+            if found.is_fallback:
+                lines.append(f"fallback {direction}: {found.describe()}")
+    return lines
 
 
 def _import_experiment(path: Path):

@@ -221,12 +221,6 @@ class ProblemClass(_Record):
             raise ConfigError("problem_class_name", f"cannot parse problem class {name!r} (expected e.g. d128-causal-gqa4-bf16)")
         return cls(head_dim, head_dim_v, causal, gqa, dtype, regime)
 
-    @property
-    def fallback(self) -> "ProblemClass | None":
-        """The class whose dispatch entry applies where this one has none: a chunked class falls back to its prefill
-        class (a causal prefill's entry, tuned or upstream's); the others to upstream's default (None)."""
-        return dataclasses.replace(self, regime="prefill") if self.regime == "chunked" else None
-
     def shortest_problem(self) -> "Problem":
         """The class's shortest problem (one batch, one KV head): a decode of 1 query over 1 key, a chunked prefill
         of DECODE_MAX_SEQLEN_Q + 1 queries over CHUNKED_MIN_KV_PER_Q times as many keys, a prefill of

@@ -34,12 +34,10 @@ def test_regime_of_a_problem(seqlen_q, seqlen_k, causal, regime):
     assert Problem(2, seqlen_q, seqlen_k, 16, 16, 128, 128, causal).problem_class.regime == regime
 
 
-def test_a_chunked_class_has_a_name_of_its_own_that_parses_back_and_falls_back_to_its_prefill_class():
+def test_a_chunked_class_has_a_name_of_its_own_that_parses_back():
     gqa = ProblemClass(128, 128, True, 4, "fp16", "chunked")
     assert CHUNKED.name == "d128-causal-chunked-bf16" and gqa.name == "d128-causal-gqa4-chunked-fp16"
     assert ProblemClass.parse(CHUNKED.name) == CHUNKED and ProblemClass.parse(gqa.name) == gqa
-    assert CHUNKED.fallback == PREFILL and gqa.fallback == ProblemClass(128, 128, True, 4, "fp16")
-    assert PREFILL.fallback is None and ProblemClass(128, 128, False, 4, regime="decode").fallback is None
 
 
 def test_a_non_causal_chunked_class_names_the_rule():

@@ -11,12 +11,13 @@ TARGET = get_target("sm120")
 
 
 def _entry_key(table: dict, pc: ProblemClass) -> str:
-    """The key whose entry dispatch runs for pc: its own, else its fallback class's (a chunked class's prefill class)."""
-    return pc.name if pc.name in table else (pc.fallback.name if pc.fallback else pc.name)
+    """The key whose entry dispatch runs for pc: its own, else its nearest tuned class's (fa4tune.fallback)."""
+    return experiment.TABLES.resolution("fwd" if table is experiment.FORWARD_DISPATCH else "bwd", pc).source or pc.name
 
 
 # Suites of real models' shapes (issue #42) rather than tuning targets: a class of theirs that no study tuned runs
-# upstream's defaults (test below), so these suites need no table entry per class.
+# its nearest tuned class's entry (fa4tune.fallback) or upstream's defaults (test below), so these suites need no
+# table entry per class.
 REAL_SHAPE_SUITES = {"models"}
 
 
@@ -36,7 +37,7 @@ def test_every_suite_problem_class_has_a_feasible_table_entry():
                 assert check_backward(bwd, pc, TARGET), (pc.name, check_backward(bwd, pc, TARGET))
 
 
-def test_real_shape_suites_run_table_entries_or_upstream_defaults_and_both_are_feasible():
+def test_real_shape_suites_run_an_entry_own_or_a_neighbours_or_upstream_defaults_and_each_is_feasible():
     for name in REAL_SHAPE_SUITES:
         problems = load_suite(name)
         for pc in problem_classes(problems):
@@ -81,18 +82,20 @@ def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_ups
     from fa4tune.config import Problem
 
     chunked = Problem(2, 1024, 4096, 16, 16, 128, 128, True).problem_class
-    assert chunked.regime == "chunked" and chunked.fallback == ProblemClass(128, 128, True)
+    assert chunked.regime == "chunked"
     assert Problem(2, 1024, 2047, 16, 16, 128, 128, True).problem_class.regime == "prefill"  # under 2 keys per query
     assert Problem(2, 1024, 4096, 16, 16, 128, 128, False).problem_class.regime == "prefill"  # not causal
     table = dict(experiment.FORWARD_DISPATCH)
     try:
         experiment.FORWARD_DISPATCH.pop(chunked.name, None)
-        assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[chunked.fallback.name]
+        experiment.TABLES._resolved.clear()  # the tables memoize what each class runs
+        assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[ProblemClass(128, 128, True).name]
         unlisted = ProblemClass(256, 256, True, 2, "fp16", "chunked")
         assert experiment.forward_config(unlisted) == upstream_forward(unlisted)
     finally:
         experiment.FORWARD_DISPATCH.clear()
         experiment.FORWARD_DISPATCH.update(table)
+        experiment.TABLES._resolved.clear()
 
 
 def test_unlisted_class_falls_back_to_upstream_defaults():

@@ -36,7 +36,7 @@ def test_experiment_takes_its_table_then_the_fallback_then_256_and_refuses_a_cou
     monkeypatch.setitem(experiment.BACKWARD_PREPROCESS_THREADS, pc.name, 128)
     assert experiment.preprocess_threads(pc, BackwardConfig()) == 128
     chunked = ProblemClass(128, 128, True, regime="chunked")
-    assert chunked.fallback == pc and experiment.preprocess_threads(chunked, BackwardConfig()) == 128
+    assert experiment.preprocess_threads(chunked, BackwardConfig()) == 128  # its prefill class's (fa4tune.fallback)
     monkeypatch.setitem(experiment.BACKWARD_PREPROCESS_THREADS, pc.name, 32)
     with pytest.raises(ConfigError, match="preprocess_threads"):
         experiment.preprocess_threads(pc, BackwardConfig())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from dataclasses import fields
 
+from fa4tune import fallback
 from fa4tune.config import ConfigError
 
 DISPATCH = {"fwd": "FORWARD_DISPATCH", "bwd": "BACKWARD_DISPATCH"}
@@ -65,15 +66,36 @@ def _dispatch_node(source: str, name: str) -> ast.Dict:
     raise ConfigError("dispatch_format", f"experiment.py has no {name} = {{...}} dict")
 
 
-def effective_entry_config(source: str, direction: str, problem_class) -> dict | None:
-    """The knob values of the entry that dispatch runs for a ProblemClass: its own, else its fallback class's
-    (ProblemClass.fallback: a chunked class's prefill class), as experiment.forward_config / backward_config choose;
-    None where upstream's default runs."""
-    written = entry_config(source, direction, problem_class.name)
-    fallback = problem_class.fallback
-    if written is None and fallback is not None:
-        written = entry_config(source, direction, fallback.name)
-    return written
+def effective_entry_config(source: str, direction: str, problem_class, feasible=None) -> dict | None:
+    """The knob values of the entry that dispatch runs for a ProblemClass under fa4tune.fallback's rule (its own, else
+    its nearest tuned class's where feasible for it), as experiment.forward_config / backward_config choose; None
+    where upstream's default runs. `feasible(knobs, problem_class)`: default, the static rules of the sm120 target
+    (the forward's for the class's shortest problem, as any entry)."""
+    table = {key: knobs for key in entry_keys(source, direction) if (knobs := entry_config(source, direction, key)) is not None}
+    return fallback.resolve(problem_class, table, feasible or _static_rules(direction)).config
+
+
+def entry_keys(source: str, direction: str) -> list[str]:
+    """The keys of a dispatch table, literal strings only, in the order written."""
+    table = _dispatch_node(source, DISPATCH[direction])
+    return [k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+def _static_rules(direction: str):
+    from fa4tune.config import BackwardConfig, ForwardConfig
+    from fa4tune.feasibility import check_backward, check_forward_entry
+    from fa4tune.targets import get_target
+
+    target = get_target()
+
+    def feasible(knobs: dict, pc) -> bool:
+        try:
+            if direction == "fwd":
+                return bool(check_forward_entry(ForwardConfig.from_dict(knobs), pc, target))
+            return bool(check_backward(BackwardConfig.from_dict(knobs), pc, target))
+        except (ConfigError, TypeError):
+            return False
+    return feasible
 
 
 def entry_config(source: str, direction: str, key: str) -> dict | None:

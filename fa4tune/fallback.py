@@ -1,0 +1,96 @@
+"""Which dispatch entry runs a problem class that has none of its own: the fallback rule.
+
+A dispatch table has entries for the classes a study tuned; users run others (fp16 as well as bf16, GQA 5, 7 or 8,
+a chunked prefill of a GQA ratio no study saw). Such a class runs the entry of its nearest tuned class, under one
+rule, here, that `fa4tune.api` (the call path), `search run` / `search apply` (which entry a study must beat) and
+the static check (what it compiles) all use:
+
+1. Its own entry.
+2. Else the entry of a neighbour: a class with the same head dims (q/k and v), the same mask (causal or not) and the
+   same regime, a chunked class counting prefill classes as neighbours too (its rows are a causal prefill's).
+   Neighbours are tried nearest first, by these keys, in order:
+   a. the distance between GQA ratios, |g - g'| (the packed query rows a tile holds change with the ratio);
+   b. the same regime before a chunked class's prefill neighbour;
+   c. the same dtype before the other (fp16 <-> bf16 run the same kernels, tiles and registers);
+   d. the larger GQA ratio on a tie of (a).
+   A neighbour's config is taken only where it is feasible for this class (`feasible`: the static rules and the
+   kernel class's can_implement for the class's shortest problem, as for any entry); an infeasible one is passed over.
+3. Else upstream's default.
+
+Like every entry, what a fallback runs passes the correctness gate of whatever run measures it (prepare.py gates
+each problem with the config dispatch gives it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Generic, Iterable, Mapping, TypeVar
+
+from fa4tune.config import ConfigError, ProblemClass
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Resolution(Generic[C]):
+    """What dispatch runs for a class: `config` (None: upstream's default), the entry it came from (`source`, a
+    class name; None for upstream's), and why (`rule`: own / fallback / upstream)."""
+
+    problem_class: ProblemClass
+    config: C | None
+    source: str | None
+    rule: str
+
+    @property
+    def is_fallback(self) -> bool:
+        return self.rule == "fallback"
+
+    def describe(self) -> str:
+        """One line, e.g. "d128-causal-gqa6-bf16 runs d128-causal-gqa8-bf16's entry (nearest GQA ratio 8)"."""
+        if self.rule == "own":
+            return f"{self.problem_class.name} runs its own entry"
+        if self.rule == "upstream":
+            return f"{self.problem_class.name} runs upstream's default (no feasible entry of its own or of a neighbour)"
+        return f"{self.problem_class.name} runs {self.source}'s entry ({why(self.problem_class, ProblemClass.parse(self.source))})"
+
+
+def why(pc: ProblemClass, neighbour: ProblemClass) -> str:
+    """What differs between a class and the neighbour whose entry it runs, in words."""
+    parts = []
+    if neighbour.qhead_per_kvhead != pc.qhead_per_kvhead:
+        parts.append(f"nearest GQA ratio {neighbour.qhead_per_kvhead}")
+    if neighbour.regime != pc.regime:
+        parts.append(f"{neighbour.regime} class")
+    if neighbour.dtype != pc.dtype:
+        parts.append(f"{neighbour.dtype} for {pc.dtype}")
+    return ", ".join(parts)
+
+
+def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
+    """The classes among `names` (table keys) whose entries may run `pc`, nearest first (rule 2); `pc` itself and
+    names that are not class names are left out."""
+    regimes = ("chunked", "prefill") if pc.regime == "chunked" else (pc.regime,)
+    found = []
+    for name in names:
+        try:
+            other = ProblemClass.parse(name)
+        except ConfigError:
+            continue
+        if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal)
+                == (pc.head_dim, pc.head_dim_v, pc.causal)):
+            found.append(other)
+    return sorted(found, key=lambda o: (abs(o.qhead_per_kvhead - pc.qhead_per_kvhead), o.regime != pc.regime,
+                                        o.dtype != pc.dtype, -o.qhead_per_kvhead))
+
+
+def resolve(pc: ProblemClass, table: Mapping[str, C], feasible: Callable[[C, ProblemClass], object]) -> Resolution[C]:
+    """The rule above for one class: `table` maps class names to configs, `feasible(config, pc)` is truthy where a
+    config can be the class's entry (a Verdict, or a bool)."""
+    own = table.get(pc.name)
+    if own is not None:
+        return Resolution(pc, own, pc.name, "own")
+    for other in neighbours(pc, table):
+        config = table[other.name]
+        if config is not None and feasible(config, pc):
+            return Resolution(pc, config, other.name, "fallback")
+    return Resolution(pc, None, None, "upstream")
