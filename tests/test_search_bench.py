@@ -24,19 +24,20 @@ def test_bench_prints_median_and_spread_per_strategy_and_class(tmp_path):
 
 
 def test_bench_prints_a_progress_line_per_finished_run_before_the_strategys_row(tmp_path):
-    import subprocess
-    import sys
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
 
-    from search_helpers import ROOT
+    from search.__main__ import main
 
     table = write_table(tmp_path)
     for jobs in ("1", "2"):
-        # stderr merged into stdout, as a terminal shows them: each run's line comes as it finishes, the row after
-        done = subprocess.run([sys.executable, "-m", "search", "bench", "--table", str(table), "--strategies", "random,tpe",
-                               "--seeds", "2", "--problem-class", CLASS, "--jobs", jobs],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-        assert done.returncode == 0, done.stdout
-        lines = done.stdout.splitlines()
+        # stderr and stdout into one stream, as a terminal shows them: each run's line comes as it finishes, the row
+        # after (in this process: the imports are paid once)
+        merged = io.StringIO()
+        with redirect_stdout(merged), redirect_stderr(merged):
+            code = main(["bench", "--table", str(table), "--strategies", "random,tpe", "--seeds", "2", "--problem-class", CLASS, "--jobs", jobs])
+        assert code in (0, None), merged.getvalue()
+        lines = merged.getvalue().splitlines()
         for strategy in ("random", "tpe"):
             shown = [i for i, line in enumerate(lines) if line.startswith("[bench ") and f"] {strategy} {CLASS} seed " in line]
             assert len(shown) == 2, done.stdout
