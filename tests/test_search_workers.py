@@ -146,11 +146,11 @@ def test_three_workers_on_sqlite_one_killed_mid_trial(tmp_path):
 
 def test_run_with_two_workers_creates_the_study_records_its_settings_and_both_measure(tmp_path):
     url, table = f"sqlite:///{tmp_path / 'search.db'}", write_table(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-m", "search", "run", "--workers", "2", "--storage", url, "--evaluator", "replay", "--table", str(table),
-         "--suite", SUITE, "--direction", "fwd", "--problem-class", CLASS, "--proposer", "none", "--n-trials", "6",
-         "--confirmations", "1", "--replay-delay", "2.0", "--results", str(tmp_path / "results.tsv")],  # 2 s a config: the slower worker to start still finds work
-        cwd=ROOT, capture_output=True, text=True, timeout=180, env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")})
+    # the command in this process (its imports paid once), its two workers in processes of their own
+    done = run_cli("run", "--workers", "2", "--storage", url, "--evaluator", "replay", "--table", str(table),
+                   "--suite", SUITE, "--direction", "fwd", "--problem-class", CLASS, "--proposer", "none", "--n-trials", "6",
+                   "--confirmations", "1", "--replay-delay", "2.0", "--results", str(tmp_path / "results.tsv"),  # 2 s a config: the slower worker to start still finds work
+                   timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{STUDY}: 6 evaluated by 2 workers" in done.stdout
     study = _study(url)
@@ -268,10 +268,8 @@ def test_one_worker_with_several_trials_in_flight_shares_the_study_between_its_s
     """The slots the compile pipeline uses (threads of one worker), here with the replay evaluator."""
     url, table = f"sqlite:///{tmp_path / 'search.db'}", write_table(tmp_path)
     prepare_studies(_settings(url, table, n_trials=9), open(os.devnull, "w"))
-    done = subprocess.run(
-        [sys.executable, "-m", "search", "worker", "--storage", url, "--evaluator", "replay", "--table", str(table),
-         "--replay-delay", "0.3", "--slots", "3", "--results", str(tmp_path / "results.tsv"), "--worker-id", "w"],
-        cwd=ROOT, capture_output=True, text=True, timeout=180, env={k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")})
+    done = run_cli("worker", "--storage", url, "--evaluator", "replay", "--table", str(table), "--replay-delay", "0.3", "--slots", "3",
+                   "--results", str(tmp_path / "results.tsv"), "--worker-id", "w", timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     history = records(_study(url))
     measured = [config_key(r.config) for r in history if r.is_search and r.evaluated]
