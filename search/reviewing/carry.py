@@ -40,6 +40,8 @@ class CarriedClass:
     test_path: str  # the upstream test the patch adds
     test_template: str  # its text, in upstream's test style (ours, under search/reviewing/upstream_files/)
     can_implement: str  # the upstream-style can_implement method (source, indented for the class body)
+    header: str = ""  # the new file's opening comment (format fields: flag, source, our_class); "" for HEADER
+    module_cut: tuple[str, ...] = ()  # top-level names of our module that only our protocol uses, cut with it
 
     @property
     def module(self) -> str:
@@ -140,7 +142,7 @@ def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
     lines = text.splitlines(keepends=True)
     tree = ast.parse(text)
     module_base, base_name = c.upstream_base.rsplit(".", 1)
-    out: list[str] = [HEADER.format(flag=c.flag, source=c.source, our_class=c.our_class)]
+    out: list[str] = [(c.header or HEADER).format(flag=c.flag, source=c.source, our_class=c.our_class)]
     dropped: set[str] = set()
     cls = None
     previous_end = 0
@@ -153,6 +155,8 @@ def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in OURS:
             dropped |= {a.asname or a.name for a in node.names}
             continue
+        if _top_level_names(node) & set(c.module_cut):
+            continue  # used by our protocol only (e.g. split-KV's ctas_per_sm, which reads our targets)
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] in OURS for a in node.names):
             raise ConfigError("carry_source", f"{c.source}:{node.lineno}: `import {node.names[0].name}` is fa4-tune's own; "
                               "a carried class may import only what upstream has")
@@ -173,6 +177,14 @@ def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
         raise ConfigError("carry_source", f"{c.source}: {c.our_class} uses {', '.join(leftover)} from fa4-tune's own modules, "
                           "which upstream does not have (move it into the class or use upstream's)")
     return source
+
+
+def _top_level_names(node: ast.AST) -> set[str]:
+    """The names a module-level def, class or assignment binds."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
 def _last_import(tree: ast.Module) -> ast.AST:
@@ -206,3 +218,51 @@ def _upstream_class(c: CarriedClass, lines: list[str], node: ast.ClassDef) -> st
 def upstream_test(c: CarriedClass) -> str:
     """The upstream test file the patch adds for a carried class."""
     return (TEMPLATES / c.test_template).read_text()
+
+
+SPLITKV_CTAS_PER_SM = '''
+    @staticmethod
+    def ctas_per_sm(head_dim, head_dim_v, tile_m, tile_n, num_stages, num_threads, Q_in_regs=False) -> int:
+        """CTAs of this kernel one SM120 SM holds at once: split_kv_heuristic's slots are SMs x this.
+
+        By shared memory (Q, K and V tiles, each aligned to 1024 B; with Q_in_regs V shares Q's buffer; 1 KB
+        reserved per CTA; 100 KB per SM), threads (1536 per SM), CTAs (32 per SM) and registers (65536 per SM,
+        ASSUMED_REGISTERS per thread, since the count is not known before compiling).
+        """
+
+        def tile_bytes(rows, hdim, stages=1):
+            return -(-rows * (-(-hdim // 16) * 16) * stages * 2 // 1024) * 1024
+
+        smem_Q = tile_bytes(tile_m, head_dim)
+        smem_K = tile_bytes(tile_n, head_dim, num_stages)
+        smem_V = tile_bytes(tile_n, head_dim_v, num_stages)
+        smem = (max(smem_Q, smem_V) if Q_in_regs else smem_Q + smem_V) + smem_K + 1024
+        by_registers = 65536 // (num_threads * ASSUMED_REGISTERS)
+        return max(1, min(102400 // smem, 1536 // num_threads, 32, by_registers))
+'''
+
+SPLITKV_HEADER = (
+    "# SM120 split-KV forward (decode): FlashAttentionForwardSm120 with the KV sequence split across CTAs.\n"
+    "#\n"
+    "# Each split writes fp32 partial O and LSE; the interface merges them with the combine kernel\n"
+    "# (flash_fwd_combine). Selected for decodes by _tile_size_fwd_sm120_decode (FwdConfig.{flag}).\n"
+    "# Contributed from fa4-tune ({source}, class {our_class}).\n"
+)
+
+# Not in CARRIED: the single-patch export keeps falling back to upstream's kernel for a split-KV winner; the
+# series (search.reviewing.series) carries it for the decode classes, whose table keys on the query length.
+SPLITKV = CarriedClass(
+    kernel="sm120_splitkv",
+    source="kernels/splitkv_forward_sm120.py",
+    our_class="SplitKvForwardSm120",
+    our_base="TunedForwardSm120",
+    upstream_path="flash_attn/cute/flash_fwd_sm120_splitkv.py",
+    upstream_class="FlashAttentionForwardSm120SplitKV",
+    upstream_base="flash_attn.cute.flash_fwd_sm120.FlashAttentionForwardSm120",
+    flag="use_split_kv",
+    test_path="tests/cute/test_flash_attn_sm120_splitkv.py",
+    test_template="test_flash_attn_sm120_splitkv.py.txt",
+    can_implement=SPLITKV_CTAS_PER_SM,
+    header=SPLITKV_HEADER,
+    module_cut=("ctas_per_sm", "STATIC_SHAPES"),
+)

@@ -26,6 +26,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///search.db)")
     p.add_argument("--out", default="sm120-tuned.patch", help="patch file to write (default sm120-tuned.patch)")
     p.add_argument("--dry-run", action="store_true", help="print the patch, write nothing")
+    p.add_argument("--series", default=None, metavar="DIR",
+                   help="write a series instead of one patch: DIR/NNNN-*.patch + .pr.md (configs, split-KV decode, TMA)")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
     p.add_argument("--target", default="sm120", help="export the studies of this target (default sm120)")
     p.add_argument("--problem-class", action="append", dest="problem_classes", help="export only this class (repeatable)")
@@ -109,6 +111,8 @@ def export(args) -> int:
     from search.storing.storage import DEFAULT_STORAGE, open_existing_storage
 
     url = args.storage or DEFAULT_STORAGE
+    if args.series is not None:
+        return export_series(args, url)
     out = Path(args.out)
     if not args.dry_run and not out.parent.is_dir():
         raise ConfigError("export_out", f"cannot write {args.out!r}: directory {str(out.parent)!r} does not exist")
@@ -132,6 +136,29 @@ def export(args) -> int:
     return 0
 
 
+def export_series(args, url: str) -> int:
+    """`python -m search export --series DIR`: NNNN-*.patch and NNNN-*.pr.md per patch (search.reviewing.series)."""
+    from search.reviewing.series import export_series as make_series
+    from search.storing.storage import open_existing_storage
+
+    folder = Path(args.series)
+    if not args.dry_run and not folder.is_dir():
+        raise ConfigError("export_series", f"--series {args.series!r}: the directory does not exist")
+    if args.upstream_kernels_only:
+        raise ConfigError("export_series", "--series with --upstream-kernels-only: the series' patch 1 already keeps to "
+                                           "upstream's kernels; leave the flag out")
+    patches = make_series(open_existing_storage(url), url, _export_command(args, url), args.target, args.confirmations,
+                          args.allow_replay, args.problem_classes, args.table, args.leave_out)
+    for p in patches:
+        if args.dry_run:
+            print(p.patch, end="")
+            continue
+        (folder / f"{p.stem}.patch").write_text(p.patch)
+        (folder / f"{p.stem}.pr.md").write_text(p.pr)
+        print(f"wrote {folder / p.stem}.patch and .pr.md: {len(p.winners)} winners, {', '.join(path for path, *_ in p.files)}")
+    return 0
+
+
 def pr_text_path(out: Path) -> Path:
     """The pull request's text beside the patch: sm120-tuned.patch -> sm120-tuned.pr.md."""
     return out.with_name(out.name.removesuffix(".patch") + ".pr.md")
@@ -139,7 +166,8 @@ def pr_text_path(out: Path) -> Path:
 
 def _export_command(args, url: str) -> list[str]:
     """This export as one command line, every option spelled out."""
-    argv = ["uv", "run", "python", "-m", "search", "export", "--storage", url, "--out", args.out,
+    argv = ["uv", "run", "python", "-m", "search", "export", "--storage", url,
+            *(["--series", args.series] if getattr(args, "series", None) is not None else ["--out", args.out]),
             "--target", args.target, "--confirmations", str(args.confirmations)]
     for name in args.problem_classes or []:
         argv += ["--problem-class", name]

@@ -32,7 +32,7 @@ from fa4tune.kernel_class import forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
-from search.reviewing.carry import CarriedClass, carried, upstream_source, upstream_test
+from search.reviewing.carry import SPLITKV, CarriedClass, carried, upstream_source, upstream_test
 from search.reviewing.evidence import StudyEvidence, load_studies, mode_sentence
 from search.space import get_space
 from search.storing import schema
@@ -94,9 +94,11 @@ class Winner:
 
 def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, allow_replay: bool = False,
            classes: list[str] | None = None, directions: tuple[str, ...] = ("fwd", "bwd"),
-           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[list[Winner], list[str]]:
+           upstream_only: bool = False, leave_out: list[str] | None = None,
+           decode: bool = False) -> tuple[list[Winner], list[str]]:
     """(the winner of every chosen study, notes on the studies left out); a one-line ConfigError for the first
-    study that cannot be exported."""
+    study that cannot be exported. `decode`: the decode classes too, a split-KV winner kept as it is (the series'
+    patch 2 gives them a table of their own, chosen by the query length)."""
     studies = [ev for ev in load_studies(storage, target) if ev.direction in directions]
     if not studies:
         raise ConfigError("storage_empty", f"no search studies for target {target} in {storage_text}: run `python -m search run` first")
@@ -114,18 +116,18 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
             raise ConfigError("leave_out", f"--leave-out {name!r} names no study (DIRECTION:CLASS, one of {have})")
         studies = [ev for ev in studies if ev not in matched]
         notes.append(f"{name}: left out (--leave-out).")
-    decode = [ev for ev in studies if ev.problem_class.regime != "prefill"]
-    for ev in decode:
+    left = [ev for ev in studies if ev.problem_class.regime not in (("prefill", "decode") if decode else ("prefill",))]
+    for ev in left:
         # upstream's SM120 tables key on head_dim, causal and qhead_per_kvhead, not on the query length: a decode
         # class's entry would also pick the config for every prefill of that shape
         notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: a {ev.problem_class.regime} class, and "
                      "upstream's SM120 tables do not key on the query length.")
-    winners = [_accept(ev, needed, allow_replay, upstream_only) for ev in studies if ev not in decode]
+    winners = [_accept(ev, needed, allow_replay, upstream_only, split_kv=decode) for ev in studies if ev not in left]
     _check_no_conflict(winners)
     return winners, notes
 
 
-def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: bool = False) -> Winner:
+def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: bool = False, split_kv: bool = False) -> Winner:
     leave_out = "(export the other studies with --problem-class)"
     if not ev.search_trials:
         raise ConfigError("study_empty", f"{ev.name}: the study has no finished trials: run `python -m search run` first {leave_out}")
@@ -144,7 +146,7 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
         if upstream_only:
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r}; "
                                       "--upstream-kernels-only exports the best trial of upstream's kernel instead")
-        if carried(config.kernel) is None:
+        if carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode"):
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
                                       f"({_where(config.kernel)}), fa4-tune's own class, which the patch cannot carry")
     if w.evaluator == "replay" and not allow_replay:
@@ -157,6 +159,11 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
     _check_gate(ev, head, (w, *confirmed))
     _check_feasible(ev, head, config)
     return Winner(ev, w, config, tuple(confirmed), ev.default())
+
+
+def is_split_kv(config) -> bool:
+    """Whether a config runs our split-KV class (carried by the series' patch 2 for the decode classes only)."""
+    return isinstance(config, ForwardConfig) and config.kernel == SPLITKV.kernel
 
 
 def _is_upstream(config: ForwardConfig) -> bool:
@@ -219,7 +226,7 @@ def _check_no_conflict(winners: list[Winner]) -> None:
     seen: dict[tuple, Winner] = {}
     for w in winners:
         pc = w.study.problem_class
-        key = (w.direction, pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead)
+        key = (w.direction, pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead, pc.regime)
         other = seen.setdefault(key, w)
         if other is not w and other.config != w.config:
             raise ConfigError("dtype_conflict", f"{other.study.name} and {w.study.name} have different winners, and upstream's "
@@ -231,13 +238,13 @@ def _check_no_conflict(winners: list[Winner]) -> None:
 # ------------------------------------------------------------------------------------------------
 
 
-def _entries(winners: list[Winner], direction: str) -> dict[tuple, list[tuple[bool, tuple[int, ...], object, str]]]:
-    """{(head_dim, head_dim_v): [(causal, qhead_per_kvhead values, config, comment)]}, changed winners only.
+def _entries(winners: list[Winner], direction: str, regime: str = "prefill") -> dict[tuple, list[tuple[bool, tuple[int, ...], object, str]]]:
+    """{(head_dim, head_dim_v): [(causal, qhead_per_kvhead values, config, comment)]}, changed winners of the regime only.
 
     Classes of one shape and causality with the same winner share an entry (GQA only where it matters).
     """
     grouped: dict[tuple, dict] = {}
-    for w in sorted((w for w in winners if w.direction == direction and w.changed),
+    for w in sorted((w for w in winners if w.direction == direction and w.changed and w.study.problem_class.regime == regime),
                     key=lambda w: (w.study.problem_class.causal, w.study.problem_class.qhead_per_kvhead)):
         pc = w.study.problem_class
         by_config = grouped.setdefault((pc.head_dim, pc.head_dim_v), {})
@@ -618,6 +625,8 @@ def _occupancy_note(w: Winner) -> str:
 
 
 def _class_of(w: Winner) -> str:
+    if is_split_kv(w.config):
+        return SPLITKV.upstream_class
     if w.carried is not None:
         return w.carried.upstream_class
     return "FlashAttentionForwardSm120" if w.direction == "fwd" else "FlashAttentionBackwardSm120"
@@ -635,12 +644,12 @@ def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
                    table_meta: dict | None = None, table: str | None = None, needed: int = 2,
-                   notes: list[str] | None = None) -> str:
-    """The commit message: what changes, why, and the evidence."""
+                   notes: list[str] | None = None, intro: list[str] | None = None) -> str:
+    """The commit message: what changes (`intro`, paragraphs, in place of the tables' own), why, and the evidence."""
     target = TARGETS.get(winners[0].study.target)
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
     dtypes = sorted({w.study.problem_class.dtype for w in winners})
-    lines = _wrap(
+    lines = [line for i, p in enumerate(intro) for line in ([""] if i else []) + _wrap(p)] if intro else _wrap(
         "SM120 picked its forward tiles by head_dim alone and hard-coded every backward knob. Both now come from "
         "per-shape tables, _tile_size_fwd_sm120 and _tile_size_bwd_sm120, keyed on head_dim, causal and "
         "qhead_per_kvhead; shapes that were not tuned, and local attention, keep the previous defaults."

@@ -14,8 +14,9 @@ def _speedup(w: Winner) -> str:
 
 
 def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], message: str, subject: str, needed: int,
-            table_meta: dict | None = None) -> str:
-    """The pull request: title, the files and what each changes, the caveat, a table per study, the gate, notes."""
+            table_meta: dict | None = None, changes: list[str] | None = None) -> str:
+    """The pull request: title, the files and what each changes (`changes`: the lines, in place of the one-patch
+    export's), the caveat, a table per study, the gate, notes."""
     lines = [f"# {subject}", ""]
     text = caveat(winners, table_meta)
     if text:
@@ -24,7 +25,8 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
         lines += [f"> **Replayed, not measured:** the evidence below was {exporter.evidence_source(winners, table_meta)}; "
                   "no GPU measured these configs for this patch. Measure them on an SM120 GPU before relying on it.", ""]
     lines += ["## What changes", ""]
-    for path, old, _ in files:
+    lines += [f"- {line}" for line in changes or []]
+    for path, old, _ in [] if changes else files:
         if path == "flash_attn/cute/interface.py":
             lines.append(f"- `{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
                          "(`_tile_size_fwd_sm120`, `Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed "

@@ -1,0 +1,152 @@
+"""export --series: the shipped studies as three patches (configs, split-KV decode, TMA forward), each applying on top
+of the ones before it to the pinned wheel's sources, each PR text's numbers read from the storage."""
+
+from __future__ import annotations
+
+import importlib.util
+import lzma
+import re
+import subprocess
+from pathlib import Path
+
+import optuna
+import pytest
+
+from fa4tune.config import Problem
+from fa4tune.kernel_class import forward_kernel
+from search.reviewing import carry
+from search.reviewing.evidence import load_studies
+from search.storing.storage import open_storage
+from search_helpers import ROOT, run_cli
+from test_search_export import _pristine_checkout, _refused
+
+DATA = ROOT / "docs/measurements/data"
+# decode winners of a fixed num_splits that today's rules refuse (num_splits_le_kv_blocks on the class's shortest
+# problem), and one left unconfirmed: the series leaves them out, as the shipped series does
+LEAVE_OUT = ["fwd:d64-noncausal-gqa8-decode-bf16", "fwd:d96-noncausal-gqa4-decode-bf16", "fwd:d96-noncausal-gqa8-decode-bf16",
+             "fwd:d64-causal-decode-bf16", "fwd:d128-causal-decode-bf16"]
+SERIES = ["0001-sm120-configs", "0002-sm120-splitkv-decode", "0003-sm120-tma-forward"]
+
+
+def shipped_storage(tmp: Path) -> str:
+    """The standard study, its decode study replaced by the decode-classes and decode-causal studies."""
+    db = tmp / "series.db"
+    db.write_bytes(lzma.decompress((DATA / "2026-12-01-standard-study.db.xz").read_bytes()))
+    url = f"sqlite:///{db}"
+    for name in ("2026-12-03-decode-classes-study", "2026-12-03-decode-causal-study"):
+        src_db = tmp / f"{name}.db"
+        src_db.write_bytes(lzma.decompress((DATA / f"{name}.db.xz").read_bytes()))
+        src = f"sqlite:///{src_db}"
+        for study in optuna.get_all_study_names(src):
+            if study in optuna.get_all_study_names(url):
+                optuna.delete_study(study_name=study, storage=url)
+            optuna.copy_study(from_study_name=study, from_storage=src, to_storage=url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("series")
+    url, out = shipped_storage(tmp), tmp / "out"
+    out.mkdir()
+    done = run_cli("export", "--storage", url, "--series", out, *[a for s in LEAVE_OUT for a in ("--leave-out", s)])
+    assert done.returncode == 0, done.stderr
+    return url, out, tmp
+
+
+def _apply(checkout: Path, patch: Path, check_only: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "apply", *(["--check"] if check_only else []), str(patch)], cwd=checkout, capture_output=True, text=True)
+
+
+def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previous(series, tmp_path):
+    _, out, _ = series
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{s}.patch" for s in SERIES] + [f"{s}.pr.md" for s in SERIES])
+    for i, stem in enumerate(SERIES, 1):
+        assert f"\nSubject: [PATCH {i}/3] " in (out / f"{stem}.patch").read_text()
+    checkout = _pristine_checkout(tmp_path / "fa")
+    for stem in SERIES:
+        done = _apply(checkout, out / f"{stem}.patch")
+        assert done.returncode == 0, (stem, done.stderr)
+    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_splitkv.py", "flash_attn/cute/flash_fwd_sm120_tma.py",
+                 "tests/cute/test_flash_attn_sm120_splitkv.py", "tests/cute/test_flash_attn_sm120_tma.py"):
+        compile((checkout / path).read_text(), path, "exec")
+    interface = (checkout / "flash_attn/cute/interface.py").read_text()
+    assert "(FlashAttentionForwardSm120SplitKV if use_split_kv else (FlashAttentionForwardSm120Tma if use_tma else" in interface
+    # the carried split-KV file is our class's source, cut as the TMA class's is
+    assert (checkout / carry.SPLITKV.upstream_path).read_text() == carry.upstream_source(carry.SPLITKV)
+
+
+def test_patch_1_applies_alone_and_2_and_3_need_the_ones_before(series, tmp_path):
+    _, out, _ = series
+    alone = _pristine_checkout(tmp_path / "alone")
+    assert _apply(alone, out / f"{SERIES[0]}.patch", check_only=True).returncode == 0
+    for stem in SERIES[1:]:  # they edit patch 1's tables and plumbing
+        assert _apply(alone, out / f"{stem}.patch", check_only=True).returncode != 0
+    assert _apply(alone, out / f"{SERIES[0]}.patch").returncode == 0
+    assert _apply(alone, out / f"{SERIES[1]}.patch", check_only=True).returncode == 0
+    # patch 3 is made against 1+2: 2's lines are its context (the commit message says so)
+    assert _apply(alone, out / f"{SERIES[2]}.patch", check_only=True).returncode != 0
+    assert "applies on top of patches 1-2" in " ".join((out / f"{SERIES[2]}.patch").read_text().split())
+
+
+def test_each_pr_text_has_its_own_studies_numbers_from_the_storage_and_the_caveat(series):
+    url, out, _ = series
+    studies = {ev.name: ev for ev in load_studies(open_storage(url))}
+    expected = {SERIES[0]: lambda ev: ev.direction == "bwd" or ev.problem_class.name == "d128-noncausal-bf16",
+                SERIES[1]: lambda ev: ev.problem_class.regime == "decode",
+                SERIES[2]: lambda ev: ev.problem_class.regime == "prefill" and ev.direction == "fwd"
+                and ev.problem_class.name != "d128-noncausal-bf16"}
+    for stem, belongs in expected.items():
+        pr = (out / f"{stem}.pr.md").read_text()
+        assert "SM120 kernels emulated on NVIDIA H200" in pr
+        rows = [line for line in pr.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
+        named = {f"{r.split(' | ')[0].lstrip('| ')}:{r.split(' | ')[1]}:sm120" for r in rows}
+        assert named == {n for n, ev in studies.items() if belongs(ev) and f"{ev.direction}:{ev.problem_class.name}" not in LEAVE_OUT
+                         and ev.problem_class.regime != "chunked"}, stem
+        for row in rows:
+            ev = studies[f"{row.split(' | ')[0].lstrip('| ')}:{row.split(' | ')[1]}:sm120"]
+            number = int(re.search(r"\| #(\d+)", row).group(1))  # the winner, or the upstream trial in its place
+            w, default = next(r for r in ev.history if r.number == number), ev.default()
+            assert f"| {default.value:.1f} | {w.value:.1f} | {w.value / default.value:.2f}x |" in row, row
+    decode = (out / f"{SERIES[1]}.pr.md").read_text()
+    assert sum(line.startswith("| fwd |") and "`FlashAttentionForwardSm120SplitKV`" in line for line in decode.splitlines()) == 13
+    assert "PDL" in decode
+
+
+def test_the_carried_split_heuristic_picks_our_split_counts(tmp_path):
+    path = tmp_path / "flash_fwd_sm120_splitkv.py"
+    path.write_text(carry.upstream_source(carry.SPLITKV))
+    spec = importlib.util.spec_from_file_location("carried_splitkv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ours, theirs = forward_kernel("sm120_splitkv"), module.FlashAttentionForwardSm120SplitKV
+    from experiment import FORWARD_DISPATCH
+
+    configs = {c.key(): c for name, c in FORWARD_DISPATCH.items() if c.kernel == "sm120_splitkv"}
+    checked = 0
+    for c in configs.values():
+        for d, gqa, causal, batch, sq, sk in [(64, 1, False, 1, 1, 4096), (128, 4, True, 8, 1, 8192), (96, 8, False, 32, 2, 1000),
+                                              (128, 1, False, 4, 16, 32768), (64, 8, True, 2, 8, 129)]:
+            problem = Problem(batch, sq, sk, 8 * gqa, 8, d, d, causal, "bf16", backward=False)
+            rows = -(-sq * gqa // c.tile_m)
+            slots = 132 * theirs.ctas_per_sm(d, d, c.tile_m, c.tile_n, c.num_stages, c.num_threads, c.Q_in_regs)
+            assert module.split_kv_heuristic(batch * 8 * rows, -(-sk // c.tile_n), slots) == ours.num_splits_for(c, problem, 132)
+            checked += 1
+    assert checked >= 10
+
+
+def test_a_series_into_a_missing_directory_is_refused(series, tmp_path):
+    url, _, _ = series
+    missing = tmp_path / "none"
+    _refused(run_cli("export", "--storage", url, "--series", missing), missing, "export_series", "does not exist", str(missing))
+
+
+def test_a_decode_winner_that_todays_rules_refuse_names_the_rule_and_value(series, tmp_path):
+    url, _, _ = series
+    out = tmp_path / "out"
+    out.mkdir()
+    done = run_cli("export", "--storage", url, "--series", out)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "infeasible_winner" in lines[0] and "num_splits_le_kv_blocks: num_splits=32" in lines[0]
+    assert not list(out.iterdir())
