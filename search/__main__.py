@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fa4tune.cli import CommandParser, count
 from fa4tune.config import ConfigError
+from fa4tune.harness.guards import Refused
 from search.reviewing import cli as review_cli
 
 BAD_INPUT = 2  # bad input and refusals alike: one `error:` line each
@@ -93,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
+        return BAD_INPUT
+    except Refused as refused:  # experiment.py or kernels/ break a static rule, or the harness differs from its pin
+        for line in refused.lines:
+            print(f"error: {line}", file=sys.stderr)
         return BAD_INPUT
     except KeyboardInterrupt:  # before a run's own handler (imports, checks) or in a command without one: no traceback
         import signal

@@ -109,3 +109,22 @@ def test_admit_checks_the_pin_and_the_kernels_sources(tmp_path, monkeypatch):
     assert [line.split(":")[0] for line in guards.admission_refusals(experiment)] == ["guard harness_edit"]
     monkeypatch.setenv(guards.ALLOW_HARNESS_EDIT, "1")  # a maintainer's edited harness runs (its rows are marked)
     assert guards.admission_refusals(experiment) == []
+
+
+def test_search_says_a_refusal_in_one_line_each_not_a_traceback(tmp_path, monkeypatch):
+    """`search run` loads experiment.py through load_experiment when its space first asks for the kernel classes: a
+    refusal (a static rule, the pin) is an `error:` line per violation and exit code 2, as experiment.py's and
+    prepare.py's own command lines say it."""
+    import sys
+
+    from search_helpers import replay_args, run_cli, write_table
+
+    table = write_table(tmp_path)
+    planted = ["guard harness_edit: prepare.py differs from the hash pinned (planted)", "guard forbidden_import: os (planted)"]
+    monkeypatch.setattr(guards, "admission_refusals", lambda path, root=None: planted)
+    # the registry asks its loader and the loader admits the file, as in a fresh process
+    monkeypatch.delitem(sys.modules, "experiment", raising=False)
+    monkeypatch.setattr(candidates, "_EXPERIMENTS", {})
+    done = run_cli(*replay_args(f"sqlite:///{tmp_path / 'search.db'}", table, "--proposer", "none", "--n-trials", "2"))
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"error: {line}" for line in planted]
