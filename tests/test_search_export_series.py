@@ -9,12 +9,12 @@ import re
 import subprocess
 from pathlib import Path
 
-import optuna
 import pytest
 
 from fa4tune.config import Problem
 from fa4tune.kernel_class import forward_kernel
 from search.reviewing import carry
+from search.reviewing.cli import open_storages
 from search.reviewing.evidence import load_studies
 from search.storing.storage import open_storage
 from search_helpers import ROOT, run_cli
@@ -28,30 +28,29 @@ LEAVE_OUT = ["fwd:d64-noncausal-gqa8-decode-bf16", "fwd:d96-noncausal-gqa4-decod
 SERIES = ["0001-sm120-configs", "0002-sm120-splitkv-decode", "0003-sm120-tma-forward"]
 
 
-def shipped_storage(tmp: Path) -> str:
-    """The standard study, its decode study replaced by the decode-classes and decode-causal studies."""
-    db = tmp / "series.db"
-    db.write_bytes(lzma.decompress((DATA / "2026-12-01-standard-study.db.xz").read_bytes()))
-    url = f"sqlite:///{db}"
-    for name in ("2026-12-03-decode-classes-study", "2026-12-03-decode-causal-study"):
-        src_db = tmp / f"{name}.db"
-        src_db.write_bytes(lzma.decompress((DATA / f"{name}.db.xz").read_bytes()))
-        src = f"sqlite:///{src_db}"
-        for study in optuna.get_all_study_names(src):
-            if study in optuna.get_all_study_names(url):
-                optuna.delete_study(study_name=study, storage=url)
-            optuna.copy_study(from_study_name=study, from_storage=src, to_storage=url)
-    return url
+STORAGES = ("2026-12-01-standard-study", "2026-12-03-decode-classes-study", "2026-12-03-decode-causal-study")
+
+
+def shipped_storages(tmp: Path) -> list[str]:
+    """The standard study's storage, then the decode-classes and decode-causal studies' (a later storage's study
+    replaces the standard study's decode studies of the same name)."""
+    urls = []
+    for name in STORAGES:
+        db = tmp / f"{name}.db"
+        db.write_bytes(lzma.decompress((DATA / f"{name}.db.xz").read_bytes()))
+        urls.append(f"sqlite:///{db}")
+    return urls
 
 
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("series")
-    url, out = shipped_storage(tmp), tmp / "out"
+    urls, out = shipped_storages(tmp), tmp / "out"
     out.mkdir()
-    done = run_cli("export", "--storage", url, "--series", out, *[a for s in LEAVE_OUT for a in ("--leave-out", s)])
+    done = run_cli("export", *[a for url in urls for a in ("--storage", url)], "--series", out,
+                   *[a for s in LEAVE_OUT for a in ("--leave-out", s)])
     assert done.returncode == 0, done.stderr
-    return url, out, tmp
+    return urls, out, tmp, open_storages(urls)  # the evidence the export read, read again once for the tests
 
 
 def _apply(checkout: Path, patch: Path, check_only: bool = False) -> subprocess.CompletedProcess:
@@ -59,7 +58,7 @@ def _apply(checkout: Path, patch: Path, check_only: bool = False) -> subprocess.
 
 
 def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previous(series, tmp_path):
-    _, out, _ = series
+    _, out, _, _ = series
     assert sorted(p.name for p in out.iterdir()) == sorted([f"{s}.patch" for s in SERIES] + [f"{s}.pr.md" for s in SERIES])
     for i, stem in enumerate(SERIES, 1):
         assert f"\nSubject: [PATCH {i}/3] " in (out / f"{stem}.patch").read_text()
@@ -77,7 +76,7 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
 
 
 def test_patch_1_applies_alone_and_2_and_3_need_the_ones_before(series, tmp_path):
-    _, out, _ = series
+    _, out, _, _ = series
     alone = _pristine_checkout(tmp_path / "alone")
     assert _apply(alone, out / f"{SERIES[0]}.patch", check_only=True).returncode == 0
     for stem in SERIES[1:]:  # they edit patch 1's tables and plumbing
@@ -90,8 +89,8 @@ def test_patch_1_applies_alone_and_2_and_3_need_the_ones_before(series, tmp_path
 
 
 def test_each_pr_text_has_its_own_studies_numbers_from_the_storage_and_the_caveat(series):
-    url, out, _ = series
-    studies = {ev.name: ev for ev in load_studies(open_storage(url))}
+    _, out, _, merged = series
+    studies = {ev.name: ev for ev in load_studies(merged)}
     expected = {SERIES[0]: lambda ev: ev.direction == "bwd" or ev.problem_class.name == "d128-noncausal-bf16",
                 SERIES[1]: lambda ev: ev.problem_class.regime == "decode",
                 SERIES[2]: lambda ev: ev.problem_class.regime == "prefill" and ev.direction == "fwd"
@@ -111,6 +110,21 @@ def test_each_pr_text_has_its_own_studies_numbers_from_the_storage_and_the_cavea
     decode = (out / f"{SERIES[1]}.pr.md").read_text()
     assert sum(line.startswith("| fwd |") and "`FlashAttentionForwardSm120SplitKV`" in line for line in decode.splitlines()) == 13
     assert "PDL" in decode
+
+
+def test_a_later_storage_s_study_replaces_an_earlier_s_of_the_same_name(series):
+    import optuna
+
+    def counts(storage):
+        return {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+
+    urls, _, _, merged_storage = series
+    latest = {}
+    for url in urls:
+        latest.update(counts(open_storage(url)))
+    merged, standard = counts(merged_storage), counts(open_storage(urls[0]))
+    assert merged == latest
+    assert any(name in standard and standard[name] != n for name, n in merged.items())  # a decode study was replaced
 
 
 def test_the_carried_split_heuristic_picks_our_split_counts(tmp_path):
@@ -136,16 +150,16 @@ def test_the_carried_split_heuristic_picks_our_split_counts(tmp_path):
 
 
 def test_a_series_into_a_missing_directory_is_refused(series, tmp_path):
-    url, _, _ = series
+    urls, _, _, _ = series
     missing = tmp_path / "none"
-    _refused(run_cli("export", "--storage", url, "--series", missing), missing, "export_series", "does not exist", str(missing))
+    _refused(run_cli("export", "--storage", urls[0], "--series", missing), missing, "export_series", "does not exist", str(missing))
 
 
 def test_a_decode_winner_that_todays_rules_refuse_names_the_rule_and_value(series, tmp_path):
-    url, _, _ = series
+    urls, _, _, _ = series
     out = tmp_path / "out"
     out.mkdir()
-    done = run_cli("export", "--storage", url, "--series", out)
+    done = run_cli("export", *[a for url in urls for a in ("--storage", url)], "--series", out)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "infeasible_winner" in lines[0] and "num_splits_le_kv_blocks: num_splits=32" in lines[0]

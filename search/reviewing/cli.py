@@ -23,7 +23,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", default=DEFAULT_HOST, help=f"address to bind (default {DEFAULT_HOST}; anything else warns)")
     p.add_argument("--table", default=None, help="the table the studies were replayed from, for their notes' device and mode")
     p = sub.add_parser("export", help="confirmed winners -> a git format-patch for upstream flash-attention")
-    p.add_argument("--storage", default=None, help="Optuna storage URL (default sqlite:///search.db)")
+    p.add_argument("--storage", action="append", default=None,
+                   help="Optuna storage URL (default sqlite:///search.db); repeatable: the studies of several storages, a "
+                        "later storage's study replacing an earlier's of the same name (the reproduce lines name the first)")
     p.add_argument("--out", default="sm120-tuned.patch", help="patch file to write (default sm120-tuned.patch)")
     p.add_argument("--dry-run", action="store_true", help="print the patch, write nothing")
     p.add_argument("--series", default=None, metavar="DIR",
@@ -108,15 +110,16 @@ def dashboard(args) -> int:
 def export(args) -> int:
     """`python -m search export`: the patch on stdout (--dry-run) or in --out."""
     from search.reviewing import export as exporter, pull_request
-    from search.storing.storage import DEFAULT_STORAGE, open_existing_storage
+    from search.storing.storage import DEFAULT_STORAGE
 
-    url = args.storage or DEFAULT_STORAGE
+    urls = args.storage or [DEFAULT_STORAGE]
+    storage, url = open_storages(urls), urls[0]
     if args.series is not None:
-        return export_series(args, url)
+        return export_series(args, storage, url)
     out = Path(args.out)
     if not args.dry_run and not out.parent.is_dir():
         raise ConfigError("export_out", f"cannot write {args.out!r}: directory {str(out.parent)!r} does not exist")
-    text, winners, pr = pull_request.export(open_existing_storage(url), url, _export_command(args, url), args.target,
+    text, winners, pr = pull_request.export(storage, url, _export_command(args), args.target,
                                             args.confirmations, args.allow_replay, args.problem_classes, args.table,
                                             args.upstream_kernels_only, args.leave_out)
     if args.dry_run:
@@ -136,10 +139,9 @@ def export(args) -> int:
     return 0
 
 
-def export_series(args, url: str) -> int:
+def export_series(args, storage, url: str) -> int:
     """`python -m search export --series DIR`: NNNN-*.patch and NNNN-*.pr.md per patch (search.reviewing.series)."""
     from search.reviewing.series import export_series as make_series
-    from search.storing.storage import open_existing_storage
 
     folder = Path(args.series)
     if not args.dry_run and not folder.is_dir():
@@ -147,7 +149,7 @@ def export_series(args, url: str) -> int:
     if args.upstream_kernels_only:
         raise ConfigError("export_series", "--series with --upstream-kernels-only: the series' patch 1 already keeps to "
                                            "upstream's kernels; leave the flag out")
-    patches = make_series(open_existing_storage(url), url, _export_command(args, url), args.target, args.confirmations,
+    patches = make_series(storage, url, _export_command(args), args.target, args.confirmations,
                           args.allow_replay, args.problem_classes, args.table, args.leave_out)
     for p in patches:
         if args.dry_run:
@@ -164,9 +166,30 @@ def pr_text_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".patch") + ".pr.md")
 
 
-def _export_command(args, url: str) -> list[str]:
+def open_storages(urls: list[str]):
+    """One existing storage, or several read into one in memory: a later storage's study replaces an earlier's of the
+    same name (a study re-run elsewhere), as the export's evidence."""
+    from search.storing.storage import open_existing_storage
+
+    if len(urls) == 1:
+        return open_existing_storage(urls[0])
+    import optuna
+
+    merged = optuna.storages.InMemoryStorage()
+    for url in urls:
+        source = open_existing_storage(url)
+        for summary in source.get_all_studies():
+            if summary.study_name in {s.study_name for s in merged.get_all_studies()}:
+                optuna.delete_study(study_name=summary.study_name, storage=merged)
+            optuna.copy_study(from_study_name=summary.study_name, from_storage=source, to_storage=merged)
+    return merged
+
+
+def _export_command(args) -> list[str]:
     """This export as one command line, every option spelled out."""
-    argv = ["uv", "run", "python", "-m", "search", "export", "--storage", url,
+    from search.storing.storage import DEFAULT_STORAGE
+
+    argv = ["uv", "run", "python", "-m", "search", "export", *[a for url in args.storage or [DEFAULT_STORAGE] for a in ("--storage", url)],
             *(["--series", args.series] if getattr(args, "series", None) is not None else ["--out", args.out]),
             "--target", args.target, "--confirmations", str(args.confirmations)]
     for name in args.problem_classes or []:
