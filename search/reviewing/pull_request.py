@@ -65,11 +65,10 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
     return "\n".join(lines) + "\n"
 
 
-def export(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
-           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
-           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[str, list[Winner], str]:
-    """`python -m search export`'s hand-over: (the patch text, the exported winners, the pull request's text); a
-    one-line ConfigError when anything is refused. The patch is search.reviewing.export's, the text this module's."""
+def chosen(storage, storage_url: str, table: str | None, target: str, needed: int, allow_replay: bool,
+           classes: list[str] | None, **select) -> tuple[list, list[str], dict | None]:
+    """(the winners search.reviewing.export.select keeps, its notes, the metadata of the table they were replayed
+    from: the --table file's, else the one the studies remember); `select`: its other keywords."""
     from search.storing.storage import describe
 
     table_meta = None
@@ -77,12 +76,21 @@ def export(storage, storage_url: str, export_argv: list[str], target: str = "sm1
         from search.evaluating.table import load_table
 
         table_meta = load_table(table).meta
-    winners, notes = exporter.select(storage, describe(storage_url), target, needed, allow_replay, classes,
-                                     upstream_only=upstream_only, leave_out=leave_out)
+    winners, notes = exporter.select(storage, describe(storage_url), target, needed, allow_replay, classes, **select)
     if table_meta is None:
         from search.reviewing.notes import remembered_table
 
         table_meta = remembered_table(storage, [w.study.name for w in winners])
+    return winners, notes, table_meta
+
+
+def export(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
+           allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
+           upstream_only: bool = False, leave_out: list[str] | None = None) -> tuple[str, list[Winner], str]:
+    """`python -m search export`'s hand-over: (the patch text, the exported winners, the pull request's text); a
+    one-line ConfigError when anything is refused. The patch is search.reviewing.export's, the text this module's."""
+    winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
+                                        upstream_only=upstream_only, leave_out=leave_out)
     old = exporter.pristine_interface()
     files = exporter.patch_files(winners, old)
     message = exporter.commit_message(winners, storage_url, export_argv, table_meta, table, needed, notes)

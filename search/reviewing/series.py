@@ -191,20 +191,10 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
                   allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
                   leave_out: list[str] | None = None) -> list[SeriesPatch]:
     """The series, each patch with its format-patch text and PR text; a one-line ConfigError when refused."""
-    from search.reviewing.pull_request import pr_text
-    from search.storing.storage import describe
+    from search.reviewing.pull_request import chosen, pr_text
 
-    table_meta = None
-    if table:
-        from search.evaluating.table import load_table
-
-        table_meta = load_table(table).meta
-    winners, notes = exporter.select(storage, describe(storage_url), target, needed, allow_replay, classes,
-                                     leave_out=leave_out, decode=True)
-    if table_meta is None:
-        from search.reviewing.notes import remembered_table
-
-        table_meta = remembered_table(storage, [w.study.name for w in winners])
+    winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
+                                        leave_out=leave_out, decode=True)
     patches = plan(winners, exporter.pristine_interface())
     for i, p in enumerate(patches, 1):
         p.stem = f"{i:04d}-{p.stem}"
