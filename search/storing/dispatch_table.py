@@ -71,14 +71,8 @@ def effective_entry_config(source: str, direction: str, problem_class, feasible=
     its nearest tuned class's where feasible for it), as experiment.forward_config / backward_config choose; None
     where upstream's default runs. `feasible(knobs, problem_class)`: default, the static rules of the sm120 target
     (the forward's for the class's shortest problem, as any entry)."""
-    table = {key: knobs for key in entry_keys(source, direction) if (knobs := entry_config(source, direction, key)) is not None}
+    table = {key: knobs for key, knobs in entries(source, direction).items() if knobs is not None}
     return fallback.resolve(problem_class, table, feasible or _static_rules(direction)).config
-
-
-def entry_keys(source: str, direction: str) -> list[str]:
-    """The keys of a dispatch table, literal strings only, in the order written."""
-    table = _dispatch_node(source, DISPATCH[direction])
-    return [k.value for k in table.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)]
 
 
 def _static_rules(direction: str):
@@ -102,20 +96,27 @@ def entry_config(source: str, direction: str, key: str) -> dict | None:
     """The knob values written in a dispatch entry, read back from the source (None if absent or not a literal
     config: ForwardConfig(...) / BackwardConfig(...) with literal knobs, a module-level name bound to one (DECODE),
     or `replace(<one of those>, knob=literal, ...)`; not e.g. `defaults.upstream_backward(...)`)."""
+    return entries(source, direction).get(key)
+
+
+def entries(source: str, direction: str) -> dict[str, dict | None]:
+    """Every literal key of a dispatch table, in the order written, with its knob values (entry_config's reading;
+    None for an entry that is not a literal config), the source parsed once."""
     tree = ast.parse(source)
     table = _dispatch_node(source, DISPATCH[direction])
     names = {node.targets[0].id: node.value for node in tree.body if isinstance(node, ast.Assign)
              and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)}
     names.update({node.target.id: node.value for node in tree.body if isinstance(node, ast.AnnAssign)
                   and isinstance(node.target, ast.Name) and node.value is not None})
+    found = {}
     for k, v in zip(table.keys, table.values):
-        if isinstance(k, ast.Constant) and k.value == key:
+        if isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value not in found:
             knobs = _knobs(v, names, depth=0)
-            if knobs is None:
-                return None
-            extra = knobs.pop("extra", {})  # a kernel class's own knobs: flat, as in ForwardConfig.to_dict()
-            return {**knobs, **extra}
-    return None
+            if knobs is not None:
+                extra = knobs.pop("extra", {})  # a kernel class's own knobs: flat, as in ForwardConfig.to_dict()
+                knobs = {**knobs, **extra}
+            found[k.value] = knobs
+    return found
 
 
 def _knobs(node, names: dict, depth: int) -> dict | None:
