@@ -68,17 +68,31 @@ class DispatchTables:
 
             target = get_target(self.target)
             if direction == "fwd":
-                found = fallback.resolve(pc, self.forward, _feasible_forward(self.kernel_class, target))
+                found = fallback.resolve(pc, self.forward, _feasible_forward(self.kernel_class, target),
+                                         (("upstream", defaults.upstream_forward(pc)), ("wide", defaults.wide_forward(pc))))
             else:
-                found = fallback.resolve(pc, self.backward, _feasible_backward(target))
+                found = fallback.resolve(pc, self.backward, _feasible_backward(target),
+                                         (("upstream", defaults.upstream_backward(pc)), ("wide", defaults.wide_backward(pc))))
             self._resolved[key] = found
         return self._resolved[key]
 
     def forward_config(self, pc: ProblemClass) -> ForwardConfig:
-        return self.resolution("fwd", pc).config or defaults.upstream_forward(pc)
+        """The class's forward config (fa4tune.fallback); one error naming the rules where none runs it."""
+        found = self.resolution("fwd", pc)
+        if found.rule == "none":
+            raise ConfigError("no_feasible_config", f"forward: {found.describe()}")
+        return found.config or defaults.upstream_forward(pc)
 
     def backward_config(self, pc: ProblemClass) -> BackwardConfig:
+        """The class's backward config; where none runs it, upstream's (what a forward-only caller passes along:
+        `check_backward_runs` raises before a backward would)."""
         return self.resolution("bwd", pc).config or defaults.upstream_backward(pc)
+
+    def check_backward_runs(self, pc: ProblemClass) -> None:
+        """One error naming the rules where no backward config runs the class (a d256 causal backward, say)."""
+        found = self.resolution("bwd", pc)
+        if found.rule == "none":
+            raise ConfigError("no_feasible_config", f"backward: {found.describe()}")
 
     def preprocess_threads(self, pc: ProblemClass, bwd_config: BackwardConfig) -> int:
         """The backward preprocess's thread count: its own entry (a one-line error that names the rule for a count
@@ -135,6 +149,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     """
     pc = problem_class_of(q, k, v, causal)
     fwd_config = fwd_config or tables.forward_config(pc)
+    if bwd_config is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        getattr(tables, "check_backward_runs", lambda pc: None)(pc)  # before the forward, not after it
     bwd_config = bwd_config or tables.backward_config(pc)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])

@@ -86,7 +86,8 @@ def experiment_main(path: str | Path, argv: list[str] | None = None) -> int:
 
 def fallback_lines(module, problems) -> list[str]:
     """One line per problem class of the suite (and direction it runs) that runs another class's entry under the
-    fallback rule (fa4tune.fallback), read from experiment.py's TABLES; none where the file has no DispatchTables."""
+    fallback rule (fa4tune.fallback), or ours for wide heads, read from experiment.py's TABLES; none where the file
+    has no DispatchTables."""
     from fa4tune.api import DispatchTables
     from fa4tune.suites import problem_classes
 
@@ -98,8 +99,8 @@ def fallback_lines(module, problems) -> list[str]:
         backward = any(p.backward and p.problem_class == pc for p in problems)
         for direction in ("fwd", "bwd") if backward else ("fwd",):
             found = tables.resolution(direction, pc)
-            if found.is_fallback:
-                lines.append(f"fallback {direction}: {found.describe()}")
+            if found.rule in ("fallback", "wide"):
+                lines.append(f"{found.rule} {direction}: {found.describe()}")
     return lines
 
 

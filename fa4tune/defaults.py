@@ -1,6 +1,15 @@
-"""Upstream's current SM120 settings (flash-attn-4 4.0.0b36 interface.py), as our configs.
+"""Upstream's current SM120 settings (flash-attn-4 4.0.0b36 interface.py), as our configs; and ours for head dims
+whose upstream tiles do not fit SM120's shared memory.
 
 The baseline every tuned config is compared with, and the seed of experiment.py's dispatch tables.
+
+Head dims past 128 (Gemma's 256, DeepSeek's 192/128): upstream's SM120 tiles are keyed on head_dim only, so at d256
+its forward asks for 131072 B (Q 65536 + K 32768 + V 32768) and its backward for 148480 B of the 101376 B a block
+may have; upstream then fails its own can_implement. `wide_forward` / `wide_backward` are the configs a class runs
+when upstream's do not fit (fa4tune.fallback, step 4), chosen from the sm_120a compiles of every feasible config
+(docs/measurements/2026-12-05-wide-head-dims.md): the forward's 128x32 tile with 8 warps on our TMA class (no
+spills at d256, GQA 1 and 2, bf16 and fp16; upstream's class spills 40 B at d256 causal GQA 2 bf16); the backward's
+32x32 blocks with two Q stages, no spills at d256 non-causal.
 """
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
@@ -19,4 +28,21 @@ def upstream_backward(pc: ProblemClass) -> BackwardConfig:
         m_block_size=64, n_block_size=64, num_stages_Q=stages, num_stages_dO=stages, num_threads=128,
         SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False,
         AtomLayoutMSdP=4, AtomLayoutNdKV=4, AtomLayoutMdQ=4, V_in_regs=False,
+    )
+
+
+def wide_forward(pc: ProblemClass) -> ForwardConfig:
+    """Ours where upstream's forward tiles do not fit: 128x32, 256 threads, 1 stage, TMA loads (sm_120a at d256:
+    232-237 registers, no spills, 98328 B, one CTA of 8 warps per SM)."""
+    return ForwardConfig(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False, kernel="sm120_tma")
+
+
+def wide_backward(pc: ProblemClass) -> BackwardConfig:
+    """Ours where upstream's backward blocks do not fit: 32x32, Q in two stages, the S/dP MMA's 4 warps 2 x 2 and
+    dK/dV's and dQ's 4 x 1 (sm_120a at d256 non-causal: 255 registers, no spills, 87040 B). Causal at d256 fails
+    the causal rules (fa4tune.feasibility): with 4 warps the S/dP warps must all lie along m."""
+    return BackwardConfig(
+        m_block_size=32, n_block_size=32, num_stages_Q=2, num_stages_dO=1, num_threads=128,
+        SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False,
+        AtomLayoutMSdP=2, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
     )

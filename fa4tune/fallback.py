@@ -15,7 +15,11 @@ the static check (what it compiles) all use:
    d. the larger GQA ratio on a tie of (a).
    A neighbour's config is taken only where it is feasible for this class (`feasible`: the static rules and the
    kernel class's can_implement for the class's shortest problem, as for any entry); an infeasible one is passed over.
-3. Else upstream's default.
+3. Else upstream's default, where it is feasible for the class.
+4. Else ours for head dims whose upstream tiles do not fit SM120's shared memory (fa4tune.defaults.wide_forward /
+   wide_backward: head dims past 128), where that is feasible.
+5. Else no config runs the class: the resolution says which rule refused each candidate, with the bytes
+   (`refusal`); the call path raises it as one error (a forward at once, a backward when a gradient is asked for).
 
 Like every entry, what a fallback runs passes the correctness gate of whatever run measures it (prepare.py gates
 each problem with the config dispatch gives it).
@@ -24,22 +28,25 @@ each problem with the config dispatch gives it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Generic, Iterable, Mapping, TypeVar
+from typing import Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 
 from fa4tune.config import ConfigError, ProblemClass
 
 C = TypeVar("C")
+DEFAULT_NAMES = {"upstream": "upstream's default", "wide": "ours for wide heads"}  # steps 3 and 4, in messages
 
 
 @dataclass(frozen=True)
 class Resolution(Generic[C]):
-    """What dispatch runs for a class: `config` (None: upstream's default), the entry it came from (`source`, a
-    class name; None for upstream's), and why (`rule`: own / fallback / upstream)."""
+    """What dispatch runs for a class: `config` (None: upstream's default, or nothing when rule is "none"), the entry
+    it came from (`source`, a class name; None for a default), and why (`rule`: own / fallback / upstream / wide /
+    none; for none, `refusal` says why each candidate was refused)."""
 
     problem_class: ProblemClass
     config: C | None
     source: str | None
     rule: str
+    refusal: str = ""
 
     @property
     def is_fallback(self) -> bool:
@@ -51,6 +58,10 @@ class Resolution(Generic[C]):
             return f"{self.problem_class.name} runs its own entry"
         if self.rule == "upstream":
             return f"{self.problem_class.name} runs upstream's default (no feasible entry of its own or of a neighbour)"
+        if self.rule == "wide":
+            return f"{self.problem_class.name} runs ours for wide heads ({self.refusal})"
+        if self.rule == "none":
+            return f"no config runs {self.problem_class.name}: {self.refusal}"
         return f"{self.problem_class.name} runs {self.source}'s entry ({why(self.problem_class, ProblemClass.parse(self.source))})"
 
 
@@ -83,9 +94,11 @@ def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
                                         o.dtype != pc.dtype, -o.qhead_per_kvhead))
 
 
-def resolve(pc: ProblemClass, table: Mapping[str, C], feasible: Callable[[C, ProblemClass], object]) -> Resolution[C]:
+def resolve(pc: ProblemClass, table: Mapping[str, C], feasible: Callable[[C, ProblemClass], object],
+            defaults: Sequence[tuple[str, C]] = ()) -> Resolution[C]:
     """The rule above for one class: `table` maps class names to configs, `feasible(config, pc)` is truthy where a
-    config can be the class's entry (a Verdict, or a bool)."""
+    config can be the class's entry (a Verdict, or a bool). `defaults`: steps 3 and 4, (rule, config) pairs tried in
+    order ("upstream" first: its resolution keeps config None); without them, step 3 is taken unchecked."""
     own = table.get(pc.name)
     if own is not None:
         return Resolution(pc, own, pc.name, "own")
@@ -93,4 +106,12 @@ def resolve(pc: ProblemClass, table: Mapping[str, C], feasible: Callable[[C, Pro
         config = table[other.name]
         if config is not None and feasible(config, pc):
             return Resolution(pc, config, other.name, "fallback")
-    return Resolution(pc, None, None, "upstream")
+    if not defaults:
+        return Resolution(pc, None, None, "upstream")
+    refusals = []
+    for rule, config in defaults:
+        verdict = feasible(config, pc)
+        if verdict:
+            return Resolution(pc, None if rule == "upstream" else config, None, rule, "; ".join(refusals))
+        refusals.append(f"{DEFAULT_NAMES.get(rule, rule)} refused by {verdict if not isinstance(verdict, bool) else 'the static rules'}")
+    return Resolution(pc, None, None, "none", "; ".join(refusals))

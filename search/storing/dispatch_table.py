@@ -68,11 +68,17 @@ def _dispatch_node(source: str, name: str) -> ast.Dict:
 
 def effective_entry_config(source: str, direction: str, problem_class, feasible=None) -> dict | None:
     """The knob values of the entry that dispatch runs for a ProblemClass under fa4tune.fallback's rule (its own, else
-    its nearest tuned class's where feasible for it), as experiment.forward_config / backward_config choose; None
-    where upstream's default runs. `feasible(knobs, problem_class)`: default, the static rules of the sm120 target
-    (the forward's for the class's shortest problem, as any entry)."""
+    its nearest tuned class's where feasible for it, else ours for wide heads where upstream's default does not fit),
+    as experiment.forward_config / backward_config choose; None where upstream's default runs (or nothing does).
+    `feasible(knobs, problem_class)`: default, the static rules of the sm120 target (the forward's for the class's
+    shortest problem, as any entry)."""
+    from fa4tune import defaults
+
     table = {key: knobs for key, knobs in entries(source, direction).items() if knobs is not None}
-    return fallback.resolve(problem_class, table, feasible or _static_rules(direction)).config
+    upstream, wide = ((defaults.upstream_forward, defaults.wide_forward) if direction == "fwd"
+                      else (defaults.upstream_backward, defaults.wide_backward))
+    return fallback.resolve(problem_class, table, feasible or _static_rules(direction),
+                            (("upstream", upstream(problem_class).to_dict()), ("wide", wide(problem_class).to_dict()))).config
 
 
 def _static_rules(direction: str):
