@@ -4,12 +4,13 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh table    # #40: the table after the lean-house move
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh cost     # #41: what the timed-output check costs
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh models   # #42: the models suite, fallback classes, vs upstream
+#   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh wide     # #42: head dims past 128, gated and timed, vs upstream
 # Logs go to $OUT (or ./out). SM120 kernels emulated on the GPU at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV=$OUT/results.tsv
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; git log --oneline -1 2>/dev/null; } | tee -a "$OUT/device.txt"
-case "${1:?guards, table, cost or models}" in
+case "${1:?guards, table, cost, models or wide}" in
   guards)
     timeout 150 python3 bench/guards_gpu.py > "$OUT/guards.log" 2>&1; echo "guards_gpu rc $?"; tail -25 "$OUT/guards.log"
     timeout 330 python3 prepare.py --experiment experiment.py --suite short --description "issue 41: timed outputs checked" \
@@ -23,4 +24,9 @@ case "${1:?guards, table, cost or models}" in
   models)
     timeout 560 python3 bench/table_vs_upstream.py --suites models --runs 2 --out "$OUT/table-models.jsonl" \
       > "$OUT/table-models.log" 2>&1; echo "models rc $?"; tail -80 "$OUT/table-models.log" ;;
+  wide)
+    timeout 270 python3 prepare.py --experiment experiment.py --suite wide --description "issue 42: head dims past 128" \
+      > "$OUT/prepare-wide.log" 2>&1; echo "prepare wide rc $?"; tail -30 "$OUT/prepare-wide.log"
+    timeout 270 python3 bench/table_vs_upstream.py --suites wide --runs 2 --out "$OUT/table-wide.jsonl" \
+      > "$OUT/table-wide.log" 2>&1; echo "table wide rc $?"; tail -25 "$OUT/table-wide.log" ;;
 esac
