@@ -15,6 +15,9 @@ larger of the two candidates' run-to-run spreads, (max - min) / min of their med
 to: it loses on a problem when its speedup is below 1 / (1 + spread), i.e. slower by more than the measured noise.
 Where the table's entry is upstream's own config (`same_config`: one kernel timed twice), the verdict is "same config":
 the difference is the noise between two interleaved copies, never a loss.
+Where upstream's configs fail the target's static rules (head dim 256: its tiles need more than SM120's 99 KB),
+upstream is not timed, since only a GPU that emulates SM120 has the memory to run them: the verdict says
+"upstream cannot run" with the rule, and the table's medians stand alone.
 Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
@@ -37,6 +40,7 @@ from fa4tune.config import Problem  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 
 TABLE, UPSTREAM = "table", "upstream"
+NOT_RUN = "not run: the target's rules refuse it: "  # the reason of an upstream config an SM120 GPU cannot launch
 COLUMNS = ("suite", "problem", "dir", "class", "table kernel", "upstream ms", "table ms", "speedup", "spread", "verdict")
 
 
@@ -49,10 +53,17 @@ class Step:
     direction: str
     table: tuple
     upstream: tuple
+    upstream_refused: str = ""  # the target's rule that upstream's configs fail here (not timed: an emulating GPU would run them)
 
 
 def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
-    """Every (problem, direction) of the suites with the table's and upstream's configs of its class."""
+    """Every (problem, direction) of the suites with the table's and upstream's configs of its class. Where upstream's
+    configs fail the target's static rules (d256: its tiles need more than SM120's 99 KB), upstream is not timed: a
+    GPU that emulates SM120 has the shared memory to run them, an SM120 GPU does not."""
+    from fa4tune.harness.evaluation import feasibility_failure
+    from fa4tune.targets import get_target
+
+    target = get_target()
     steps = []
     for suite in suites:
         for p in load_suite(suite):
@@ -62,7 +73,8 @@ def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
             table = (experiment.forward_config(pc), experiment.backward_config(pc))
             upstream = (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
             for direction in ("fwd", "bwd") if p.backward else ("fwd",):
-                steps.append(Step(suite, p, direction, table, upstream))
+                refused = feasibility_failure(direction, *upstream, p, target)
+                steps.append(Step(suite, p, direction, table, upstream, f"{NOT_RUN}{target.name}: {refused}" if refused else ""))
     return steps
 
 
@@ -71,7 +83,7 @@ def compile_pairs(steps: list[Step]) -> list[tuple[str, object, Problem]]:
     step runs its candidate's forward too) and its backward on the backward problems."""
     pairs = []
     for s in steps:
-        for fwd, bwd in (s.table, s.upstream):
+        for fwd, bwd in (s.table,) + (() if s.upstream_refused else (s.upstream,)):
             pairs.append(("fwd", fwd, s.problem) if s.direction == "fwd" else ("bwd", bwd, s.problem))
             if s.direction == "bwd":
                 pairs.append(("fwd", fwd, s.problem))
@@ -103,16 +115,20 @@ def summarize(records: list[dict]) -> dict:
         key = (r["suite"], r["problem"], r["direction"])
         row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
                                     "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
-                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": [], "same_config": True})
+                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": [], "refused": "", "same_config": True})
         row["same_config"] = row["same_config"] and bool(r.get("same_config"))
         if r["status"] == "ok":
             row["ms"][r["candidate"]].append(r["ms_median"])
+        elif r["candidate"] == UPSTREAM and r.get("reason", "").startswith(NOT_RUN):
+            row["refused"] = r["reason"][len(NOT_RUN):]
         else:
             row["failures"].append(f"{r['candidate']} run {r['run']}: {r['status']}: {r.get('reason', '')[:120]}")
     out = []
     for row in rows.values():
         table_ms, upstream_ms = row["ms"][TABLE], row["ms"][UPSTREAM]
-        if row["failures"] or not table_ms or not upstream_ms:
+        if row["refused"] and not row["failures"] and table_ms:
+            row.update(speedup=None, spread=spread(table_ms), verdict=f"upstream cannot run: {row['refused']}")
+        elif row["failures"] or not table_ms or not upstream_ms:
             row.update(speedup=None, spread=None, verdict="failed: " + "; ".join(row["failures"] or ["no measurement"]))
         else:
             speedup = (sum(upstream_ms) / len(upstream_ms)) / (sum(table_ms) / len(table_ms))
@@ -135,7 +151,8 @@ def summarize(records: list[dict]) -> dict:
         "bwd_geomean": geomean(speedups("bwd")),
         "min_speedup": min((r["speedup"] for r in ok), default=None),
         "losses": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"] == "loses"],
-        "failures": [f"{r['problem']} {r['direction']}" for r in out if r["speedup"] is None],
+        "failures": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("failed")],
+        "upstream_cannot_run": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("upstream cannot run")],
     }
 
 
@@ -157,7 +174,8 @@ def print_summary(summary: dict, label: str) -> None:
         value = summary[name]
         print(f"{name}: {value:.3f}" if value else f"{name}: n/a")
     print(f"losses: {', '.join(summary['losses']) or 'none'}")
-    print(f"failures: {', '.join(summary['failures']) or 'none'}", flush=True)
+    print(f"failures: {', '.join(summary['failures']) or 'none'}")
+    print(f"upstream cannot run (not timed): {', '.join(summary['upstream_cannot_run']) or 'none'}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -190,6 +208,7 @@ def main(argv=None) -> int:
 
     from fa4tune.harness import gpu
     from fa4tune.harness.candidates import experiment_candidate
+    from fa4tune.harness.measurement import ProblemResult
     from fa4tune.harness.steps import StepContextLost, make_flusher, measure_step
     from fa4tune.targets import get_target
 
@@ -206,12 +225,15 @@ def main(argv=None) -> int:
         for run in range(1, args.runs + 1):
             for s in steps:
                 configs = {TABLE: s.table, UPSTREAM: s.upstream}
-                candidates = [experiment_candidate(experiment, *configs[name], name=name) for name in order(run)]
+                timed = [name for name in order(run) if not (name == UPSTREAM and s.upstream_refused)]
+                candidates = [experiment_candidate(experiment, *configs[name], name=name) for name in timed]
                 try:
                     results = measure_step(s.problem, s.direction, candidates, device=device, settings=settings, flusher=flusher)
                 except StepContextLost as lost:
                     print(f"error: device fault on {s.problem.label} {s.direction} run {run}: {lost.reason}", flush=True)
                     return 1
+                if s.upstream_refused:
+                    results[UPSTREAM] = ProblemResult(s.problem.label, s.direction, "infeasible", reason=s.upstream_refused)
                 for name in order(run):
                     res = results[name]
                     cfg, upstream_cfg = (configs[c][0 if s.direction == "fwd" else 1] for c in (TABLE, UPSTREAM))

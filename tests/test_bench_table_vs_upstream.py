@@ -134,3 +134,23 @@ def test_summarize_reads_a_finished_run_and_a_torn_last_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "fwd_prefill_geomean: 1.100" in done.stdout and "losses: none" in done.stdout
+
+
+def test_upstream_is_not_timed_where_the_target_refuses_its_configs_and_the_row_says_so():
+    """At d256 upstream's forward tiles need 131072 B of SM120's 101376 (its backward 148480 B): an H100 or H200
+    emulating SM120 would run them (measured 3.8x slower than ours, a figure no SM120 GPU can show), so they are
+    not timed and the row names the rule."""
+    bench = load_bench()
+    steps = {(s.problem.name, s.direction): s for s in bench.plan(["wide"], experiment)}
+    d256 = steps[("gemma2-9b prefill 4k bf16", "fwd")]
+    assert d256.upstream_refused.startswith(bench.NOT_RUN + "sm120: forward config: smem_capacity: needs 131072 B")
+    assert "131072 B" in steps[("d256 non-causal train 4k bf16 (synthetic)", "bwd")].upstream_refused  # its forward first
+    assert not steps[("deepseek-v2-lite train 4k bf16", "bwd")].upstream_refused  # upstream's own tiles fit d192/v128
+    compiled = bench.compile_pairs([d256])
+    assert compiled == [("fwd", d256.table[0], d256.problem)]  # only the table's kernel is compiled ahead
+    records = [{**r, "status": "infeasible", "ms_median": None, "reason": d256.upstream_refused} if r["candidate"] == "upstream" else r
+               for r in _records("wide", "fwd", "prefill", [0.68, 0.67], [2.57, 2.56])]
+    s = bench.summarize(records + _records("a", "fwd", "prefill", [1.0, 1.0], [1.2, 1.2]))
+    row = {r["problem"]: r for r in s["rows"]}["wide"]
+    assert row["speedup"] is None and row["verdict"].startswith("upstream cannot run: sm120: forward config: smem_capacity")
+    assert s["upstream_cannot_run"] == ["wide fwd"] and s["failures"] == [] and s["fwd_prefill_geomean"] == pytest.approx(1.2)

@@ -2,7 +2,7 @@
 
 import experiment
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
-from fa4tune.defaults import upstream_backward, upstream_forward
+from fa4tune.defaults import upstream_backward, upstream_forward, wide_backward, wide_forward
 from fa4tune.feasibility import check_backward, check_forward, check_forward_problem
 from fa4tune.suites import load_suite, problem_classes, suite_names
 from fa4tune.targets import get_target
@@ -17,8 +17,8 @@ def _entry_key(table: dict, pc: ProblemClass) -> str:
 
 # Suites of real models' shapes (issue #42) rather than tuning targets: a class of theirs that no study tuned runs
 # its nearest tuned class's entry (fa4tune.fallback) or upstream's defaults (test below), so these suites need no
-# table entry per class.
-REAL_SHAPE_SUITES = {"models"}
+# table entry per class; nor does the wide suite, whose d256 classes run ours for wide heads (fa4tune.defaults).
+REAL_SHAPE_SUITES = {"models", "wide"}
 
 
 def test_every_suite_problem_class_has_a_feasible_table_entry():
@@ -43,12 +43,14 @@ def test_real_shape_suites_run_an_entry_own_or_a_neighbours_or_upstream_defaults
         for pc in problem_classes(problems):
             fwd = experiment.forward_config(pc)
             key = _entry_key(experiment.FORWARD_DISPATCH, pc)
-            assert fwd is experiment.FORWARD_DISPATCH[key] if key in experiment.FORWARD_DISPATCH else fwd == upstream_forward(pc)
+            default = wide_forward(pc) if pc.head_dim > 192 else upstream_forward(pc)
+            assert fwd is experiment.FORWARD_DISPATCH[key] if key in experiment.FORWARD_DISPATCH else fwd == default
             assert check_forward(fwd, pc, TARGET), (name, pc.name, check_forward(fwd, pc, TARGET))
             if any(p.backward and p.problem_class == pc for p in problems):
                 bwd = experiment.backward_config(pc)
                 key = _entry_key(experiment.BACKWARD_DISPATCH, pc)
-                assert bwd is experiment.BACKWARD_DISPATCH[key] if key in experiment.BACKWARD_DISPATCH else bwd == upstream_backward(pc)
+                default = wide_backward(pc) if pc.head_dim > 192 else upstream_backward(pc)
+                assert bwd is experiment.BACKWARD_DISPATCH[key] if key in experiment.BACKWARD_DISPATCH else bwd == default
                 assert check_backward(bwd, pc, TARGET), (name, pc.name, check_backward(bwd, pc, TARGET))
 
 
@@ -90,7 +92,7 @@ def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_ups
         experiment.FORWARD_DISPATCH.pop(chunked.name, None)
         experiment.TABLES._resolved.clear()  # the tables memoize what each class runs
         assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[ProblemClass(128, 128, True).name]
-        unlisted = ProblemClass(256, 256, True, 2, "fp16", "chunked")
+        unlisted = ProblemClass(80, 80, True, 2, "fp16", "chunked")
         assert experiment.forward_config(unlisted) == upstream_forward(unlisted)
     finally:
         experiment.FORWARD_DISPATCH.clear()
@@ -99,7 +101,7 @@ def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_ups
 
 
 def test_unlisted_class_falls_back_to_upstream_defaults():
-    pc = ProblemClass(256, 256, True, 2, "fp16")
+    pc = ProblemClass(80, 80, True, 2, "fp16")
     assert pc.name not in experiment.FORWARD_DISPATCH
     assert experiment.forward_config(pc) == upstream_forward(pc)
     assert experiment.backward_config(pc) == upstream_backward(pc)
