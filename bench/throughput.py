@@ -248,12 +248,12 @@ def main() -> None:
               f"{r['seconds']:.0f} | {r['per_gpu_hour']:.0f} | {pct(r['gpu_idle_share'])} |")
     print()
     print("where the time goes (seconds; the GPU child's are wall time in that process, the compiles CPU-seconds spread over the compile processes)")
-    print("| mode | wall | GPU child starts (s) | gate incl. kernel loads/compiles | timing | GPU child waiting for work | sm_120a static compiles (CPU) | GPU-arch compiles (CPU) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| mode | wall | GPU child starts (s) | gate incl. kernel loads/compiles | timing | of which the timed outputs' check | GPU child waiting for work | sm_120a static compiles (CPU) | GPU-arch compiles (CPU) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for mode, r in rows.items():
         busy = r.get("gpu_child_startup_s", 0) + r.get("gpu_child_step_s", 0)
         print(f"| {mode} | {r['seconds']:.0f} | {r.get('gpu_child_starts', 0)} ({sec(r.get('gpu_child_startup_s'))}) | {sec(r.get('gpu_child_gate_s'))} | "
-              f"{sec(r.get('gpu_child_timing_s'))} | {sec(max(0.0, r['seconds'] - busy))} | {sec(r['static_compile_cpu_s'])} | {sec(r['gpu_arch_compile_cpu_s'])} |")
+              f"{sec(r.get('gpu_child_timing_s'))} | {r.get('gpu_child_check_s', 0):.1f} | {sec(max(0.0, r['seconds'] - busy))} | {sec(r['static_compile_cpu_s'])} | {sec(r['gpu_arch_compile_cpu_s'])} |")
     if line := _agreement(by_mode):
         print(line)
     for mode, r in rows.items():
