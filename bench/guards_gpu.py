@@ -170,6 +170,20 @@ def patches_the_harness_after(honest, turn):
     return _after(turn, honest, cheat)
 
 
+def thread_after(honest, turn):
+    """Returns zeros at once and fills them from a thread 0.2 s later: done "after" the clock stopped."""
+    import threading
+
+    def cheat(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        result = torch.zeros_like(out)
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        threading.Timer(0.2, lambda: result.copy_(out)).start()
+        return result, lse
+    return _after(turn, honest, cheat)
+
+
 def off_at_x8(honest, turn):
     def forward(q, k, v, causal):
         out, lse = honest(q, k, v, causal)
@@ -185,6 +199,7 @@ CHEATS = [
     ("zero gradients", "bwd", zero_gradients_after, ("incorrect",)),
     ("unwritten gradients", "bwd", unwritten_gradients_after, ("incorrect",)),
     ("new stream", "fwd", stream_after, ("guard",)),
+    ("work deferred to a thread", "fwd", thread_after, ("incorrect", "guard")),
     ("patches the harness", "fwd", patches_the_harness_after, ("guard",)),
     ("out x1.05 at x8", "fwd", off_at_x8, ("incorrect",)),
 ]

@@ -13,7 +13,7 @@ kernel_class). experiment.py builds its TABLES from its own dicts; its `attentio
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping
 
 import torch
@@ -36,6 +36,12 @@ def _feasible_forward(kernel_class, target):
             return False
         return check_forward_entry(config, pc, target, kernels)
     return feasible
+
+
+def _target(name):
+    from fa4tune.targets import get_target
+
+    return get_target(name)
 
 
 def _feasible_backward(target):
@@ -64,9 +70,7 @@ class DispatchTables:
         """Which entry runs `pc` in direction 'fwd' or 'bwd', and why (fa4tune.fallback), memoized per class."""
         key = (direction, pc)
         if key not in self._resolved:
-            from fa4tune.targets import get_target
-
-            target = get_target(self.target)
+            target = _target(self.target)
             if direction == "fwd":
                 found = fallback.resolve(pc, self.forward, _feasible_forward(self.kernel_class, target),
                                          (("upstream", defaults.upstream_forward(pc)), ("wide", defaults.wide_forward(pc))))
@@ -94,6 +98,23 @@ class DispatchTables:
         if found.rule == "none":
             raise ConfigError("no_feasible_config", f"backward: {found.describe()}")
 
+    def varlen_forward_config(self, pc: ProblemClass) -> ForwardConfig:
+        """The forward config of a packed (varlen) call of the class: its config where its kernel class runs packed
+        batches (`varlen`); else the same knobs on upstream's class, where feasible; else upstream's default, else
+        ours for wide heads on upstream's class (the first feasible)."""
+        from fa4tune.kernel_class import forward_kernel, runs_varlen
+
+        config = self.forward_config(pc)
+        kernel_class = self.kernel_class or (lambda c: forward_kernel(c.kernel))
+        if runs_varlen(kernel_class(config)):
+            return config
+        feasible = _feasible_forward(self.kernel_class, _target(self.target))
+        for candidate in (replace(config, kernel=defaults.UPSTREAM_KERNEL, extra={}), defaults.upstream_forward(pc),
+                          replace(defaults.wide_forward(pc), kernel=defaults.UPSTREAM_KERNEL)):
+            if feasible(candidate, pc):
+                return candidate
+        raise ConfigError("no_feasible_config", f"varlen forward: no config of upstream's class runs {pc.name}")
+
     def preprocess_threads(self, pc: ProblemClass, bwd_config: BackwardConfig) -> int:
         """The backward preprocess's thread count: its own entry (a one-line error that names the rule for a count
         the kernel cannot run), else a neighbour's that runs with `bwd_config` (the fallback rule), else 256."""
@@ -109,45 +130,93 @@ class DispatchTables:
         return found.config or UPSTREAM_PREPROCESS_THREADS
 
 
-def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> ProblemClass:
-    """The problem class of (batch, seqlen, heads, head_dim) tensors; one-line errors for bad input."""
+def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> ProblemClass:
+    """The problem class of (batch, seqlen, heads, head_dim) tensors, or of packed (total, heads, head_dim) ones with
+    their longest sequences (the regime of a packed batch is its longest sequence's); one-line errors for bad input."""
     if q.dtype not in _DTYPE_NAMES:
         raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
+    seqlen_q = q.shape[-3] if max_seqlen_q is None else max_seqlen_q
+    seqlen_k = k.shape[-3] if max_seqlen_k is None else max_seqlen_k
     return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
-                        regime_of(q.shape[-3], k.shape[-3], causal))
+                        regime_of(seqlen_q, seqlen_k, causal))
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A varlen call's packing: cumulative sequence starts (int32, batch + 1) and the longest sequences."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    def args(self) -> dict:
+        return dict(cu_seqlens_q=self.cu_seqlens_q, cu_seqlens_k=self.cu_seqlens_k, max_seqlen_q=self.max_seqlen_q,
+                    max_seqlen_k=self.max_seqlen_k)
+
+
+def packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> Packed | None:
+    """The call's Packed (None for padded tensors); one-line errors naming the rule for a malformed one."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        return None
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ConfigError("varlen_cu_seqlens", "a packed call needs both cu_seqlens_q and cu_seqlens_k")
+    for name, t, x in (("cu_seqlens_q", cu_seqlens_q, q), ("cu_seqlens_k", cu_seqlens_k, k)):
+        if t.dtype != torch.int32 or t.dim() != 1 or t.numel() < 2:
+            raise ConfigError("varlen_cu_seqlens", f"{name} must be a 1-d int32 tensor of batch + 1 offsets, got {t.dtype} {tuple(t.shape)}")
+        if x.dim() != 3:
+            raise ConfigError("varlen_layout", f"a packed call takes (total, heads, head_dim) tensors, got {tuple(x.shape)}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ConfigError("varlen_cu_seqlens", f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
+                                               f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
+    lengths_q, lengths_k = (t.diff() for t in (cu_seqlens_q, cu_seqlens_k))
+    max_q = int(lengths_q.max()) if max_seqlen_q is None else max_seqlen_q
+    max_k = int(lengths_k.max()) if max_seqlen_k is None else max_seqlen_k
+    return Packed(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
 
 
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads, kernel_class):
+    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads, kernel_class, packed=None):
         host = build(kernel_class)
+        varlen = packed.args() if packed is not None else {}
         out, lse, *_ = host.flash_attn_fwd(
             q, k, v, softmax_scale=softmax_scale, causal=causal,
-            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config,
+            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config, **varlen,
         )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
-        ctx.preprocess_threads, ctx.kernel_class = preprocess_threads, kernel_class
+        ctx.preprocess_threads, ctx.kernel_class, ctx.packed = preprocess_threads, kernel_class, packed
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         host = build(ctx.kernel_class)
+        varlen = ctx.packed.args() if ctx.packed is not None else {}
         dq, dk, dv = host.flash_attn_bwd(
             q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
-            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads,
+            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads, **varlen,
         )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, *,
-              tables):
+              tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
     """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
 
     Configs default to `tables`' entries for the problem class; gradients flow through the tuned backward kernel.
+    Packed batches of mixed lengths (varlen): (total, heads, head_dim) tensors with `cu_seqlens_q` / `cu_seqlens_k`
+    (int32 offsets, batch + 1; causal masks each sequence by its own end, as upstream's varlen path does), and
+    `max_seqlen_q` / `max_seqlen_k` (read from the offsets when not given: one device-to-host copy). The class is
+    the longest sequences'; its entry runs where its kernel class runs packed batches, else the entry's knobs on
+    upstream's class (`DispatchTables.varlen_forward_config`).
     """
-    pc = problem_class_of(q, k, v, causal)
+    packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else ()))
+    if packed is not None and fwd_config is None:
+        fwd_config = tables.varlen_forward_config(pc)
     fwd_config = fwd_config or tables.forward_config(pc)
     if bwd_config is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         getattr(tables, "check_backward_runs", lambda pc: None)(pc)  # before the forward, not after it
@@ -155,5 +224,5 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
-                                tables.preprocess_threads(pc, bwd_config), tables.kernel_class)
+                                tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed)
     return (out, lse) if return_lse else out

@@ -14,6 +14,8 @@ spills at d256, GQA 1 and 2, bf16 and fp16; upstream's class spills 40 B at d256
 
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 
+UPSTREAM_KERNEL = "sm120"  # the kernel class that runs upstream's SM120 forward code (kernels/tuned_forward_sm120.py)
+
 
 def upstream_forward(pc: ProblemClass) -> ForwardConfig:
     """`_get_fwd_config` for SM120: 128x128 for head_dim <= 64, else 128x64; 128 threads, 1 stage."""

@@ -9,6 +9,8 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
     class whose compiled storage is larger (`smem_understated`);
   - `can_implement(config, problem_class, target)`: every other rule, as a fa4tune.feasibility Verdict;
   - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
+  - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
+    mixed lengths (cu_seqlens), shown correct on the gate; a varlen call runs another class where this is False;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
     or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
     that measurements have not found winning, so that the search spends no evaluations on it;
@@ -64,6 +66,7 @@ class ForwardKernel:
     knobs: ClassVar[dict[str, tuple]] = {}
     limits: ClassVar[Limits] = Limits()
     upstream: ClassVar[type | None] = None  # read from the class itself only: a subclass changes the code
+    varlen: ClassVar[bool] = False  # runs packed batches (cu_seqlens); read from the class itself only, as `upstream`
     searched: ClassVar[bool] = True  # in the search's `kernel` domain (False: dispatch entries and benches only)
 
     @classmethod
@@ -90,6 +93,12 @@ class ForwardKernel:
     def static_problem(cls, problem_class):
         """The Problem the static check compiles the class for (None: fa4tune.fake_compile.static_shape's)."""
         return None
+
+
+def runs_varlen(cls: type) -> bool:
+    """Whether the class itself declares that it runs packed batches (cu_seqlens); a subclass changes the code, so
+    the declaration is never inherited."""
+    return cls.__dict__.get("varlen", False) is True
 
 
 def upstream_class(cls: type) -> type | None:

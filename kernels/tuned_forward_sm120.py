@@ -30,6 +30,7 @@ class TunedForwardSm120(ForwardKernel, FlashAttentionForwardSm120):
 
     name = "sm120"
     upstream = FlashAttentionForwardSm120
+    varlen = True  # upstream's SM80 code reads cu_seqlens (SeqlenInfo, the varlen tile scheduler)
     limits = Limits(num_stages=(1, 2, 3, 4))
 
     @classmethod

@@ -36,6 +36,7 @@ MEASURING = {
     "bench/gpu_call_profile.py": "bench/gpu_call_profile.py",
     "bench/gpu_ncu.py": "bench/gpu_ncu.py",
     "bench/sweep.py": "bench/sweep.py",
+    "bench/varlen.py": "bench/varlen.py",
 }
 # Names through which a file reaches the shared entry point: load_experiment itself, or the harness's isolated
 # runners, whose step children build each candidate with candidate_from_spec -> load_experiment.

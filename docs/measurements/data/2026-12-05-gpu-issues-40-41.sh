@@ -5,12 +5,13 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh cost     # #41: what the timed-output check costs
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh models   # #42: the models suite, fallback classes, vs upstream
 #   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh wide     # #42: head dims past 128, gated and timed, vs upstream
+#   bash docs/measurements/data/2026-12-05-gpu-issues-40-41.sh varlen   # #42: packed batches gated per sequence, vs padded
 # Logs go to $OUT (or ./out). SM120 kernels emulated on the GPU at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV=$OUT/results.tsv
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; git log --oneline -1 2>/dev/null; } | tee -a "$OUT/device.txt"
-case "${1:?guards, table, cost, models or wide}" in
+case "${1:?guards, table, cost, models, wide or varlen}" in
   guards)
     timeout 150 python3 bench/guards_gpu.py > "$OUT/guards.log" 2>&1; echo "guards_gpu rc $?"; tail -25 "$OUT/guards.log"
     timeout 330 python3 prepare.py --experiment experiment.py --suite short --description "issue 41: timed outputs checked" \
@@ -24,6 +25,8 @@ case "${1:?guards, table, cost, models or wide}" in
   models)
     timeout 560 python3 bench/table_vs_upstream.py --suites models --runs 2 --out "$OUT/table-models.jsonl" \
       > "$OUT/table-models.log" 2>&1; echo "models rc $?"; tail -80 "$OUT/table-models.log" ;;
+  varlen)
+    timeout 540 python3 bench/varlen.py --rounds 20 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
   wide)
     timeout 270 python3 prepare.py --experiment experiment.py --suite wide --description "issue 42: head dims past 128" \
       > "$OUT/prepare-wide.log" 2>&1; echo "prepare wide rc $?"; tail -30 "$OUT/prepare-wide.log"

@@ -1,0 +1,192 @@
+"""Packed batches of mixed lengths (varlen) through the tuned kernels: gated per sequence, timed against upstream's
+defaults, and against the same tokens padded to equal lengths (issue #42 item 3).
+
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/varlen.py [--batches NAME,...] [--rounds 20]
+
+Every batch (BATCHES: packed training batches, a batch of prompts, a DiT's non-causal batch, fp16 and GQA) runs
+`attention()` with cu_seqlens: the table's config for its class where the entry's kernel class runs packed batches,
+else the entry's knobs on upstream's class (fa4tune.api.DispatchTables.varlen_forward_config); upstream's is its
+SM120 default. Each sequence's out, LSE (and dQ, dK, dV for a training batch) is checked against the fp32 reference
+of that sequence alone, under the gate's rule (fa4tune.harness.gate.check_outputs); a failing sequence fails the
+batch, naming it. Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call, median of
+`--rounds`), on the packed batch and on its padded twin: as many sequences, each of the mean length, as plain
+(batch, seqlen, heads, head_dim) tensors, so that the table's own entries run. The varlen speedup should stay within
+5 % of the padded twin's. On a GPU that is not SM 12.0 the SM120 kernels run emulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    name: str
+    lengths: tuple[int, ...]
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool
+    dtype: str = "bf16"
+    backward: bool = False
+
+
+BATCHES = (
+    Batch("packed training 10k gqa4 d128 causal", (3072, 1800, 1200, 900, 700, 300, 150, 70), 32, 8, 128, True, backward=True),
+    Batch("packed training 4k d64 causal", (1500, 1024, 800, 500, 200, 72), 16, 16, 64, True, backward=True),
+    Batch("prompts gqa4 d128 causal", (37, 512, 1200, 4000, 90, 2200), 32, 8, 128, True),
+    Batch("dit joint d128 non-causal", (4429, 1024, 2048, 333), 24, 24, 128, False, backward=True),
+    Batch("packed training d96 causal", (777, 1500, 3000, 45), 16, 16, 96, True, backward=True),
+    Batch("prompts gqa8 d128 causal fp16", (100, 2000, 3500, 600), 32, 4, 128, True, dtype="fp16"),
+)
+
+
+def offsets(lengths) -> list[int]:
+    out = [0]
+    for n in lengths:
+        out.append(out[-1] + n)
+    return out
+
+
+def check_packed(q, k, v, causal, lengths, out, lse, grads=None, dout=None) -> list[str]:
+    """The gate's rule per sequence of a packed call: out (total, h, d), lse (h, total), grads packed like q, k, v.
+    One line per failing sequence (index, length, the failing tensors), [] when every sequence passes."""
+    from fa4tune.harness.gate import check_outputs
+
+    failures = []
+    bounds = offsets(lengths)
+    for i, (start, stop) in enumerate(zip(bounds, bounds[1:])):
+        def one(t):
+            return None if t is None else t[start:stop][None]
+        seq_grads = tuple(one(g) for g in grads) if grads is not None else None
+        result = check_outputs(one(q), one(k), one(v), causal, one(out), None if lse is None else lse[:, start:stop][None],
+                               seq_grads, one(dout))
+        bad = [c for c in result.checks if not c.passed]
+        if bad:
+            failures.append(f"sequence {i} (length {stop - start}): " + "; ".join(c.describe() for c in bad))
+    return failures
+
+
+def _inputs(batch: Batch, device, seed: int = 0):
+    import torch
+
+    from fa4tune.harness.gate import TORCH_DTYPES
+
+    dtype, total = TORCH_DTYPES[batch.dtype], sum(batch.lengths)
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(total, batch.heads, batch.head_dim, generator=g, device=device, dtype=dtype)
+    k = torch.randn(total, batch.kv_heads, batch.head_dim, generator=g, device=device, dtype=dtype)
+    v = torch.randn(total, batch.kv_heads, batch.head_dim, generator=g, device=device, dtype=dtype)
+    cu = torch.tensor(offsets(batch.lengths), dtype=torch.int32, device=device)
+    return q, k, v, cu
+
+
+def _timed(calls: dict, rounds: int, device) -> dict:
+    """Median ms per named call, the calls interleaved round by round, L2 flushed before each."""
+    import torch
+
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    times = {name: [] for name in calls}
+    for fn in calls.values():
+        fn()  # warm-up (and compile)
+    torch.cuda.synchronize(device)
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            flush.zero_()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
+    import torch
+
+    from fa4tune import defaults
+    from fa4tune.api import attention, problem_class_of
+    from fa4tune.harness.runtime_guards import attention_trap
+
+    q, k, v, cu = _inputs(batch, device)
+    longest = max(batch.lengths)
+    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
+    pc = problem_class_of(q, k, v, batch.causal, longest, longest)
+    configs = {"table": (experiment.TABLES.varlen_forward_config(pc), experiment.backward_config(pc)),
+               "upstream": (defaults.upstream_forward(pc), defaults.upstream_backward(pc))}
+    row = {"batch": batch.name, "class": pc.name, "table_config": configs["table"][0].short(), "failures": {}}
+    dout = torch.randn_like(q) if batch.backward else None
+    for name, (fwd, bwd) in configs.items():
+        qq, kk, vv = (t.detach().requires_grad_(batch.backward) for t in (q, k, v))
+        with attention_trap():  # the harness's run-time trap, as around every measured call
+            out, lse = attention(qq, kk, vv, batch.causal, fwd_config=fwd, bwd_config=bwd, return_lse=True, tables=experiment.TABLES, **packed)
+            grads = torch.autograd.grad(out, (qq, kk, vv), dout) if batch.backward else None
+        row["failures"][name] = check_packed(q, k, v, batch.causal, batch.lengths, out.detach(), lse.detach(), grads, dout)
+
+    def call(name, padded=False):
+        fwd, bwd = configs[name]
+        if padded:  # the same tokens as equal-length sequences: plain tensors, so the class's own entry runs
+            n, mean = len(batch.lengths), sum(batch.lengths) // len(batch.lengths)
+            args = [t[: n * mean].reshape(n, mean, *t.shape[1:]) for t in (q, k, v)]
+            if name == "table":
+                own = problem_class_of(*args, batch.causal)
+                fwd, bwd = experiment.forward_config(own), experiment.backward_config(own)
+            kwargs = {}
+        else:
+            args, kwargs = [q, k, v], packed
+        args = [t.detach().requires_grad_(batch.backward) for t in args]
+
+        def fn():
+            out = attention(*args, batch.causal, fwd_config=fwd, bwd_config=bwd, tables=experiment.TABLES, **kwargs)
+            if batch.backward:
+                torch.autograd.grad(out, args, torch.ones_like(out))
+        return fn
+
+    with attention_trap():
+        ms = _timed({f"{name} {shape}": call(name, shape == "padded") for shape in ("varlen", "padded") for name in configs},
+                    rounds, device)
+    row["ms"] = ms
+    row["speedup_varlen"] = ms["upstream varlen"] / ms["table varlen"]
+    row["speedup_padded"] = ms["upstream padded"] / ms["table padded"]
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="", help="comma-separated substrings of batch names (default: all)")
+    parser.add_argument("--rounds", type=int, default=20)
+    args = parser.parse_args(argv)
+    from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.settings import EXPERIMENT_PATH
+
+    experiment = load_experiment(EXPERIMENT_PATH)  # the static rules and the pin first, as every measuring path
+    import torch
+
+    wanted = [b for b in BATCHES if not args.batches or any(s in b.name for s in args.batches.split(","))]
+    device = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name(device)}: {len(wanted)} packed batches, {args.rounds} rounds", flush=True)
+    failed = 0
+    print("| batch | class | table's config | gate (table / upstream) | table ms varlen / padded | speedup varlen | speedup padded |")
+    print("|---|---|---|---|---|---|---|")
+    for batch in wanted:
+        row = run_batch(batch, experiment, args.rounds, device)
+        gate = " / ".join("pass" if not row["failures"][n] else f"FAIL {len(row['failures'][n])}" for n in ("table", "upstream"))
+        failed += bool(row["failures"]["table"])
+        print(f"| {batch.name} | {row['class']} | {row['table_config']} | {gate} | {row['ms']['table varlen']:.3f} / "
+              f"{row['ms']['table padded']:.3f} | {row['speedup_varlen']:.3f} | {row['speedup_padded']:.3f} |", flush=True)
+        for name, lines in row["failures"].items():
+            for line in lines:
+                print(f"  {name}: {line}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Packed batches of mixed lengths (varlen, issue #42 item 3): `attention()` takes cu_seqlens_q / cu_seqlens_k, the
+class is its longest sequences', the entry runs where its kernel class runs packed batches (`varlen`), else its knobs
+on upstream's class; bad packing gets one error naming the rule; forward and backward compile for sm_120a."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import experiment
+from fa4tune.api import packing, problem_class_of
+from fa4tune.config import ConfigError, ProblemClass
+from fa4tune.kernel_class import forward_kernels, runs_varlen
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _packed(lengths, heads=4, kv_heads=4, d=64):
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    total = int(offsets[-1])
+    q = torch.zeros(total, heads, d, dtype=torch.bfloat16)
+    k = torch.zeros(total, kv_heads, d, dtype=torch.bfloat16)
+    return q, k, offsets
+
+
+def test_a_packed_batch_is_classed_by_its_longest_sequences():
+    q, k, cu = _packed([100, 3000, 7], heads=16, kv_heads=4, d=128)
+    found = packing(q, k, cu, cu, None, None)
+    assert (found.max_seqlen_q, found.max_seqlen_k) == (3000, 3000)  # read from the offsets when not given
+    assert problem_class_of(q, k, k, True, found.max_seqlen_q, found.max_seqlen_k).name == "d128-causal-gqa4-bf16"
+    assert packing(q, k, None, None, None, None) is None  # padded tensors: no packing
+    given = packing(q, k, cu, cu, 4096, 4096)  # given lengths are taken as they are (no device-to-host copy)
+    assert given.max_seqlen_q == 4096
+
+
+@pytest.mark.parametrize("args, rule, words", [
+    (dict(cu_k=None), "varlen_cu_seqlens", "needs both"),
+    (dict(cu_q="int64"), "varlen_cu_seqlens", "int32"),
+    (dict(cu_k="short"), "varlen_cu_seqlens", "same length"),
+    (dict(padded=True), "varlen_layout", "(total, heads, head_dim)"),
+])
+def test_bad_packing_gets_one_error_naming_the_rule(args, rule, words):
+    q, k, cu = _packed([5, 9])
+    cu_q, cu_k = cu, cu
+    if args.get("cu_k", "") is None:
+        cu_k = None
+    if args.get("cu_q") == "int64":
+        cu_q = cu.to(torch.int64)
+    if args.get("cu_k") == "short":
+        cu_k = cu[:-1]
+    if args.get("padded"):
+        q, k = q[None], k[None]
+    with pytest.raises(ConfigError) as refused:
+        packing(q, k, cu_q, cu_k, None, None)
+    assert refused.value.rule == rule and words in str(refused.value)
+
+
+def test_only_classes_that_declare_it_run_packed_batches_and_the_declaration_is_not_inherited():
+    kernels = forward_kernels(experiment)
+    assert runs_varlen(kernels["sm120"])  # upstream's code (SeqlenInfo, the varlen scheduler)
+    assert not any(runs_varlen(cls) for name, cls in kernels.items() if name != "sm120")  # TMA and split-KV subclasses
+
+
+def test_a_packed_call_runs_its_entry_s_knobs_on_upstream_s_class_where_the_entry_s_class_does_not_run_packed():
+    tables = experiment.TABLES
+    lpt = ProblemClass.parse("d128-causal-gqa4-bf16")  # a TMA longest-first entry
+    entry = tables.forward_config(lpt)
+    assert entry.kernel == "sm120_tma_lpt"
+    ran = tables.varlen_forward_config(lpt)
+    assert ran.kernel == "sm120" and (ran.tile_m, ran.tile_n, ran.num_threads, ran.Q_in_regs) == (
+        entry.tile_m, entry.tile_n, entry.num_threads, entry.Q_in_regs)
+    plain = ProblemClass.parse("d128-noncausal-bf16")  # an entry on upstream's class runs as it is
+    assert tables.varlen_forward_config(plain) is tables.forward_config(plain)
+    decode = ProblemClass.parse("d128-noncausal-gqa4-decode-bf16")  # split-KV: its knobs on upstream's class
+    assert tables.varlen_forward_config(decode).kernel == "sm120" and not tables.varlen_forward_config(decode).extra
+
+
+def test_packed_forward_and_backward_compile_for_sm120a_with_the_tuned_configs(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "varlen_probe.py"), str(tmp_path)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    gqa = report["gqa4 d128 causal"]
+    assert gqa["class"] == "d128-causal-gqa4-bf16" and gqa["entry"] == "sm120_tma_lpt"
+    assert gqa["out"] == [300 + 1000 + 77 + 2048, 16, 128]
+    # the compiled kernels: the entry's knobs on upstream's class, then the class's backward entry
+    fwd, bwd = gqa["kernels"]
+    assert fwd[0] == "ForwardConfig" and fwd[-1] == "sm120" and fwd[1:6] == [64, 64, 128, 1, True]
+    assert bwd[0] == "BackwardConfig"
+    assert report["d64 causal"]["ran"]["kernel"] == "sm120" and len(report["d64 causal"]["kernels"]) == 2
+
+
+def _stand_in(q, k, v, causal, lengths, across=False):
+    """Packed attention on the CPU, one sequence at a time (or, `across`, the whole batch as one sequence: the
+    mistake a kernel that ignores cu_seqlens makes); returns out (total, h, d) and lse (h, total)."""
+    from fa4tune.harness.gate import reference_attention
+
+    bounds = [0, sum(lengths)] if across else [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    outs, lses = [], []
+    for start, stop in zip(bounds, bounds[1:]):
+        ref = reference_attention(q[start:stop][None], k[start:stop][None], v[start:stop][None], causal)
+        outs.append(ref.out[0].to(q.dtype))
+        lses.append(ref.lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def test_the_per_sequence_gate_passes_packed_attention_and_names_the_sequence_a_boundary_leak_breaks():
+    from bench.varlen import check_packed
+
+    lengths = (5, 17, 33)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g).to(torch.bfloat16) for _ in range(3))
+    out, lse = _stand_in(q, k, v, True, lengths)
+    assert check_packed(q, k, v, True, lengths, out, lse) == []
+    leaked, leaked_lse = _stand_in(q, k, v, True, lengths, across=True)  # later sequences see earlier ones' keys
+    failures = check_packed(q, k, v, True, lengths, leaked, leaked_lse)
+    assert [line.split(":")[0] for line in failures] == ["sequence 1 (length 17)", "sequence 2 (length 33)"]
+    # gradients: per sequence too (a dQ left at zero in the last sequence fails it alone)
+    dout = torch.randn(q.shape, generator=g).to(torch.bfloat16)
+    grads = []
+    for start, stop in zip([0, 5, 22], [5, 22, 55]):
+        qs, ks, vs = (t[start:stop].float().requires_grad_() for t in (q, k, v))
+        scores = (qs.transpose(0, 1) @ ks.transpose(0, 1).transpose(1, 2)) / 32 ** 0.5
+        mask = torch.ones(stop - start, stop - start, dtype=torch.bool).tril()
+        o = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ vs.transpose(0, 1)).transpose(0, 1)
+        grads.append(torch.autograd.grad(o, (qs, ks, vs), dout[start:stop].float()))
+    dq, dk, dv = (torch.cat([g_[i] for g_ in grads]).to(torch.bfloat16) for i in range(3))
+    assert check_packed(q, k, v, True, lengths, out, lse, (dq, dk, dv), dout) == []
+    dq[22:] = 0
+    failures = check_packed(q, k, v, True, lengths, out, lse, (dq, dk, dv), dout)
+    assert len(failures) == 1 and failures[0].startswith("sequence 2 (length 33): dq max error")
