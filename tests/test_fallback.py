@@ -120,6 +120,6 @@ def test_experiment_py_s_run_says_which_classes_run_a_fallback():
     assert "fallback fwd: d128-causal-gqa7-bf16 runs d128-causal-gqa4-bf16's entry (nearest GQA ratio 4)" in lines
     assert "fallback bwd: d128-causal-gqa7-bf16 runs d128-causal-gqa4-bf16's entry (nearest GQA ratio 4)" in lines
     assert "fallback fwd: d64-noncausal-fp16 runs d64-noncausal-bf16's entry (bf16 for fp16)" in lines
-    assert all(line.startswith(("fallback fwd: ", "fallback bwd: ")) for line in lines)
+    assert all(line.startswith(("fallback fwd: ", "fallback bwd: ", "wide fwd: d256-")) for line in lines)
     chunked = fallback_lines(experiment, load_suite("chunked"))
     assert "fallback bwd: d128-causal-chunked-bf16 runs d128-causal-bf16's entry (prefill class)" in chunked

@@ -92,7 +92,6 @@ def test_packed_forward_and_backward_compile_for_sm120a_with_the_tuned_configs(t
     fwd, bwd = gqa["kernels"]
     assert fwd[0] == "ForwardConfig" and fwd[-1] == "sm120" and fwd[1:6] == [64, 64, 128, 1, True]
     assert bwd[0] == "BackwardConfig"
-    assert report["d64 causal"]["ran"]["kernel"] == "sm120" and len(report["d64 causal"]["kernels"]) == 2
 
 
 def _stand_in(q, k, v, causal, lengths, across=False):
