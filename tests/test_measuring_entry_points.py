@@ -38,6 +38,8 @@ MEASURING = {
     "bench/sweep.py": "bench/sweep.py",
     "bench/varlen.py": "bench/varlen.py",
 }
+# Scripts that time only kernels of their own and never run experiment.py's code (nothing of it to check).
+OWN_KERNELS_ONLY = {"bench/mma_rate.py": "the GPU's mma.sync rates, NVRTC kernels of its own"}
 # Names through which a file reaches the shared entry point: load_experiment itself, or the harness's isolated
 # runners, whose step children build each candidate with candidate_from_spec -> load_experiment.
 SHARED = {"load_experiment", "load_default_experiment", "evaluate_isolated", "run_steps_isolated", "StepServer"}
@@ -67,9 +69,12 @@ def test_each_entry_point_that_measures_goes_through_the_shared_entry_point(entr
 
 def test_every_bench_script_that_measures_is_listed():
     # a new script that times must be added above, and so must go through the shared entry point
-    listed = {path for path in MEASURING.values()}
+    listed = {path for path in MEASURING.values()} | set(OWN_KERNELS_ONLY)
     measuring = {f"bench/{p.name}" for p in (ROOT / "bench").glob("*.py") if _names(p) & MEASURES and p.name != "common.py"}
     assert sorted(measuring - listed) == []
+    for path in OWN_KERNELS_ONLY:  # and those run nothing of experiment.py's: no loader, no attention, no harness
+        names = _names(ROOT / path)
+        assert not names & (SHARED | {"experiment", "attention", "candidates", "EXPERIMENT_PATH"}), path
 
 
 def test_nothing_imports_experiment_py_by_name():
