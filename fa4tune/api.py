@@ -104,16 +104,20 @@ class DispatchTables:
         ours for wide heads on upstream's class (the first feasible)."""
         from fa4tune.kernel_class import forward_kernel, runs_varlen
 
+        key = ("varlen", pc)
+        if key in self._resolved:
+            return self._resolved[key]
         config = self.forward_config(pc)
         kernel_class = self.kernel_class or (lambda c: forward_kernel(c.kernel))
-        if runs_varlen(kernel_class(config)):
-            return config
-        feasible = _feasible_forward(self.kernel_class, _target(self.target))
-        for candidate in (replace(config, kernel=defaults.UPSTREAM_KERNEL, extra={}), defaults.upstream_forward(pc),
-                          replace(defaults.wide_forward(pc), kernel=defaults.UPSTREAM_KERNEL)):
-            if feasible(candidate, pc):
-                return candidate
-        raise ConfigError("no_feasible_config", f"varlen forward: no config of upstream's class runs {pc.name}")
+        if not runs_varlen(kernel_class(config)):
+            feasible = _feasible_forward(self.kernel_class, _target(self.target))
+            candidates = (replace(config, kernel=defaults.UPSTREAM_KERNEL, extra={}), defaults.upstream_forward(pc),
+                          replace(defaults.wide_forward(pc), kernel=defaults.UPSTREAM_KERNEL))
+            config = next((c for c in candidates if feasible(c, pc)), None)
+            if config is None:
+                raise ConfigError("no_feasible_config", f"varlen forward: no config of upstream's class runs {pc.name}")
+        self._resolved[key] = config
+        return config
 
     def preprocess_threads(self, pc: ProblemClass, bwd_config: BackwardConfig) -> int:
         """The backward preprocess's thread count: its own entry (a one-line error that names the rule for a count
