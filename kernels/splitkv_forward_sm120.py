@@ -78,8 +78,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
 
     name = "sm120_splitkv"
     knobs = {"num_splits": SPLITS_DOMAIN}
-    # head dims: the ones the combine's tiles and the gate matrix cover (64, 96, 128)
-    limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 128))
+    # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
+    # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
+    # a d256 decode study may try it; its trials pass the gate like any
+    limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 256))
 
     def __init__(self, *args, num_splits: int = 0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -179,13 +179,15 @@ def test_causal_with_more_queries_than_keys_is_refused():
 
 def test_unsupported_head_dims_and_split_values_are_refused():
     kernels = forward_kernels(experiment)
-    verdict = check_forward(split_config(), ProblemClass(256, 256, False, 4), TARGET, kernels)
-    assert verdict.rule == "head_dim_domain" and "got 256" in verdict.message
+    verdict = check_forward(split_config(), ProblemClass(512, 512, False, 4), TARGET, kernels)
+    assert verdict.rule == "head_dim_domain" and "got 512" in verdict.message
     assert check_forward(split_config(), ProblemClass(32, 32, False, 4), TARGET, kernels).rule == "head_dim_domain"
     verdict = check_forward(split_config(num_splits=7), GQA4, TARGET, kernels)
     assert verdict.rule == "kernel_knobs" and "got 7" in verdict.message
     for head_dim in (64, 96, 128):
         assert check_forward(split_config(), ProblemClass(head_dim, head_dim, False, 4), TARGET, kernels)
+    # d256 (Gemma's decodes): within the limits, where its tiles fit 99 KB (32x64 in two stages does not)
+    assert check_forward(split_config(32, 32, 64), ProblemClass(256, 256, True, 2, regime="decode"), TARGET, kernels)
 
 
 def test_decode_suite_is_forward_only_gqa_decode_and_a_causal_chunked_prefill():
