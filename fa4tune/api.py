@@ -71,13 +71,9 @@ class DispatchTables:
         key = (direction, pc)
         if key not in self._resolved:
             target = _target(self.target)
-            if direction == "fwd":
-                found = fallback.resolve(pc, self.forward, _feasible_forward(self.kernel_class, target),
-                                         (("upstream", defaults.upstream_forward(pc)), ("wide", defaults.wide_forward(pc))))
-            else:
-                found = fallback.resolve(pc, self.backward, _feasible_backward(target),
-                                         (("upstream", defaults.upstream_backward(pc)), ("wide", defaults.wide_backward(pc))))
-            self._resolved[key] = found
+            table, feasible = ((self.forward, _feasible_forward(self.kernel_class, target)) if direction == "fwd"
+                               else (self.backward, _feasible_backward(target)))
+            self._resolved[key] = fallback.resolve(pc, table, feasible, defaults.fallback_configs(direction, pc))
         return self._resolved[key]
 
     def forward_config(self, pc: ProblemClass) -> ForwardConfig:

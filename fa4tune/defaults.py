@@ -48,3 +48,10 @@ def wide_backward(pc: ProblemClass) -> BackwardConfig:
         SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False,
         AtomLayoutMSdP=2, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
     )
+
+
+def fallback_configs(direction: str, pc: ProblemClass) -> tuple:
+    """Steps 3 and 4 of the fallback rule (fa4tune.fallback) for 'fwd' or 'bwd': (rule, config), in the order tried."""
+    if direction == "fwd":
+        return (("upstream", upstream_forward(pc)), ("wide", wide_forward(pc)))
+    return (("upstream", upstream_backward(pc)), ("wide", wide_backward(pc)))

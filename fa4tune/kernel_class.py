@@ -10,7 +10,7 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - `can_implement(config, problem_class, target)`: every other rule, as a fa4tune.feasibility Verdict;
   - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
   - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
-    mixed lengths (cu_seqlens), shown correct on the gate; a varlen call runs another class where this is False;
+    mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
     or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
     that measurements have not found winning, so that the search spends no evaluations on it;

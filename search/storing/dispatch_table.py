@@ -75,10 +75,8 @@ def effective_entry_config(source: str, direction: str, problem_class, feasible=
     from fa4tune import defaults
 
     table = {key: knobs for key, knobs in entries(source, direction).items() if knobs is not None}
-    upstream, wide = ((defaults.upstream_forward, defaults.wide_forward) if direction == "fwd"
-                      else (defaults.upstream_backward, defaults.wide_backward))
-    return fallback.resolve(problem_class, table, feasible or _static_rules(direction),
-                            (("upstream", upstream(problem_class).to_dict()), ("wide", wide(problem_class).to_dict()))).config
+    steps = tuple((rule, config.to_dict()) for rule, config in defaults.fallback_configs(direction, problem_class))
+    return fallback.resolve(problem_class, table, feasible or _static_rules(direction), steps).config
 
 
 def _static_rules(direction: str):
