@@ -22,11 +22,10 @@ if __name__ == "__main__":
 from dataclasses import replace
 from types import SimpleNamespace
 
-from flash_attn.cute.flash_bwd_sm120 import FlashAttentionBackwardSm120
-
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.kernel_class import forward_kernel
+from kernels.backward_sm120 import BackwardSm120
 
 # ---------------------------------------------------------------------------------------------
 # Kernel classes. A forward class defined here is tunable as soon as it declares, as
@@ -38,8 +37,8 @@ from fa4tune.kernel_class import forward_kernel
 # ---------------------------------------------------------------------------------------------
 
 
-class TunedBackwardSm120(FlashAttentionBackwardSm120):
-    """Upstream's SM120 backward, all knobs from the config."""
+class TunedBackwardSm120(BackwardSm120):
+    """Upstream's SM120 backward, all knobs from the config (kernels/backward_sm120.py: packed GQA gradients fixed)."""
 
 
 def kernel_class(config) -> type:
@@ -110,7 +109,15 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
 # the search: docs/measurements/2026-12-01-h200-preprocess-threads.md
 BACKWARD_PREPROCESS_THREADS: dict[str, int] = {}
 
-TABLES = api.DispatchTables(FORWARD_DISPATCH, BACKWARD_DISPATCH, BACKWARD_PREPROCESS_THREADS, kernel_class)
+# Packed (varlen) calls' forward per class, on a class that runs packed batches (kernel "sm120"); a class without one
+# runs its entry where that class runs packed batches, else upstream's default: 2026-12-05-h100-varlen-gqa-backward.md
+VARLEN_DISPATCH: dict[str, ForwardConfig] = {
+    "d128-causal-gqa4-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True),
+    "d128-causal-gqa8-fp16": replace(PREFILL, tile_m=64, Q_in_regs=True),
+}
+
+TABLES = api.DispatchTables(FORWARD_DISPATCH, BACKWARD_DISPATCH, BACKWARD_PREPROCESS_THREADS, kernel_class,
+                            varlen=VARLEN_DISPATCH)
 
 
 def forward_config(pc: ProblemClass) -> ForwardConfig:

@@ -176,9 +176,7 @@ def thread_after(honest, turn):
 
     def cheat(q, k, v, causal):
         out, lse = honest(q, k, v, causal)
-        result = torch.zeros_like(out)
-        if out.is_cuda:
-            torch.cuda.synchronize(out.device)
+        result = torch.zeros_like(out)  # no synchronize in the call: that alone makes the timer refuse the round
         threading.Timer(0.2, lambda: result.copy_(out)).start()
         return result, lse
     return _after(turn, honest, cheat)

@@ -4,14 +4,15 @@ defaults, and against the same tokens padded to equal lengths (issue #42 item 3)
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/varlen.py [--batches NAME,...] [--rounds 20]
 
 Every batch (BATCHES: packed training batches, a batch of prompts, a DiT's non-causal batch, fp16 and GQA) runs
-`attention()` with cu_seqlens: the table's config for its class where the entry's kernel class runs packed batches,
-else the entry's knobs on upstream's class (fa4tune.api.DispatchTables.varlen_forward_config); upstream's is its
-SM120 default. Each sequence's out, LSE (and dQ, dK, dV for a training batch) is checked against the fp32 reference
-of that sequence alone, under the gate's rule (fa4tune.harness.gate.check_outputs); a failing sequence fails the
-batch, naming it. Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call, median of
-`--rounds`), on the packed batch and on its padded twin: as many sequences, each of the mean length, as plain
-(batch, seqlen, heads, head_dim) tensors, so that the table's own entries run. The varlen speedup should stay within
-5 % of the padded twin's. On a GPU that is not SM 12.0 the SM120 kernels run emulated.
+`attention()` with cu_seqlens: the table's varlen forward for its class (fa4tune.api.DispatchTables.
+varlen_forward_config); upstream's is its SM120 default. Both backwards run on our backward class
+(kernels/backward_sm120.py), upstream's knobs on it: upstream's own class gets packed GQA dK/dV wrong. Each
+sequence's out, LSE (and dQ, dK, dV for a training batch) is checked against the fp32 reference of that sequence
+alone, under the gate's rule (fa4tune.harness.gate.check_outputs); a failing sequence fails the batch, naming it.
+Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call, median of `--rounds`), on
+the packed batch (for a training batch also its forward alone) and on its padded twin: as many sequences, each of
+the mean length, as plain (batch, seqlen, heads, head_dim) tensors, so that the table's own entries run. On a GPU
+that is not SM 12.0 the SM120 kernels run emulated.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
             grads = torch.autograd.grad(out, (qq, kk, vv), dout) if batch.backward else None
         row["failures"][name] = check_packed(q, k, v, batch.causal, batch.lengths, out.detach(), lse.detach(), grads, dout)
 
-    def call(name, padded=False):
+    def call(name, padded=False, grads=batch.backward):
         fwd, bwd = configs[name]
         if padded:  # the same tokens as equal-length sequences: plain tensors, so the class's own entry runs
             n, mean = len(batch.lengths), sum(batch.lengths) // len(batch.lengths)
@@ -142,20 +143,23 @@ def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
             kwargs = {}
         else:
             args, kwargs = [q, k, v], packed
-        args = [t.detach().requires_grad_(batch.backward) for t in args]
+        args = [t.detach().requires_grad_(grads) for t in args]
 
         def fn():
             out = attention(*args, batch.causal, fwd_config=fwd, bwd_config=bwd, tables=experiment.TABLES, **kwargs)
-            if batch.backward:
+            if grads:
                 torch.autograd.grad(out, args, torch.ones_like(out))
         return fn
 
+    calls = {f"{name} {shape}": call(name, shape == "padded") for shape in ("varlen", "padded") for name in configs}
+    if batch.backward:  # the forward alone as well, to tell which direction a training batch's speedup comes from
+        calls.update({f"{name} varlen fwd": call(name, grads=False) for name in configs})
     with attention_trap():
-        ms = _timed({f"{name} {shape}": call(name, shape == "padded") for shape in ("varlen", "padded") for name in configs},
-                    rounds, device)
+        ms = _timed(calls, rounds, device)
     row["ms"] = ms
     row["speedup_varlen"] = ms["upstream varlen"] / ms["table varlen"]
     row["speedup_padded"] = ms["upstream padded"] / ms["table padded"]
+    row["speedup_varlen_fwd"] = ms["upstream varlen fwd"] / ms["table varlen fwd"] if batch.backward else None
     return row
 
 
@@ -174,14 +178,17 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     print(f"{torch.cuda.get_device_name(device)}: {len(wanted)} packed batches, {args.rounds} rounds", flush=True)
     failed = 0
-    print("| batch | class | table's config | gate (table / upstream) | table ms varlen / padded | speedup varlen | speedup padded |")
-    print("|---|---|---|---|---|---|---|")
+    print("| batch | class | table's config | gate (table / upstream) | table ms varlen / padded | speedup varlen | "
+          "speedup forward alone | speedup padded |")
+    print("|---|---|---|---|---|---|---|---|")
     for batch in wanted:
         row = run_batch(batch, experiment, args.rounds, device)
         gate = " / ".join("pass" if not row["failures"][n] else f"FAIL {len(row['failures'][n])}" for n in ("table", "upstream"))
         failed += bool(row["failures"]["table"])
         print(f"| {batch.name} | {row['class']} | {row['table_config']} | {gate} | {row['ms']['table varlen']:.3f} / "
-              f"{row['ms']['table padded']:.3f} | {row['speedup_varlen']:.3f} | {row['speedup_padded']:.3f} |", flush=True)
+              f"{row['ms']['table padded']:.3f} | {row['speedup_varlen']:.3f} | "
+              f"{'-' if row['speedup_varlen_fwd'] is None else format(row['speedup_varlen_fwd'], '.3f')} | "
+              f"{row['speedup_padded']:.3f} |", flush=True)
         for name, lines in row["failures"].items():
             for line in lines:
                 print(f"  {name}: {line}", flush=True)

@@ -64,6 +64,7 @@ class DispatchTables:
     preprocess: Mapping[str, int] = field(default_factory=dict)
     kernel_class: Callable[[object], type] | None = None
     target: str | None = None  # fa4tune.targets name whose static rules a fallback entry must pass (None: sm120)
+    varlen: Mapping[str, ForwardConfig] = field(default_factory=dict)  # packed calls' forward entries, where measured
     _resolved: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def resolution(self, direction: str, pc: ProblemClass) -> fallback.Resolution:
@@ -95,20 +96,31 @@ class DispatchTables:
             raise ConfigError("no_feasible_config", f"backward: {found.describe()}")
 
     def varlen_forward_config(self, pc: ProblemClass) -> ForwardConfig:
-        """The forward config of a packed (varlen) call of the class: its config where its kernel class runs packed
-        batches (`varlen`); else the same knobs on upstream's class, where feasible; else upstream's default, else
-        ours for wide heads on upstream's class (the first feasible)."""
+        """The forward config of a packed (varlen) call of the class: its `varlen` entry (measured on packed batches);
+        else its config where its kernel class runs packed batches (`varlen`); else upstream's default, else ours for
+        wide heads on upstream's class. An entry's knobs are not carried over to upstream's class: tuned for another
+        kernel, they ran 0.86-0.95x upstream's forward on packed d64 and d96 batches
+        (docs/measurements/2026-12-05-h100-varlen-gqa-backward.md)."""
         from fa4tune.kernel_class import forward_kernel, runs_varlen
 
         key = ("varlen", pc)
         if key in self._resolved:
             return self._resolved[key]
-        config = self.forward_config(pc)
         kernel_class = self.kernel_class or (lambda c: forward_kernel(c.kernel))
+        feasible = _feasible_forward(self.kernel_class, _target(self.target))
+        own = self.varlen.get(pc.name)
+        if own is not None:
+            if not runs_varlen(kernel_class(own)):
+                raise ConfigError("varlen_entry", f"{pc.name}: the varlen entry's kernel {own.kernel!r} does not run "
+                                  "packed batches (only a class that declares varlen = True does)")
+            verdict = feasible(own, pc)
+            if not verdict:
+                raise ConfigError(verdict.rule, f"{pc.name}: varlen entry: {verdict.message}")
+            config = own
+        else:
+            config = self.forward_config(pc)
         if not runs_varlen(kernel_class(config)):
-            feasible = _feasible_forward(self.kernel_class, _target(self.target))
-            candidates = (replace(config, kernel=defaults.UPSTREAM_KERNEL, extra={}), defaults.upstream_forward(pc),
-                          replace(defaults.wide_forward(pc), kernel=defaults.UPSTREAM_KERNEL))
+            candidates = (defaults.upstream_forward(pc), replace(defaults.wide_forward(pc), kernel=defaults.UPSTREAM_KERNEL))
             config = next((c for c in candidates if feasible(c, pc)), None)
             if config is None:
                 raise ConfigError("no_feasible_config", f"varlen forward: no config of upstream's class runs {pc.name}")
@@ -210,8 +222,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     Packed batches of mixed lengths (varlen): (total, heads, head_dim) tensors with `cu_seqlens_q` / `cu_seqlens_k`
     (int32 offsets, batch + 1; causal masks each sequence by its own end, as upstream's varlen path does), and
     `max_seqlen_q` / `max_seqlen_k` (read from the offsets when not given: one device-to-host copy). The class is
-    the longest sequences'; its entry runs where its kernel class runs packed batches, else the entry's knobs on
-    upstream's class (`DispatchTables.varlen_forward_config`).
+    the longest sequences'; its varlen entry runs, else its entry where its kernel class runs packed batches, else
+    upstream's default (`DispatchTables.varlen_forward_config`).
     """
     packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else ()))

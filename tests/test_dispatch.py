@@ -111,6 +111,7 @@ def test_kernel_class_registry():
     from flash_attn.cute.flash_bwd_sm120 import FlashAttentionBackwardSm120
     from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120
 
+    from kernels.backward_sm120 import BackwardSm120
     from kernels.tma_forward_sm120 import TmaForwardSm120
     from kernels.tuned_forward_sm120 import TunedForwardSm120
 
@@ -119,3 +120,5 @@ def test_kernel_class_registry():
     assert experiment.kernel_class(BackwardConfig()) is experiment.TunedBackwardSm120
     assert issubclass(TunedForwardSm120, FlashAttentionForwardSm120)
     assert issubclass(experiment.TunedBackwardSm120, FlashAttentionBackwardSm120)
+    # upstream's packed GQA dK/dV offset fixed (docs/measurements/2026-12-05-h100-varlen-gqa-backward.md)
+    assert issubclass(experiment.TunedBackwardSm120, BackwardSm120) and "epilogue" in vars(BackwardSm120)

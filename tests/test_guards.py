@@ -98,6 +98,10 @@ def test_sdpa_is_only_trapped_for_guarded_candidates():
     ("import torch\ns = torch.cuda.Stream()", "side_stream"),
     ("import torch\nwith torch.cuda.stream(s):\n    pass", "side_stream"),
     ("import cuda.bindings.driver as cuda\ncuda.cuStreamCreate(0)", "side_stream"),
+    # the private switch bench/guards_gpu.py's side-stream cheat uses: the run-time readiness check alone missed it
+    # once on a 1k d64 problem (its work done before the check looked, 2026-12-05 H100 run)
+    ("import torch\ntorch._C._cuda_setStream(stream_id=1, device_index=0, device_type=1)", "side_stream"),
+    ("import torch\ns = torch._C._cuda_getStreamFromPool(False, 0)", "side_stream"),
     ("import threading\nthreading.Thread(target=print).start()", "deferred_work"),
     ("import prepare", "harness_access"),
     ("from fa4tune.harness import gate\ngate.RTOL = 1e9", "harness_access"),

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 import experiment
-from fa4tune.api import packing, problem_class_of
+from fa4tune import defaults
+from fa4tune.api import DispatchTables, packing, problem_class_of
 from fa4tune.config import ConfigError, ProblemClass
 from fa4tune.kernel_class import forward_kernels, runs_varlen
 
@@ -66,18 +68,31 @@ def test_only_classes_that_declare_it_run_packed_batches_and_the_declaration_is_
     assert not any(runs_varlen(cls) for name, cls in kernels.items() if name != "sm120")  # TMA and split-KV subclasses
 
 
-def test_a_packed_call_runs_its_entry_s_knobs_on_upstream_s_class_where_the_entry_s_class_does_not_run_packed():
+def test_a_packed_call_runs_its_varlen_entry_else_its_entry_on_a_packed_class_else_upstream_s_default():
     tables = experiment.TABLES
-    lpt = ProblemClass.parse("d128-causal-gqa4-bf16")  # a TMA longest-first entry
-    entry = tables.forward_config(lpt)
-    assert entry.kernel == "sm120_tma_lpt"
-    ran = tables.varlen_forward_config(lpt)
-    assert ran.kernel == "sm120" and (ran.tile_m, ran.tile_n, ran.num_threads, ran.Q_in_regs) == (
-        entry.tile_m, entry.tile_n, entry.num_threads, entry.Q_in_regs)
+    gqa = ProblemClass.parse("d128-causal-gqa4-bf16")  # a TMA longest-first entry, a varlen entry measured on packed batches
+    assert tables.forward_config(gqa).kernel == "sm120_tma_lpt"
+    assert tables.varlen_forward_config(gqa) is experiment.VARLEN_DISPATCH[gqa.name]
     plain = ProblemClass.parse("d128-noncausal-bf16")  # an entry on upstream's class runs as it is
     assert tables.varlen_forward_config(plain) is tables.forward_config(plain)
-    decode = ProblemClass.parse("d128-noncausal-gqa4-decode-bf16")  # split-KV: its knobs on upstream's class
-    assert tables.varlen_forward_config(decode).kernel == "sm120" and not tables.varlen_forward_config(decode).extra
+    for name in ("d64-causal-bf16", "d128-noncausal-gqa4-decode-bf16"):  # TMA trimmed, split-KV: no knobs carried over
+        pc = ProblemClass.parse(name)
+        assert tables.forward_config(pc).kernel != "sm120"
+        assert tables.varlen_forward_config(pc) == defaults.upstream_forward(pc)
+
+
+def test_a_varlen_entry_on_a_class_that_cannot_run_packed_batches_gets_one_error_naming_the_rule():
+    pc = ProblemClass.parse("d128-causal-gqa4-bf16")
+    bad = replace(experiment.FORWARD_DISPATCH[pc.name], kernel="sm120_tma_lpt")
+    tables = DispatchTables(experiment.FORWARD_DISPATCH, experiment.BACKWARD_DISPATCH, {}, experiment.kernel_class,
+                            varlen={pc.name: bad})
+    with pytest.raises(ConfigError) as refused:
+        tables.varlen_forward_config(pc)
+    assert refused.value.rule == "varlen_entry" and "'sm120_tma_lpt' does not run packed batches" in str(refused.value)
+    too_big = replace(experiment.VARLEN_DISPATCH[pc.name], tile_m=256, tile_n=128, num_stages=2)
+    with pytest.raises(ConfigError) as refused:
+        DispatchTables({}, {}, {}, experiment.kernel_class, varlen={pc.name: too_big}).varlen_forward_config(pc)
+    assert refused.value.rule == "smem_capacity" and "varlen entry" in str(refused.value)
 
 
 def test_packed_forward_and_backward_compile_for_sm120a_with_the_tuned_configs(tmp_path):
@@ -88,7 +103,7 @@ def test_packed_forward_and_backward_compile_for_sm120a_with_the_tuned_configs(t
     gqa = report["gqa4 d128 causal"]
     assert gqa["class"] == "d128-causal-gqa4-bf16" and gqa["entry"] == "sm120_tma_lpt"
     assert gqa["out"] == [300 + 1000 + 77 + 2048, 16, 128]
-    # the compiled kernels: the entry's knobs on upstream's class, then the class's backward entry
+    # the compiled kernels: the class's varlen entry (upstream's class), then its backward entry
     fwd, bwd = gqa["kernels"]
     assert fwd[0] == "ForwardConfig" and fwd[-1] == "sm120" and fwd[1:6] == [64, 64, 128, 1, True]
     assert bwd[0] == "BackwardConfig"

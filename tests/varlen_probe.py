@@ -19,7 +19,7 @@ compiled = []
 for cache in (host.fwd_cache, host.bwd_cache):
     cache.listeners.append(lambda key, fn: compiled.append(key[0][0]))
 report = {}
-# a packed training batch of GQA 4 d128 causal sequences (the class has a TMA longest-first entry: its knobs run on
+# a packed training batch of GQA 4 d128 causal sequences (a TMA longest-first entry and a varlen entry on
 # upstream's class); one batch, as each compile costs seconds (the mapping of every entry is tested in process)
 for name, (hq, hkv, d, lengths) in {"gqa4 d128 causal": (16, 4, 128, [300, 1000, 77, 2048])}.items():
     offsets = [0]

@@ -124,7 +124,7 @@ _FORBIDDEN_NAME_PATTERNS: dict[str, re.Pattern] = {
         r"|^FlashAttention(Forward|Backward)Sm(90|100)|(^|_)sdpa?(_|$)"
     ),
     SELF_TIMING: re.compile(r"perf_counter|process_time|thread_time|^monotonic|elapsed_time|^do_bench|Event(Create|Record|ElapsedTime|Synchronize)|^time_ns$"),
-    SIDE_STREAM: re.compile(r"StreamCreate|^ExternalStream$|^set_stream$|^StreamContext$|StreamWaitEvent"),
+    SIDE_STREAM: re.compile(r"StreamCreate|^ExternalStream$|^set_stream$|^StreamContext$|StreamWaitEvent|_cuda_setStream$|StreamFromPool"),
 }
 # Builtins that run code or reach namespaces the check cannot see.
 _FORBIDDEN_BUILTINS = {"exec", "eval", "compile", "__import__", "globals", "vars", "breakpoint"}
