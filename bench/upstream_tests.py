@@ -1,0 +1,197 @@
+"""Upstream's own tests (flash-attention's tests/cute) against the pinned flash-attn-4, pristine and with each patch
+of our upstream series applied in order (issue #43 item 2): the counts side by side and every test whose outcome
+differs from the pristine run's, named with its message.
+
+    git clone https://github.com/Dao-AILab/flash-attention /tmp/fa   # then check out the commit nearest the wheel
+    FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 \\
+        python3 bench/upstream_tests.py --tests /tmp/fa/tests/cute [-k EXPR] [--workers 8] [--out DIR]
+
+Each variant is a copy of the installed flash_attn package (pristine, then + 0001, + 0001-0002, ...: `--series`),
+patched with `git apply`, first on its pytest process's path; a test file a patch adds (tests/cute/...) runs in that
+variant too. Under FLASH_ATTENTION_ARCH=sm_120 a pytest plugin answers compute capability 12.0 to the test files'
+own calls of torch.cuda.get_device_capability (their IS_SM120 branches), and nothing else: flash-attn-4 keeps the
+real device's answer, so on a GPU that is not SM 12.0 its SM120 classes run emulated, as everywhere in fa4-tune.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-05-upstream-series-"
+DEFAULT_FILES = ("test_flash_attn.py", "test_flash_attn_combine.py")
+PLUGIN = "fa4tune_sm120_capability"
+PLUGIN_SOURCE = '''"""Written by fa4-tune's bench/upstream_tests.py: compute capability 12.0 for the test files' own calls."""
+import os
+import sys
+
+TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
+
+
+def pytest_configure(config):
+    if os.environ.get("FLASH_ATTENTION_ARCH") != "sm_120" or not TESTS:
+        return
+    import torch
+
+    real = torch.cuda.get_device_capability
+
+    def get_device_capability(device=None):
+        caller = sys._getframe(1).f_globals.get("__file__") or ""
+        return (12, 0) if os.path.abspath(caller).startswith(TESTS) else real(device)
+
+    torch.cuda.get_device_capability = get_device_capability
+'''
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One variant's run: each test's outcome ('passed', 'failed', 'error', 'skipped') and message."""
+
+    variant: str
+    tests: dict[str, tuple[str, str]]
+    seconds: float
+    returncode: int
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for o, _ in self.tests.values() if o == outcome)
+
+
+def series_patches(prefix: Path = SERIES) -> list[Path]:
+    """The series' patches in order (NNNN-*.patch)."""
+    patches = sorted(prefix.parent.glob(prefix.name + "[0-9][0-9][0-9][0-9]-*.patch"))
+    if not patches:
+        raise SystemExit(f"upstream_tests: no patch matches {prefix}NNNN-*.patch (rule: --series names a patch series)")
+    return patches
+
+
+def installed_package() -> Path:
+    """The installed flash_attn package's directory (not imported)."""
+    spec = importlib.util.find_spec("flash_attn")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("upstream_tests: flash_attn is not installed (rule: the pinned flash-attn-4 wheel)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def make_variant(site: Path, package: Path, patches: list[Path]) -> None:
+    """A copy of the package under `site`, the patches applied in order; one error naming the patch that fails."""
+    shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+    for patch in patches:
+        done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=site, capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"upstream_tests: {patch.name} does not apply on {' + '.join(p.name for p in patches)}'s "
+                             f"predecessors: {done.stderr.strip()}")
+
+
+def read_junit(path: Path) -> dict[str, tuple[str, str]]:
+    """{test id: (outcome, first line of its message)} from a pytest junit XML file."""
+    tests = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            found = case.find(tag)
+            if found is not None:
+                outcome = {"failure": "failed"}.get(tag, tag)
+                message = (found.get("message") or found.text or "").strip().splitlines()[0][:200] if (
+                    found.get("message") or found.text) else ""
+                break
+        tests[name] = (outcome, message)
+    return tests
+
+
+def run_variant(name: str, site: Path, tests_dir: Path, files: list[str], k: str | None, workers: int, out: Path,
+                timeout: float) -> Outcome:
+    """pytest on the variant: the selected upstream files and the test files its patches added."""
+    plugin_dir = out / "plugin"
+    plugin_dir.mkdir(exist_ok=True)
+    (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
+    added = sorted((site / "tests" / "cute").glob("test_*.py")) if (site / "tests" / "cute").is_dir() else []
+    paths = [str(tests_dir / f) for f in files] + [str(p) for p in added]
+    xml = out / f"{name}.xml"
+    argv = [sys.executable, "-m", "pytest", *paths, "-p", PLUGIN, "-q", "-rN", "--junitxml", str(xml),
+            "-o", "cache_dir=" + str(out / ".pytest_cache"), "--rootdir", str(tests_dir)]
+    if k:
+        argv += ["-k", k]
+    if workers > 1:
+        argv += ["-n", str(workers)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
+               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((site / "tests").resolve())]))
+    started = time.perf_counter()
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            done = subprocess.run(argv, cwd=tests_dir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            code = done.returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    tests = read_junit(xml) if xml.exists() else {}
+    return Outcome(name, tests, time.perf_counter() - started, code)
+
+
+def differences(base: Outcome, other: Outcome) -> list[str]:
+    """One line per test whose outcome differs from the base run's (or that only one of them ran)."""
+    lines = []
+    for test in sorted(set(base.tests) | set(other.tests)):
+        a, b = base.tests.get(test, ("not run", "")), other.tests.get(test, ("not run", ""))
+        if a[0] != b[0]:
+            lines.append(f"{test}: {a[0]} -> {b[0]}" + (f" ({b[1]})" if b[1] else ""))
+    return lines
+
+
+def report(outcomes: list[Outcome]) -> list[str]:
+    """The markdown table and the differences from the pristine run."""
+    lines = ["| variant | passed | failed | errors | skipped | pytest exit | seconds |", "|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        lines.append(f"| {o.variant} | {o.count('passed')} | {o.count('failed')} | {o.count('error')} | "
+                     f"{o.count('skipped')} | {o.returncode if o.returncode >= 0 else 'timeout'} | {o.seconds:.0f} |")
+    for o in outcomes[1:]:
+        diff = differences(outcomes[0], o)
+        lines += ["", f"{o.variant} vs {outcomes[0].variant}: {len(diff)} test(s) differ"] + [f"  {d}" for d in diff]
+    failed = [f"  {t}: {m}" for t, (res, m) in sorted(outcomes[0].tests.items()) if res in ("failed", "error")]
+    if failed:
+        lines += ["", f"{outcomes[0].variant}: failing tests"] + failed
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tests", type=Path, required=True, help="flash-attention's tests/cute directory")
+    parser.add_argument("--files", default=",".join(DEFAULT_FILES), help="comma-separated test files in --tests")
+    parser.add_argument("-k", dest="k", default=None, help="pytest -k expression selecting the cases")
+    parser.add_argument("--series", type=Path, default=SERIES, help="the patch series' path prefix")
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
+    parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
+    parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"))
+    args = parser.parse_args(argv)
+    files = [f for f in args.files.split(",") if f]
+    missing = [f for f in files if not (args.tests / f).is_file()]
+    if missing:
+        raise SystemExit(f"upstream_tests: {', '.join(missing)} not in {args.tests} (rule: --tests is tests/cute)")
+    patches = series_patches(args.series)
+    package = installed_package()
+    args.out.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    for n in range(len(patches) + 1):
+        name = "pristine" if n == 0 else "+" + "+".join(p.name[len(args.series.name):][:4] for p in patches[:n])
+        site = args.out / f"site-{n}"
+        shutil.rmtree(site, ignore_errors=True)
+        site.mkdir()
+        make_variant(site, package, patches[:n])
+        outcome = run_variant(name, site, args.tests.resolve(), files, args.k, args.workers, args.out, args.timeout)
+        outcomes.append(outcome)
+        print(f"{name}: {outcome.count('passed')} passed, {outcome.count('failed')} failed, "
+              f"{outcome.count('error')} errors, {outcome.count('skipped')} skipped in {outcome.seconds:.0f} s", flush=True)
+    print("\n".join(report(outcomes)))
+    return 0 if all(o.tests for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

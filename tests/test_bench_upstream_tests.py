@@ -1,0 +1,76 @@
+"""bench/upstream_tests.py on the CPU: our upstream series applied in order to copies of the installed flash-attn-4,
+a stand-in for upstream's tests run against each (the SM120 capability answered to test files only), the outcomes
+read back from pytest's junit XML and every difference from the pristine run named."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import upstream_tests  # noqa: E402
+
+STAND_IN = '''
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+IS_SM120 = torch.cuda.get_device_capability()[0] == 12  # as upstream's test files ask
+
+
+def _package():
+    return Path(next(iter(importlib.util.find_spec("flash_attn").submodule_search_locations)))
+
+
+def test_the_test_files_see_sm120():
+    assert IS_SM120
+
+
+def test_the_split_kv_class_is_there():  # added by patch 0002
+    assert (_package() / "cute" / "flash_fwd_sm120_splitkv.py").is_file()
+
+
+def test_skipped():
+    pytest.skip("as upstream skips a case")
+'''
+
+
+def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are_named(tmp_path, monkeypatch):
+    tests = tmp_path / "fa" / "tests" / "cute"
+    tests.mkdir(parents=True)
+    (tests / "test_stand_in.py").write_text(STAND_IN)
+    series = tmp_path / "series"
+    series.mkdir()
+    for patch in upstream_tests.series_patches()[:2]:  # the real patches; the third adds nothing this test reads
+        shutil.copy(patch, series / patch.name)
+    monkeypatch.setenv("FLASH_ATTENTION_ARCH", "sm_120")
+    out = tmp_path / "out"
+    code = upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "-k", "not test_flash_attn_sm120_splitkv"])
+    assert code == 0
+    table = (out / "pristine.xml").read_text()
+    assert "test_the_split_kv_class_is_there" in table
+    outcomes = {o: upstream_tests.read_junit(out / f"{o}.xml") for o in ("pristine", "+0001", "+0001+0002")}
+    by_name = {o: {t.split("::")[-1]: r[0] for t, r in tests_.items()} for o, tests_ in outcomes.items()}
+    assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_split_kv_class_is_there": "failed",
+                                   "test_skipped": "skipped"}
+    assert by_name["+0001"]["test_the_split_kv_class_is_there"] == "failed"
+    assert by_name["+0001+0002"]["test_the_split_kv_class_is_there"] == "passed"
+    runs = [upstream_tests.Outcome(o, t, 1.0, 0) for o, t in outcomes.items()]
+    lines = upstream_tests.report(runs)
+    assert lines[2] == "| pristine | 1 | 1 | 0 | 1 | 0 | 1 |"
+    assert "+0001+0002 vs pristine: 1 test(s) differ" in lines
+    assert any("test_the_split_kv_class_is_there: failed -> passed" in line for line in lines)
+
+
+def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
+    with pytest.raises(SystemExit, match=r"test_flash_attn.py, test_flash_attn_combine.py not in .* \(rule: --tests is tests/cute\)"):
+        upstream_tests.main(["--tests", str(tmp_path)])
+    (tmp_path / "t.py").write_text("")
+    with pytest.raises(SystemExit, match=r"no patch matches .*nothing-NNNN-\*\.patch \(rule: --series"):
+        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "nothing-")])
