@@ -4,20 +4,26 @@ differs from the pristine run's, named with its message.
 
     git clone https://github.com/Dao-AILab/flash-attention /tmp/fa   # then check out the commit nearest the wheel
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 \\
-        python3 bench/upstream_tests.py --tests /tmp/fa/tests/cute [-k EXPR] [--workers 8] [--out DIR]
+        python3 bench/upstream_tests.py --tests /tmp/fa/tests/cute [--sample 4] [-k EXPR] [--workers 8] [--out DIR]
 
 Each variant is a copy of the installed flash_attn package (pristine, then + 0001, + 0001-0002, ...: `--series`),
 patched with `git apply`, first on its pytest process's path; a test file a patch adds (tests/cute/...) runs in that
 variant too. Under FLASH_ATTENTION_ARCH=sm_120 a pytest plugin answers compute capability 12.0 to the test files'
 own calls of torch.cuda.get_device_capability (their IS_SM120 branches), and nothing else: flash-attn-4 keeps the
 real device's answer, so on a GPU that is not SM 12.0 its SM120 classes run emulated, as everywhere in fa4-tune.
+
+The two files hold 418,214 cases (2026-08 tests): `--sample S` runs, of each test function with more than 16, a
+fixed pseudo-random S * log2(n) of its n cases (by the hash of their ids: the same cases in every variant and
+every run; at least 16), and every case of the others; `--sample 0` runs all.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
@@ -108,30 +114,60 @@ def read_junit(path: Path) -> dict[str, tuple[str, str]]:
     return tests
 
 
-def run_variant(name: str, site: Path, tests_dir: Path, files: list[str], k: str | None, workers: int, out: Path,
-                timeout: float) -> Outcome:
-    """pytest on the variant: the selected upstream files and the test files its patches added."""
+def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, timeout: float) -> int:
+    """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
+    (-1 past the timeout), its output in `log`."""
     plugin_dir = out / "plugin"
     plugin_dir.mkdir(exist_ok=True)
     (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
-    added = sorted((site / "tests" / "cute").glob("test_*.py")) if (site / "tests" / "cute").is_dir() else []
-    paths = [str(tests_dir / f) for f in files] + [str(p) for p in added]
-    xml = out / f"{name}.xml"
-    argv = [sys.executable, "-m", "pytest", *paths, "-p", PLUGIN, "-q", "-rN", "--junitxml", str(xml),
-            "-o", "cache_dir=" + str(out / ".pytest_cache"), "--rootdir", str(tests_dir)]
-    if k:
-        argv += ["-k", k]
-    if workers > 1:
-        argv += ["-n", str(workers)]
+    argv = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-o", "cache_dir=" + str(out / ".pytest_cache"),
+            "--rootdir", str(tests_dir), *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
                FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((site / "tests").resolve())]))
-    started = time.perf_counter()
-    with open(out / f"{name}.log", "w") as log:
+    with open(log, "w") as stream:
         try:
-            done = subprocess.run(argv, cwd=tests_dir, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-            code = done.returncode
+            return subprocess.run(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
+                                  timeout=timeout).returncode
         except subprocess.TimeoutExpired:
-            code = -1
+            return -1
+
+
+def collect(site: Path, tests_dir: Path, files: list[str], k: str | None, out: Path, timeout: float) -> list[str]:
+    """The node ids pytest collects from `files` (with -k), on the variant at `site`."""
+    log = out / "collect.log"
+    code = _pytest(site, tests_dir, out, [*files, "--collect-only", "-q", *(["-k", k] if k else [])], log, timeout)
+    ids = [line for line in log.read_text().splitlines() if "::" in line and not line.startswith(" ")]
+    if code not in (0, 5) or not ids:  # 5: nothing collected
+        raise SystemExit(f"upstream_tests: collecting {', '.join(files)} failed (exit {code}); see {log}")
+    return ids
+
+
+def sample(ids: list[str], scale: float) -> list[str]:
+    """Of each test function with more than 16 cases, max(16, scale * log2(n)) of its n cases, chosen by the hash
+    of their ids; every case of the others; scale 0: every id. Order kept."""
+    if scale <= 0:
+        return list(ids)
+    groups: dict[str, list[str]] = {}
+    for node in ids:
+        groups.setdefault(node.split("[")[0], []).append(node)
+    chosen = set()
+    for group in groups.values():
+        keep = len(group) if len(group) <= 16 else min(len(group), max(16, round(scale * math.log2(len(group)))))
+        chosen.update(sorted(group, key=lambda n: hashlib.sha1(n.encode()).hexdigest())[:keep])
+    return [n for n in ids if n in chosen]
+
+
+def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], k: str | None, workers: int, out: Path,
+                timeout: float) -> Outcome:
+    """pytest on the variant: the targets (files or an @file of node ids) and the test files its patches added,
+    with -k where given."""
+    added = sorted((site / "tests" / "cute").glob("test_*.py")) if (site / "tests" / "cute").is_dir() else []
+    xml = out / f"{name}.xml"
+    args = [*targets, *(str(p) for p in added), "-q", "-rN", "--junitxml", str(xml), *(["-k", k] if k else [])]
+    if workers > 1:
+        args += ["-n", str(workers)]
+    started = time.perf_counter()
+    code = _pytest(site, tests_dir, out, args, out / f"{name}.log", timeout)
     tests = read_junit(xml) if xml.exists() else {}
     return Outcome(name, tests, time.perf_counter() - started, code)
 
@@ -166,7 +202,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tests", type=Path, required=True, help="flash-attention's tests/cute directory")
     parser.add_argument("--files", default=",".join(DEFAULT_FILES), help="comma-separated test files in --tests")
     parser.add_argument("-k", dest="k", default=None, help="pytest -k expression selecting the cases")
+    parser.add_argument("--sample", type=float, default=4, help="cases per test function: S * log2(n), 0 for all")
     parser.add_argument("--series", type=Path, default=SERIES, help="the patch series' path prefix")
+    parser.add_argument("--variants", default="", help="comma-separated indices to run (0 pristine, 1 + the first "
+                        "patch, ...; default all), for a device call's time limit")
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.xml to compare with")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
     parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"))
@@ -178,14 +218,27 @@ def main(argv=None) -> int:
     patches = series_patches(args.series)
     package = installed_package()
     args.out.mkdir(parents=True, exist_ok=True)
-    outcomes = []
-    for n in range(len(patches) + 1):
+    tests_dir = args.tests.resolve()
+    wanted = [int(v) for v in args.variants.split(",") if v] or list(range(len(patches) + 1))
+    if any(not 0 <= v <= len(patches) for v in wanted):
+        raise SystemExit(f"upstream_tests: --variants {args.variants}: indices run from 0 (pristine) to {len(patches)}")
+    outcomes, targets = [], None
+    if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here
+        outcomes.append(Outcome("pristine (earlier call)", read_junit(args.baseline), 0.0, 0))
+        selected = args.baseline.with_name("selected.txt")
+        targets = ["@" + str(selected.resolve())] if selected.is_file() else None
+    for n in wanted:
         name = "pristine" if n == 0 else "+" + "+".join(p.name[len(args.series.name):][:4] for p in patches[:n])
         site = args.out / f"site-{n}"
         shutil.rmtree(site, ignore_errors=True)
         site.mkdir()
         make_variant(site, package, patches[:n])
-        outcome = run_variant(name, site, args.tests.resolve(), files, args.k, args.workers, args.out, args.timeout)
+        if targets is None:  # chosen on the first variant run, the same for all (the upstream files are not patched)
+            ids = sample(collect(site, tests_dir, files, args.k, args.out, args.timeout), args.sample)
+            (args.out / "selected.txt").write_text("\n".join(ids) + "\n")
+            targets = ["@" + str((args.out / "selected.txt").resolve())]
+            print(f"{len(ids)} cases selected (--sample {args.sample:g}): {args.out / 'selected.txt'}", flush=True)
+        outcome = run_variant(name, site, tests_dir, targets, args.k, args.workers, args.out, args.timeout)
         outcomes.append(outcome)
         print(f"{name}: {outcome.count('passed')} passed, {outcome.count('failed')} failed, "
               f"{outcome.count('error')} errors, {outcome.count('skipped')} skipped in {outcome.seconds:.0f} s", flush=True)

@@ -66,6 +66,13 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     assert lines[2] == "| pristine | 1 | 1 | 0 | 1 | 0 | 1 |"
     assert "+0001+0002 vs pristine: 1 test(s) differ" in lines
     assert any("test_the_split_kv_class_is_there: failed -> passed" in line for line in lines)
+    # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
+    later = tmp_path / "later"
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(later), "--variants", "2",
+                                "--baseline", str(out / "pristine.xml"), "-k", "not test_flash_attn_sm120_splitkv"]) == 0
+    assert not (later / "selected.txt").exists() and not (later / "pristine.xml").exists()
+    assert upstream_tests.read_junit(later / "+0001+0002.xml") == outcomes["+0001+0002"]
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
@@ -74,3 +81,14 @@ def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
     (tmp_path / "t.py").write_text("")
     with pytest.raises(SystemExit, match=r"no patch matches .*nothing-NNNN-\*\.patch \(rule: --series"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "nothing-")])
+    with pytest.raises(SystemExit, match=r"--variants 0,4: indices run from 0 \(pristine\) to 3"):
+        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--variants", "0,4"])
+
+
+def test_the_sample_keeps_small_functions_whole_and_takes_a_fixed_share_of_large_ones():
+    ids = [f"t.py::big[{i}]" for i in range(1024)] + [f"t.py::small[{i}]" for i in range(5)] + ["t.py::one"]
+    chosen = upstream_tests.sample(ids, 4)
+    assert [n for n in chosen if "small" in n or "one" in n] == ids[1024:]
+    big = [n for n in chosen if "big" in n]
+    assert len(big) == 40 and big == sorted(big, key=ids.index)  # 4 * log2(1024), in collection order
+    assert upstream_tests.sample(ids, 4) == chosen and upstream_tests.sample(ids, 0) == ids
