@@ -1,8 +1,8 @@
-"""bench/upstream_tests.py on the CPU: our upstream series applied in order to copies of the installed flash-attn-4,
-a stand-in for upstream's tests run against each (the SM120 capability answered to test files only), the outcomes
-read back from pytest's junit XML and every difference from the pristine run named."""
+"""bench/upstream_tests.py on the CPU: a patch series applied to copies of the installed flash-attn-4 (a one-patch
+stand-in here; that the shipped series applies in order is tests/test_search_export_series.py's), a stand-in for
+upstream's tests run against each (the SM120 capability answered to test files only), the outcomes read back from
+pytest's junit XML and every difference from the pristine run named."""
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,6 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import upstream_tests  # noqa: E402
+
+PATCH = """--- /dev/null
++++ b/flash_attn/cute/fa4tune_marker.py
+@@ -0,0 +1 @@
++MARKER = True
+"""
 
 STAND_IN = '''
 import importlib.util
@@ -31,8 +37,8 @@ def test_the_test_files_see_sm120():
     assert IS_SM120
 
 
-def test_the_split_kv_class_is_there():  # added by patch 0002
-    assert (_package() / "cute" / "flash_fwd_sm120_splitkv.py").is_file()
+def test_the_patched_file_is_there():  # added by the stand-in series' patch
+    assert (_package() / "cute" / "fa4tune_marker.py").is_file()
 
 
 def test_skipped():
@@ -46,33 +52,31 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     (tests / "test_stand_in.py").write_text(STAND_IN)
     series = tmp_path / "series"
     series.mkdir()
-    for patch in upstream_tests.series_patches()[:2]:  # the real patches; the third adds nothing this test reads
-        shutil.copy(patch, series / patch.name)
+    (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
     monkeypatch.setenv("FLASH_ATTENTION_ARCH", "sm_120")
     out = tmp_path / "out"
     code = upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "-k", "not test_flash_attn_sm120_splitkv"])
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(out)])
     assert code == 0
     table = (out / "pristine.xml").read_text()
-    assert "test_the_split_kv_class_is_there" in table
-    outcomes = {o: upstream_tests.read_junit(out / f"{o}.xml") for o in ("pristine", "+0001", "+0001+0002")}
+    assert "test_the_patched_file_is_there" in table
+    outcomes = {o: upstream_tests.read_junit(out / f"{o}.xml") for o in ("pristine", "+0001")}
     by_name = {o: {t.split("::")[-1]: r[0] for t, r in tests_.items()} for o, tests_ in outcomes.items()}
-    assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_split_kv_class_is_there": "failed",
+    assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_patched_file_is_there": "failed",
                                    "test_skipped": "skipped"}
-    assert by_name["+0001"]["test_the_split_kv_class_is_there"] == "failed"
-    assert by_name["+0001+0002"]["test_the_split_kv_class_is_there"] == "passed"
+    assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed"}
     runs = [upstream_tests.Outcome(o, t, 1.0, 0) for o, t in outcomes.items()]
     lines = upstream_tests.report(runs)
     assert lines[2] == "| pristine | 1 | 1 | 0 | 1 | 0 | 1 |"
-    assert "+0001+0002 vs pristine: 1 test(s) differ" in lines
-    assert any("test_the_split_kv_class_is_there: failed -> passed" in line for line in lines)
+    assert "+0001 vs pristine: 1 test(s) differ" in lines
+    assert any("test_the_patched_file_is_there: failed -> passed" in line for line in lines)
     # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
     later = tmp_path / "later"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(later), "--variants", "2",
-                                "--baseline", str(out / "pristine.xml"), "-k", "not test_flash_attn_sm120_splitkv"]) == 0
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(later), "--variants", "1",
+                                "--baseline", str(out / "pristine.xml")]) == 0
     assert not (later / "selected.txt").exists() and not (later / "pristine.xml").exists()
-    assert upstream_tests.read_junit(later / "+0001+0002.xml") == outcomes["+0001+0002"]
+    assert upstream_tests.read_junit(later / "+0001.xml") == outcomes["+0001"]
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
@@ -82,7 +86,7 @@ def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
     with pytest.raises(SystemExit, match=r"no patch matches .*nothing-NNNN-\*\.patch \(rule: --series"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "nothing-")])
     with pytest.raises(SystemExit, match=r"--variants 0,4: indices run from 0 \(pristine\) to 3"):
-        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--variants", "0,4"])
+        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--variants", "0,4"])  # the shipped three
 
 
 def test_the_sample_keeps_small_functions_whole_and_takes_a_fixed_share_of_large_ones():
