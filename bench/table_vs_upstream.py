@@ -18,6 +18,8 @@ the difference is the noise between two interleaved copies, never a loss.
 Where upstream's configs fail the target's static rules (head dim 256: its tiles need more than SM120's 99 KB),
 upstream is not timed, since only a GPU that emulates SM120 has the memory to run them: the verdict says
 "upstream cannot run" with the rule, and the table's medians stand alone.
+Each row records its class's entry (`entry`: own, "fallback <class>" for a neighbour's under fa4tune/fallback.py's
+rule, upstream, wide); the summary gives the geomean per direction, regime and entry, and names each fallback class.
 Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
@@ -54,6 +56,7 @@ class Step:
     table: tuple
     upstream: tuple
     upstream_refused: str = ""  # the target's rule that upstream's configs fail here (not timed: an emulating GPU would run them)
+    entry: str = ""  # where the table's config of this direction comes from: "own", "fallback <class>", "upstream", "wide"
 
 
 def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
@@ -74,8 +77,19 @@ def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
             upstream = (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
             for direction in ("fwd", "bwd") if p.backward else ("fwd",):
                 refused = feasibility_failure(direction, *upstream, p, target)
-                steps.append(Step(suite, p, direction, table, upstream, f"{NOT_RUN}{target.name}: {refused}" if refused else ""))
+                steps.append(Step(suite, p, direction, table, upstream, f"{NOT_RUN}{target.name}: {refused}" if refused else "",
+                                  entry_of(experiment, direction, pc)))
     return steps
+
+
+def entry_of(experiment, direction: str, pc) -> str:
+    """"own", "fallback <source class>", "upstream" or "wide": the dispatch tables' rule for the class (fa4tune/fallback.py);
+    "" where experiment.py keeps no DispatchTables (`TABLES`)."""
+    tables = getattr(experiment, "TABLES", None)
+    if tables is None or not hasattr(tables, "resolution"):
+        return ""
+    found = tables.resolution(direction, pc)
+    return f"fallback {found.source}" if found.is_fallback else found.rule
 
 
 def compile_pairs(steps: list[Step]) -> list[tuple[str, object, Problem]]:
@@ -115,6 +129,7 @@ def summarize(records: list[dict]) -> dict:
         key = (r["suite"], r["problem"], r["direction"])
         row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
                                     "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
+                                    "entry": r.get("entry", ""),
                                     "ms": {TABLE: [], UPSTREAM: []}, "failures": [], "refused": "", "same_config": True})
         row["same_config"] = row["same_config"] and bool(r.get("same_config"))
         if r["status"] == "ok":
@@ -144,7 +159,12 @@ def summarize(records: list[dict]) -> dict:
                 and decode in (None, r["regime"] == "decode")]
 
     ok = [r for r in out if r["speedup"] is not None]
+    by_entry: dict = {}  # (direction, regime group, own / fallback / ...) -> speedups: how the fallback rule serves
+    for r in ok:
+        group = "decode" if r["regime"] == "decode" else "prefill"
+        by_entry.setdefault((r["direction"], group, r["entry"].split(" ")[0] or "?"), []).append(r["speedup"])
     return {
+        "by_entry": {key: (len(v), geomean(v), min(v)) for key, v in sorted(by_entry.items())},
         "rows": out,
         "fwd_prefill_geomean": geomean(speedups("fwd", decode=False)),  # prefill and chunked prefill: every non-decode
         "fwd_decode_geomean": geomean(speedups("fwd", decode=True)),
@@ -176,6 +196,11 @@ def print_summary(summary: dict, label: str) -> None:
     print(f"losses: {', '.join(summary['losses']) or 'none'}")
     print(f"failures: {', '.join(summary['failures']) or 'none'}")
     print(f"upstream cannot run (not timed): {', '.join(summary['upstream_cannot_run']) or 'none'}", flush=True)
+    for (direction, group, entry), (n, mean, low) in summary["by_entry"].items():
+        print(f"entry {direction} {group} {entry}: {n} problems, geomean {mean:.3f}, min {low:.3f}")
+    fallbacks = sorted({(r["class"], r["direction"], r["entry"]) for r in summary["rows"] if r["entry"].startswith("fallback")})
+    for cls, direction, entry in fallbacks:
+        print(f"fallback {direction} {cls}: runs {entry.split(' ', 1)[1]}'s entry", flush=True)
 
 
 def main(argv=None) -> int:
@@ -239,7 +264,7 @@ def main(argv=None) -> int:
                     cfg, upstream_cfg = (configs[c][0 if s.direction == "fwd" else 1] for c in (TABLE, UPSTREAM))
                     record = {"suite": s.suite, "problem": s.problem.label, "direction": s.direction,
                               "regime": s.problem.problem_class.regime, "class": s.problem.problem_class.name,
-                              "table_kernel": kernel_name(cfg), "same_config": cfg.key() == upstream_cfg.key(),
+                              "table_kernel": kernel_name(cfg), "same_config": cfg.key() == upstream_cfg.key(), "entry": s.entry,
                               "run": run, "candidate": name, "device": info.name,
                               "mode": mode, **res.to_dict()}
                     records.append(record)

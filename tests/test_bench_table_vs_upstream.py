@@ -154,3 +154,24 @@ def test_upstream_is_not_timed_where_the_target_refuses_its_configs_and_the_row_
     row = {r["problem"]: r for r in s["rows"]}["wide"]
     assert row["speedup"] is None and row["verdict"].startswith("upstream cannot run: sm120: forward config: smem_capacity")
     assert s["upstream_cannot_run"] == ["wide fwd"] and s["failures"] == [] and s["fwd_prefill_geomean"] == pytest.approx(1.2)
+
+
+def test_each_step_says_whether_its_class_runs_its_own_entry_or_a_neighbour_s_and_the_summary_groups_by_it(capsys):
+    bench = load_bench()
+    steps = {(s.problem.label, s.direction): s for s in bench.plan(["models"], experiment)}
+    assert steps[("llama3-8b prefill 4k bf16", "fwd")].entry == "own"
+    assert steps[("llama3-8b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa4-bf16"  # fp16 <-> bf16
+    assert steps[("gemma2-27b prefill 4k bf16", "fwd")].entry.startswith("fallback ")  # GQA 2: the nearest ratio's
+    assert {s.entry.split(" ")[0] for s in steps.values()} <= {"own", "fallback", "upstream", "wide"}
+    records = [dict(r, entry=e) for rows, e in ((_records("a", "fwd", "prefill", [1.0, 1.0], [1.2, 1.2]), "own"),
+                                                (_records("b", "fwd", "prefill", [1.0, 1.0], [1.1, 1.1]), "fallback x"),
+                                                (_records("c", "fwd", "decode", [1.0, 1.0], [2.0, 2.0]), "fallback y"))
+               for r in rows]
+    summary = bench.summarize(records)
+    assert summary["by_entry"] == {("fwd", "decode", "fallback"): (1, pytest.approx(2.0), pytest.approx(2.0)),
+                                   ("fwd", "prefill", "fallback"): (1, pytest.approx(1.1), pytest.approx(1.1)),
+                                   ("fwd", "prefill", "own"): (1, pytest.approx(1.2), pytest.approx(1.2))}
+    bench.print_summary(summary, "test")
+    printed = capsys.readouterr().out
+    assert "entry fwd prefill fallback: 1 problems, geomean 1.100, min 1.100" in printed
+    assert "fallback fwd c: runs x's entry" in printed  # _records names every class "c"
