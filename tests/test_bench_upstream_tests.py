@@ -17,6 +17,11 @@ PATCH = """--- /dev/null
 +++ b/flash_attn/cute/fa4tune_marker.py
 @@ -0,0 +1 @@
 +MARKER = True
+--- /dev/null
++++ b/tests/cute/test_added_by_patch.py
+@@ -0,0 +1,2 @@
++def test_added_by_patch():
++    pass
 """
 
 STAND_IN = '''
@@ -64,11 +69,13 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     by_name = {o: {t.split("::")[-1]: r[0] for t, r in tests_.items()} for o, tests_ in outcomes.items()}
     assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_patched_file_is_there": "failed",
                                    "test_skipped": "skipped"}
-    assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed"}
+    assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed",
+                                "test_added_by_patch": "passed"}  # the test file the patch adds runs in its variant
     runs = [upstream_tests.Outcome(o, t, 1.0, 0) for o, t in outcomes.items()]
     lines = upstream_tests.report(runs)
     assert lines[2] == "| pristine | 1 | 1 | 0 | 1 | 0 | 1 |"
-    assert "+0001 vs pristine: 1 test(s) differ" in lines
+    assert "+0001 vs pristine: 2 test(s) differ" in lines
+    assert any("test_added_by_patch: not run -> passed" in line for line in lines)
     assert any("test_the_patched_file_is_there: failed -> passed" in line for line in lines)
     # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
     later = tmp_path / "later"
@@ -77,6 +84,12 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
                                 "--baseline", str(out / "pristine.xml")]) == 0
     assert not (later / "selected.txt").exists() and not (later / "pristine.xml").exists()
     assert upstream_tests.read_junit(later / "+0001.xml") == outcomes["+0001"]
+    # -k that leaves none of upstream's cases: only the patch's own test runs, in the variant that adds it
+    only = tmp_path / "only"
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(only), "-k", "added_by_patch"]) == 0
+    assert not (only / "pristine.xml").exists()
+    assert {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_junit(only / "+0001.xml").items()} == {"test_added_by_patch": "passed"}
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
