@@ -7,8 +7,8 @@ differs from the pristine run's, named with its message.
         python3 bench/upstream_tests.py --tests /tmp/fa/tests/cute [--sample 4] [-k EXPR] [--workers 8] [--out DIR]
 
 Each variant is a copy of the installed flash_attn package (pristine, then + 0001, + 0001-0002, ...: `--series`),
-patched with `git apply`, first on its pytest process's path; a test file a patch adds (tests/cute/...) runs in that
-variant too. Under FLASH_ATTENTION_ARCH=sm_120 a pytest plugin answers compute capability 12.0 to the test files'
+patched with `git apply`, first on its pytest process's path. The test files the patches add (tests/cute/...) run in
+every variant, pristine included: a fix's own test fails before it and passes after. Under FLASH_ATTENTION_ARCH=sm_120 a pytest plugin answers compute capability 12.0 to the test files'
 own calls of torch.cuda.get_device_capability (their IS_SM120 branches), and nothing else: flash-attn-4 keeps the
 real device's answer, so on a GPU that is not SM 12.0 its SM120 classes run emulated, as everywhere in fa4-tune.
 
@@ -123,7 +123,7 @@ def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, 
     argv = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-o", "cache_dir=" + str(out / ".pytest_cache"),
             "--rootdir", str(tests_dir), *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
-               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((site / "tests").resolve())]))
+               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((out / "added-tests").resolve())]))
     with open(log, "w") as stream:
         try:
             return subprocess.run(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
@@ -157,12 +157,11 @@ def sample(ids: list[str], scale: float) -> list[str]:
     return [n for n in ids if n in chosen]
 
 
-def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], k: str | None, workers: int, out: Path,
-                timeout: float) -> Outcome:
-    """pytest on the variant: the targets (files or an @file of node ids) and the test files its patches added,
-    with -k where given."""
-    added = sorted((site / "tests" / "cute").glob("test_*.py")) if (site / "tests" / "cute").is_dir() else []
-    if not targets and not added:  # nothing selected here (bare pytest would run the whole directory)
+def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], added: list[Path], k: str | None,
+                workers: int, out: Path, timeout: float) -> Outcome:
+    """pytest on the variant: the targets (files or an @file of node ids) and the test files the patches add, with -k
+    where given."""
+    if not targets and not added:  # nothing selected (bare pytest would run the whole directory)
         return Outcome(name, {}, 0.0, 5)
     xml = out / f"{name}.xml"
     args = [*targets, *(str(p) for p in added), "-q", "-rN", "--junitxml", str(xml), *(["-k", k] if k else [])]
@@ -172,6 +171,21 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], k: s
     code = _pytest(site, tests_dir, out, args, out / f"{name}.log", timeout)
     tests = read_junit(xml) if xml.exists() else {}
     return Outcome(name, tests, time.perf_counter() - started, code)
+
+
+def added_tests(package: Path, patches: list[Path], out: Path) -> list[Path]:
+    """The test files the whole series adds under tests/cute, copied to out/added-tests."""
+    site, added = out / "site-all", out / "added-tests"
+    for path in (site, added):
+        shutil.rmtree(path, ignore_errors=True)
+    site.mkdir()
+    make_variant(site, package, patches)
+    found = sorted((site / "tests" / "cute").glob("test_*.py")) if (site / "tests" / "cute").is_dir() else []
+    if found:
+        added.mkdir()
+    copies = [Path(shutil.copy(path, added / path.name)) for path in found]
+    shutil.rmtree(site)
+    return copies
 
 
 def differences(base: Outcome, other: Outcome) -> list[str]:
@@ -224,6 +238,7 @@ def main(argv=None) -> int:
     wanted = [int(v) for v in args.variants.split(",") if v] or list(range(len(patches) + 1))
     if any(not 0 <= v <= len(patches) for v in wanted):
         raise SystemExit(f"upstream_tests: --variants {args.variants}: indices run from 0 (pristine) to {len(patches)}")
+    added = added_tests(package, patches, args.out)
     outcomes, targets = [], None
     if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here
         outcomes.append(Outcome("pristine (earlier call)", read_junit(args.baseline), 0.0, 0))
@@ -241,7 +256,7 @@ def main(argv=None) -> int:
             (args.out / "selected.txt").write_text("".join(f"{i}\n" for i in ids))
             targets = ["@" + str((args.out / "selected.txt").resolve())] if ids else []
             print(f"{len(ids)} cases selected (--sample {args.sample:g}): {args.out / 'selected.txt'}", flush=True)
-        outcome = run_variant(name, site, tests_dir, targets, args.k, args.workers, args.out, args.timeout)
+        outcome = run_variant(name, site, tests_dir, targets, added, args.k, args.workers, args.out, args.timeout)
         outcomes.append(outcome)
         print(f"{name}: {outcome.count('passed')} passed, {outcome.count('failed')} failed, "
               f"{outcome.count('error')} errors, {outcome.count('skipped')} skipped in {outcome.seconds:.0f} s", flush=True)

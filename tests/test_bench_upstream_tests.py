@@ -19,9 +19,13 @@ PATCH = """--- /dev/null
 +MARKER = True
 --- /dev/null
 +++ b/tests/cute/test_added_by_patch.py
-@@ -0,0 +1,2 @@
-+def test_added_by_patch():
-+    pass
+@@ -0,0 +1,6 @@
++import importlib.util
++from pathlib import Path
++
++
++def test_added_by_patch():  # a fix's own test: fails before the patch, passes after
++    assert (Path(next(iter(importlib.util.find_spec("flash_attn").submodule_search_locations))) / "cute" / "fa4tune_marker.py").is_file()
 """
 
 STAND_IN = '''
@@ -68,14 +72,13 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     outcomes = {o: upstream_tests.read_junit(out / f"{o}.xml") for o in ("pristine", "+0001")}
     by_name = {o: {t.split("::")[-1]: r[0] for t, r in tests_.items()} for o, tests_ in outcomes.items()}
     assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_patched_file_is_there": "failed",
-                                   "test_skipped": "skipped"}
-    assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed",
-                                "test_added_by_patch": "passed"}  # the test file the patch adds runs in its variant
+                                   "test_skipped": "skipped", "test_added_by_patch": "failed"}  # the patch's test, before it
+    assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed", "test_added_by_patch": "passed"}
     runs = [upstream_tests.Outcome(o, t, 1.0, 0) for o, t in outcomes.items()]
     lines = upstream_tests.report(runs)
-    assert lines[2] == "| pristine | 1 | 1 | 0 | 1 | 0 | 1 |"
+    assert lines[2] == "| pristine | 1 | 2 | 0 | 1 | 0 | 1 |"
     assert "+0001 vs pristine: 2 test(s) differ" in lines
-    assert any("test_added_by_patch: not run -> passed" in line for line in lines)
+    assert any("test_added_by_patch: failed -> passed" in line for line in lines)
     assert any("test_the_patched_file_is_there: failed -> passed" in line for line in lines)
     # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
     later = tmp_path / "later"
@@ -88,8 +91,8 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     only = tmp_path / "only"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
                                 str(series / "2026-12-05-upstream-series-"), "--out", str(only), "-k", "added_by_patch"]) == 0
-    assert not (only / "pristine.xml").exists()
-    assert {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_junit(only / "+0001.xml").items()} == {"test_added_by_patch": "passed"}
+    assert [{t.split("::")[-1]: r[0] for t, r in upstream_tests.read_junit(only / f"{o}.xml").items()}
+            for o in ("pristine", "+0001")] == [{"test_added_by_patch": "failed"}, {"test_added_by_patch": "passed"}]
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
