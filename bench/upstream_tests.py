@@ -90,11 +90,11 @@ def installed_package() -> Path:
 def make_variant(site: Path, package: Path, patches: list[Path]) -> None:
     """A copy of the package under `site`, the patches applied in order; one error naming the patch that fails."""
     shutil.copytree(package, site / package.name, ignore=shutil.ignore_patterns("__pycache__"))
-    for patch in patches:
+    for i, patch in enumerate(patches):
         done = subprocess.run(["git", "apply", "-p1", str(patch)], cwd=site, capture_output=True, text=True)
         if done.returncode:
-            raise SystemExit(f"upstream_tests: {patch.name} does not apply on {' + '.join(p.name for p in patches)}'s "
-                             f"predecessors: {done.stderr.strip()}")
+            under = " + ".join(p.name for p in patches[:i]) or "the installed package"
+            raise SystemExit(f"upstream_tests: {patch.name} does not apply on {under}: {done.stderr.strip()}")
 
 
 def read_junit(path: Path) -> dict[str, tuple[str, str]]:
@@ -107,8 +107,8 @@ def read_junit(path: Path) -> dict[str, tuple[str, str]]:
             found = case.find(tag)
             if found is not None:
                 outcome = {"failure": "failed"}.get(tag, tag)
-                message = (found.get("message") or found.text or "").strip().splitlines()[0][:200] if (
-                    found.get("message") or found.text) else ""
+                lines = (found.get("message") or found.text or "").strip().splitlines()
+                message = lines[0][:200] if lines else ""
                 break
         tests[name] = (outcome, message)
     return tests

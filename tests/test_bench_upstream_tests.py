@@ -101,6 +101,10 @@ def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
     (tmp_path / "t.py").write_text("")
     with pytest.raises(SystemExit, match=r"no patch matches .*nothing-NNNN-\*\.patch \(rule: --series"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "nothing-")])
+    (tmp_path / "bad-0001-x.patch").write_text("--- a/nowhere.py\n+++ b/nowhere.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(SystemExit, match=r"bad-0001-x.patch does not apply on the installed package: "):
+        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "bad-"),
+                             "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit, match=r"--variants 0,4: indices run from 0 \(pristine\) to 3"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--variants", "0,4"])  # the shipped three
 
