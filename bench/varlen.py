@@ -9,7 +9,8 @@ varlen_forward_config); upstream's is its SM120 default. Both backwards run on o
 (kernels/backward_sm120.py), upstream's knobs on it: upstream's own class gets packed GQA dK/dV wrong. Each
 sequence's out, LSE (and dQ, dK, dV for a training batch) is checked against the fp32 reference of that sequence
 alone, under the gate's rule (fa4tune.harness.gate.check_outputs); a failing sequence fails the batch, naming it.
-Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call, median of `--rounds`), on
+Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call; each speedup the median of the
+rounds' paired ratios, with its quartiles, since whole runs drifted 10-30 % apart on the H100), on
 the packed batch (for a training batch also its forward alone) and on its padded twin: as many sequences, each of
 the mean length, as plain (batch, seqlen, heads, head_dim) tensors, so that the table's own entries run. On a GPU
 that is not SM 12.0 the SM120 kernels run emulated.
@@ -89,8 +90,16 @@ def _inputs(batch: Batch, device, seed: int = 0):
     return q, k, v, cu
 
 
+def paired_speedup(upstream_ms: list[float], table_ms: list[float]) -> tuple[float, float, float]:
+    """(median, first quartile, third quartile) of the per-round speedups upstream / table: the two calls of a
+    round ran back to back, so a drift of the GPU's clock or of the host between rounds cancels in each ratio."""
+    ratios = sorted(u / t for u, t in zip(upstream_ms, table_ms))
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (ratios[0],) * 3
+    return statistics.median(ratios), q1, q3
+
+
 def _timed(calls: dict, rounds: int, device) -> dict:
-    """Median ms per named call, the calls interleaved round by round, L2 flushed before each."""
+    """ms per named call and round, the calls interleaved round by round, L2 flushed before each."""
     import torch
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
@@ -107,7 +116,7 @@ def _timed(calls: dict, rounds: int, device) -> dict:
             end.record()
             torch.cuda.synchronize(device)
             times[name].append(start.elapsed_time(end))
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
 
 
 def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
@@ -155,12 +164,16 @@ def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
     if batch.backward:  # the forward alone as well, to tell which direction a training batch's speedup comes from
         calls.update({f"{name} varlen fwd": call(name, grads=False) for name in configs})
     with attention_trap():
-        ms = _timed(calls, rounds, device)
-    row["ms"] = ms
-    row["speedup_varlen"] = ms["upstream varlen"] / ms["table varlen"]
-    row["speedup_padded"] = ms["upstream padded"] / ms["table padded"]
-    row["speedup_varlen_fwd"] = ms["upstream varlen fwd"] / ms["table varlen fwd"] if batch.backward else None
+        times = _timed(calls, rounds, device)
+    row["ms"] = {name: statistics.median(t) for name, t in times.items()}
+    for key, shape in (("speedup_varlen", "varlen"), ("speedup_padded", "padded"), ("speedup_varlen_fwd", "varlen fwd")):
+        both = (times.get(f"upstream {shape}"), times.get(f"table {shape}"))
+        row[key] = paired_speedup(*both) if all(both) else None
     return row
+
+
+def _speedup(value) -> str:
+    return "-" if value is None else f"{value[0]:.3f} [{value[1]:.3f}-{value[2]:.3f}]"
 
 
 def main(argv=None) -> int:
@@ -179,16 +192,15 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name(device)}: {len(wanted)} packed batches, {args.rounds} rounds", flush=True)
     failed = 0
     print("| batch | class | table's config | gate (table / upstream) | table ms varlen / padded | speedup varlen | "
-          "speedup forward alone | speedup padded |")
+          "speedup forward alone | speedup padded |  (speedups: median of the rounds' paired ratios [quartiles])")
     print("|---|---|---|---|---|---|---|---|")
     for batch in wanted:
         row = run_batch(batch, experiment, args.rounds, device)
         gate = " / ".join("pass" if not row["failures"][n] else f"FAIL {len(row['failures'][n])}" for n in ("table", "upstream"))
         failed += bool(row["failures"]["table"])
         print(f"| {batch.name} | {row['class']} | {row['table_config']} | {gate} | {row['ms']['table varlen']:.3f} / "
-              f"{row['ms']['table padded']:.3f} | {row['speedup_varlen']:.3f} | "
-              f"{'-' if row['speedup_varlen_fwd'] is None else format(row['speedup_varlen_fwd'], '.3f')} | "
-              f"{row['speedup_padded']:.3f} |", flush=True)
+              f"{row['ms']['table padded']:.3f} | {_speedup(row['speedup_varlen'])} | {_speedup(row['speedup_varlen_fwd'])} | "
+              f"{_speedup(row['speedup_padded'])} |", flush=True)
         for name, lines in row["failures"].items():
             for line in lines:
                 print(f"  {name}: {line}", flush=True)
