@@ -182,9 +182,8 @@ def packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> Pac
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ConfigError("varlen_cu_seqlens", f"cu_seqlens_q and cu_seqlens_k must have the same length (batch + 1), got "
                                                f"{cu_seqlens_q.numel()} and {cu_seqlens_k.numel()}")
-    lengths_q, lengths_k = (t.diff() for t in (cu_seqlens_q, cu_seqlens_k))
-    max_q = int(lengths_q.max()) if max_seqlen_q is None else max_seqlen_q
-    max_k = int(lengths_k.max()) if max_seqlen_k is None else max_seqlen_k
+    max_q = int(cu_seqlens_q.diff().max()) if max_seqlen_q is None else max_seqlen_q  # only then: a device sync
+    max_k = int(cu_seqlens_k.diff().max()) if max_seqlen_k is None else max_seqlen_k
     return Packed(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
 
 
