@@ -23,13 +23,14 @@ import argparse
 import dataclasses
 import hashlib
 import importlib.util
+import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,13 +38,29 @@ SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-05-upstream-series-"
 DEFAULT_FILES = ("test_flash_attn.py", "test_flash_attn_combine.py")
 PLUGIN = "fa4tune_sm120_capability"
 PLUGIN_SOURCE = '''"""Written by fa4-tune's bench/upstream_tests.py: compute capability 12.0 for the test files' own calls."""
+import json
 import os
 import sys
 
 TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
+REPORT = os.environ.get("FA4TUNE_UPSTREAM_REPORT", "")
+_controller = []
+
+
+def pytest_runtest_logreport(report):
+    """Each phase's outcome, appended as it lands (a run cut off by the timeout keeps what it finished)."""
+    if not REPORT or not _controller:
+        return
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message if crash is not None else (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
+    with open(REPORT, "a") as stream:
+        stream.write(json.dumps({"id": report.nodeid, "when": report.when, "outcome": report.outcome,
+                                 "message": str(message or "").strip().splitlines()[0][:200] if message else ""}) + "\\n")
 
 
 def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # xdist's controller (or a run without xdist) writes the report
+        _controller.append(True)
     if os.environ.get("FLASH_ATTENTION_ARCH") != "sm_120" or not TESTS:
         return
     import torch
@@ -97,38 +114,45 @@ def make_variant(site: Path, package: Path, patches: list[Path]) -> None:
             raise SystemExit(f"upstream_tests: {patch.name} does not apply on {under}: {done.stderr.strip()}")
 
 
-def read_junit(path: Path) -> dict[str, tuple[str, str]]:
-    """{test id: (outcome, first line of its message)} from a pytest junit XML file."""
-    tests = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        outcome, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            found = case.find(tag)
-            if found is not None:
-                outcome = {"failure": "failed"}.get(tag, tag)
-                lines = (found.get("message") or found.text or "").strip().splitlines()
-                message = lines[0][:200] if lines else ""
-                break
-        tests[name] = (outcome, message)
+def read_report(path: Path) -> dict[str, tuple[str, str]]:
+    """{test id: (outcome, message)} from the plugin's per-phase lines, as junit counts them: a failed call is
+    'failed', a failed setup or teardown 'error', a skipped setup 'skipped', a passed call 'passed'. A torn last line (killed) is dropped."""
+    tests: dict[str, tuple[str, str]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        test, outcome, when = row["id"], row["outcome"], row["when"]
+        if outcome == "failed":
+            if tests.get(test, ("",))[0] != "failed":
+                tests[test] = ("failed" if when == "call" else "error", row["message"])
+        elif outcome == "skipped" or (when == "call" and test not in tests):  # a passed setup alone is no pass
+            tests[test] = (outcome, row["message"] if outcome == "skipped" else "")
     return tests
 
 
-def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, timeout: float) -> int:
+def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, timeout: float,
+            report: Path | None = None) -> int:
     """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
-    (-1 past the timeout), its output in `log`."""
+    (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log`, each
+    test's outcome in `report` as it lands."""
     plugin_dir = out / "plugin"
     plugin_dir.mkdir(exist_ok=True)
     (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
     argv = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-o", "cache_dir=" + str(out / ".pytest_cache"),
             "--rootdir", str(tests_dir), *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
-               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((out / "added-tests").resolve())]))
+               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((out / "added-tests").resolve())]),
+               FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "")
     with open(log, "w") as stream:
+        process = subprocess.Popen(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
-            return subprocess.run(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
             return -1
 
 
@@ -163,14 +187,20 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
     where given."""
     if not targets and not added:  # nothing selected (bare pytest would run the whole directory)
         return Outcome(name, {}, 0.0, 5)
-    xml = out / f"{name}.xml"
-    args = [*targets, *(str(p) for p in added), "-q", "-rN", "--junitxml", str(xml), *(["-k", k] if k else [])]
+    report = out / f"{_file_name(name)}.jsonl"
+    report.unlink(missing_ok=True)
+    args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else [])]
     if workers > 1:
         args += ["-n", str(workers)]
     started = time.perf_counter()
-    code = _pytest(site, tests_dir, out, args, out / f"{name}.log", timeout)
-    tests = read_junit(xml) if xml.exists() else {}
+    code = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.log", timeout, report)
+    tests = read_report(report) if report.exists() else {}
     return Outcome(name, tests, time.perf_counter() - started, code)
+
+
+def _file_name(variant: str) -> str:
+    """A variant's file name: 'pristine', 'p0001', 'p0001-0002', ... (no '+', which the device's copy-back refuses)."""
+    return variant if variant == "pristine" else "p" + variant.lstrip("+").replace("+", "-")
 
 
 def added_tests(package: Path, patches: list[Path], out: Path) -> list[Path]:
@@ -222,7 +252,7 @@ def main(argv=None) -> int:
     parser.add_argument("--series", type=Path, default=SERIES, help="the patch series' path prefix")
     parser.add_argument("--variants", default="", help="comma-separated indices to run (0 pristine, 1 + the first "
                         "patch, ...; default all), for a device call's time limit")
-    parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.xml to compare with")
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.jsonl to compare with")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
     parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"))
@@ -241,7 +271,7 @@ def main(argv=None) -> int:
     added = added_tests(package, patches, args.out)
     outcomes, targets = [], None
     if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here
-        outcomes.append(Outcome("pristine (earlier call)", read_junit(args.baseline), 0.0, 0))
+        outcomes.append(Outcome("pristine (earlier call)", read_report(args.baseline), 0.0, 0))
         selected = args.baseline.with_name("selected.txt")
         if selected.is_file():
             targets = ["@" + str(selected.resolve())] if selected.read_text().strip() else []

@@ -1,9 +1,10 @@
 """bench/upstream_tests.py on the CPU: a patch series applied to copies of the installed flash-attn-4 (a one-patch
 stand-in here; that the shipped series applies in order is tests/test_search_export_series.py's), a stand-in for
 upstream's tests run against each (the SM120 capability answered to test files only), the outcomes read back from
-pytest's junit XML and every difference from the pristine run named."""
+the per-test report written as each test lands and every difference from the pristine run named."""
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,9 +68,9 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     code = upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
                                 str(series / "2026-12-05-upstream-series-"), "--out", str(out)])
     assert code == 0
-    table = (out / "pristine.xml").read_text()
+    table = (out / "pristine.jsonl").read_text()
     assert "test_the_patched_file_is_there" in table
-    outcomes = {o: upstream_tests.read_junit(out / f"{o}.xml") for o in ("pristine", "+0001")}
+    outcomes = {o: upstream_tests.read_report(out / f"{f}.jsonl") for o, f in (("pristine", "pristine"), ("+0001", "p0001"))}
     by_name = {o: {t.split("::")[-1]: r[0] for t, r in tests_.items()} for o, tests_ in outcomes.items()}
     assert by_name["pristine"] == {"test_the_test_files_see_sm120": "passed", "test_the_patched_file_is_there": "failed",
                                    "test_skipped": "skipped", "test_added_by_patch": "failed"}  # the patch's test, before it
@@ -84,9 +85,9 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     later = tmp_path / "later"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
                                 str(series / "2026-12-05-upstream-series-"), "--out", str(later), "--variants", "1",
-                                "--baseline", str(out / "pristine.xml")]) == 0
-    assert not (later / "selected.txt").exists() and not (later / "pristine.xml").exists()
-    assert upstream_tests.read_junit(later / "+0001.xml") == outcomes["+0001"]
+                                "--baseline", str(out / "pristine.jsonl")]) == 0
+    assert not (later / "selected.txt").exists() and not (later / "pristine.jsonl").exists()
+    assert upstream_tests.read_report(later / "p0001.jsonl") == outcomes["+0001"]
     # -k that leaves none of upstream's cases: only the patch's own test runs, before and after the patch (here a
     # file without torch and no SM120 emulation asked: pytest processes of a second each)
     monkeypatch.delenv("FLASH_ATTENTION_ARCH")
@@ -94,8 +95,27 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     only = tmp_path / "only"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_plain.py", "--series",
                                 str(series / "2026-12-05-upstream-series-"), "--out", str(only), "-k", "added_by_patch"]) == 0
-    assert [{t.split("::")[-1]: r[0] for t, r in upstream_tests.read_junit(only / f"{o}.xml").items()}
-            for o in ("pristine", "+0001")] == [{"test_added_by_patch": "failed"}, {"test_added_by_patch": "passed"}]
+    assert [{t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(only / f"{o}.jsonl").items()}
+            for o in ("pristine", "p0001")] == [{"test_added_by_patch": "failed"}, {"test_added_by_patch": "passed"}]
+
+
+def test_a_variant_cut_off_by_its_timeout_keeps_the_tests_it_finished(tmp_path):
+    """A device call's limit: pytest and its xdist workers are killed at --timeout, and what landed before counts."""
+    tests = tmp_path / "fa" / "tests" / "cute"
+    tests.mkdir(parents=True)
+    (tests / "test_plain.py").write_text("import time\n\ndef test_a_fast_one():\n    pass\n\n"
+                                         "def test_a_hung_one():\n    time.sleep(600)\n")
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
+    out = tmp_path / "out"
+    started = time.monotonic()
+    code = upstream_tests.main(["--tests", str(tests), "--files", "test_plain.py", "--series",
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "--variants", "0",
+                                "--workers", "2", "--timeout", "10"])
+    assert code == 1 and time.monotonic() - started < 40  # not the hung test's 600 s
+    found = {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
+    assert found == {"test_a_fast_one": "passed", "test_added_by_patch": "failed"}
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):

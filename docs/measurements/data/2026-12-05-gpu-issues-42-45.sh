@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU rows of docs/gpu-runs.md that issues #42, #43 and #44 owe, in calls that fit the device's 10 minutes:
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fix      # #42: upstream varlen GQA dK/dV fix, its test pristine vs patched
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ncu      # #42: fp16 vs bf16 on the longest-first TMA class, Nsight pair
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlen   # #42: the six packed batches under the varlen rule
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut03     # #43: upstream's tests, pristine and the whole series (carry .upstream-tests)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
+# Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
+set -u
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV=$OUT/results.tsv
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; } | tee -a "$OUT/device.txt"
+for step in "$@"; do
+  case "$step" in
+    fix)
+      timeout 240 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute \
+        --series "$PWD/docs/measurements/data/2026-12-05-upstream-fix-" -k varlen_gqa_bwd --workers 8 --out "$OUT/fix" \
+        > "$OUT/fix.log" 2>&1; echo "fix rc $?"; tail -30 "$OUT/fix.log" ;;
+    ncu)
+      for dt in fp16 bf16; do
+        timeout 100 "$NCU" --clock-control none -k regex:ForwardSm120 --launch-skip 2 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section InstructionStats --section MemoryWorkloadAnalysis \
+          --section LaunchStats --section Occupancy python3 bench/gpu_ncu.py --suite models \
+          --only "llama3-8b prefill 4k $dt" --config dispatch > "$OUT/ncu-$dt.log" 2>&1
+        echo "ncu $dt rc $?"; grep -E "Duration|Throughput|Registers|Stall|Issued Ipc|Warp Cycles|Achieved Occ|Executed Ipc|Block Size|Grid Size|Dynamic Shared|Bank" "$OUT/ncu-$dt.log" | head -40
+      done ;;
+    varlen)
+      timeout 300 python3 bench/varlen.py --rounds 60 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
+    ut03|ut12)
+      if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
+      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --workers 14 "${more[@]}" \
+        --timeout 268 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -60 "$OUT/$step.log" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done
