@@ -45,17 +45,37 @@ import sys
 TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
 REPORT = os.environ.get("FA4TUNE_UPSTREAM_REPORT", "")
 _controller = []
+_sticky = []
+
+
+def _message(report):
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else (
+        report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr or ""))
+    lines = str(text or "").strip().splitlines()
+    return lines[0][:200] if lines else ""
 
 
 def pytest_runtest_logreport(report):
-    """Each phase's outcome, appended as it lands (a run cut off by the timeout keeps what it finished)."""
-    if not REPORT or not _controller:
+    """Each phase's outcome, appended as it lands (a run cut off by the timeout keeps what it finished). In an xdist
+    worker, a CUDA error that poisons the process (not an out-of-memory) ends the worker after this test: xdist
+    starts a fresh one, so one faulty kernel fails its own test, not every later test of the worker."""
+    message = _message(report) if report.failed or report.skipped else ""
+    if not _controller:
+        if report.failed and "CUDA error" in message and "out of memory" not in message and "ALLOC_FAILED" not in message:
+            _sticky.append(report.nodeid)
         return
-    crash = getattr(report.longrepr, "reprcrash", None)
-    message = crash.message if crash is not None else (report.longrepr[2] if isinstance(report.longrepr, tuple) else "")
+    if not REPORT:
+        return
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "")
     with open(REPORT, "a") as stream:
         stream.write(json.dumps({"id": report.nodeid, "when": report.when, "outcome": report.outcome,
-                                 "message": str(message or "").strip().splitlines()[0][:200] if message else ""}) + "\\n")
+                                 "message": message, "worker": worker}) + "\\n")
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    if _sticky:
+        os._exit(3)
 
 
 def pytest_configure(config):
@@ -83,6 +103,7 @@ class Outcome:
     tests: dict[str, tuple[str, str]]
     seconds: float
     returncode: int
+    rerun: list[str] = dataclasses.field(default_factory=list)
 
     def count(self, outcome: str) -> int:
         return sum(1 for o, _ in self.tests.values() if o == outcome)
@@ -181,20 +202,38 @@ def sample(ids: list[str], scale: float) -> list[str]:
     return [n for n in ids if n in chosen]
 
 
+# failed for want of the GPU memory the workers share, with a CUDA error (the test's own, or one a kernel before it left),
+# or with their worker: run again alone
+RERUN = ("out of memory", "ALLOC_FAILED", "CUDA error", "crashed")
+
+
 def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], added: list[Path], k: str | None,
                 workers: int, out: Path, timeout: float) -> Outcome:
     """pytest on the variant: the targets (files or an @file of node ids) and the test files the patches add, with -k
-    where given."""
+    where given, over `workers` xdist processes (a worker ended by a sticky CUDA error is replaced). Then, in the time
+    left, the tests that failed for want of GPU memory or with their worker run again one at a time, in one process:
+    their second outcome counts, and Outcome.rerun names them."""
     if not targets and not added:  # nothing selected (bare pytest would run the whole directory)
         return Outcome(name, {}, 0.0, 5)
+    started = time.perf_counter()
     report = out / f"{_file_name(name)}.jsonl"
     report.unlink(missing_ok=True)
-    args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else [])]
-    if workers > 1:
-        args += ["-n", str(workers)]
-    started = time.perf_counter()
+    args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else []), "-n", str(max(1, workers)),
+            "--max-worker-restart", "100000"]
     code = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.log", timeout, report)
     tests = read_report(report) if report.exists() else {}
+    again = sorted(t for t, (o, m) in tests.items() if o in ("failed", "error") and any(r in m for r in RERUN))
+    left = timeout - (time.perf_counter() - started)
+    if again and workers > 1 and left > 10 and code != -1:
+        ids = out / f"{_file_name(name)}.rerun.txt"
+        ids.write_text("".join(f"{i}\n" for i in again))
+        rerun = out / f"{_file_name(name)}.rerun.jsonl"
+        rerun.unlink(missing_ok=True)
+        args = ["@" + str(ids.resolve()), "-q", "-rN", "-n", "1", "--max-worker-restart", "100000"]
+        code_again = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.rerun.log", left, rerun)
+        tests.update(read_report(rerun) if rerun.exists() else {})
+        code = -1 if code_again == -1 else code
+        return Outcome(name, tests, time.perf_counter() - started, code, again)
     return Outcome(name, tests, time.perf_counter() - started, code)
 
 
@@ -230,10 +269,12 @@ def differences(base: Outcome, other: Outcome) -> list[str]:
 
 def report(outcomes: list[Outcome]) -> list[str]:
     """The markdown table and the differences from the pristine run."""
-    lines = ["| variant | passed | failed | errors | skipped | pytest exit | seconds |", "|---|---|---|---|---|---|---|"]
+    lines = ["| variant | passed | failed | errors | skipped | run again alone | pytest exit | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.variant} | {o.count('passed')} | {o.count('failed')} | {o.count('error')} | "
-                     f"{o.count('skipped')} | {o.returncode if o.returncode >= 0 else 'timeout'} | {o.seconds:.0f} |")
+                     f"{o.count('skipped')} | {len(o.rerun)} | {o.returncode if o.returncode >= 0 else 'timeout'} | "
+                     f"{o.seconds:.0f} |")
     for o in outcomes[1:]:
         diff = differences(outcomes[0], o)
         lines += ["", f"{o.variant} vs {outcomes[0].variant}: {len(diff)} test(s) differ"] + [f"  {d}" for d in diff]

@@ -77,7 +77,7 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     assert by_name["+0001"] == {**by_name["pristine"], "test_the_patched_file_is_there": "passed", "test_added_by_patch": "passed"}
     runs = [upstream_tests.Outcome(o, t, 1.0, 0) for o, t in outcomes.items()]
     lines = upstream_tests.report(runs)
-    assert lines[2] == "| pristine | 1 | 2 | 0 | 1 | 0 | 1 |"
+    assert lines[2] == "| pristine | 1 | 2 | 0 | 1 | 0 | 0 | 1 |"
     assert "+0001 vs pristine: 2 test(s) differ" in lines
     assert any("test_added_by_patch: failed -> passed" in line for line in lines)
     assert any("test_the_patched_file_is_there: failed -> passed" in line for line in lines)
@@ -116,6 +116,57 @@ def test_a_variant_cut_off_by_its_timeout_keeps_the_tests_it_finished(tmp_path):
     assert code == 1 and time.monotonic() - started < 40  # not the hung test's 600 s
     found = {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
     assert found == {"test_a_fast_one": "passed", "test_added_by_patch": "failed"}
+
+
+POISONING = '''
+from pathlib import Path
+
+import pytest
+
+POISONED = []  # as a CUDA context after a misaligned address: every later launch in the process fails
+
+
+def _launch(bad=False):
+    if POISONED or bad:
+        POISONED.append(True)
+        raise RuntimeError("CUDA error: misaligned address")
+
+
+def test_a_faulty_kernel():
+    _launch(bad=True)
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_a_sound_kernel(i):
+    _launch()
+
+
+def test_out_of_memory_while_the_others_hold_the_gpu():
+    marker = Path(__file__).with_name("first-try")
+    if not marker.exists():
+        marker.touch()
+        raise RuntimeError("CUDA out of memory. Tried to allocate 10.39 GiB")
+'''
+
+
+def test_a_sticky_cuda_error_fails_its_own_test_only_and_the_failures_run_again_alone(tmp_path):
+    tests = tmp_path / "fa" / "tests" / "cute"
+    tests.mkdir(parents=True)
+    (tests / "test_poisoning.py").write_text(POISONING)
+    series = tmp_path / "series"
+    series.mkdir()
+    (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
+    out = tmp_path / "out"
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_poisoning.py", "--series",
+                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "--variants", "0",
+                                "--workers", "2", "-k", "not added_by_patch"]) == 0
+    found = {t.split("::")[-1]: r for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
+    assert sum(r[0] == "passed" for t, r in found.items() if t.startswith("test_a_sound_kernel")) == 8
+    assert found["test_a_faulty_kernel"] == ("failed", "RuntimeError: CUDA error: misaligned address")
+    rerun = (out / "pristine.rerun.txt").read_text().split()
+    assert [t.split("::")[-1] for t in rerun] == ["test_a_faulty_kernel", "test_out_of_memory_while_the_others_hold_the_gpu"]
+    again = upstream_tests.read_report(out / "pristine.rerun.jsonl")
+    assert [r[0] for r in again.values()] == ["failed", "passed"]  # the fault is the kernel's own; the memory was not
 
 
 def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
