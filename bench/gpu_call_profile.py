@@ -32,11 +32,13 @@ def call_of(problem, spec: str, experiment):
     import torch
     import torch.nn.functional as F
 
+    from fa4tune.harness.gate import TORCH_DTYPES
+
     gen = torch.Generator(device="cuda").manual_seed(0)
-    shape = lambda s, h, d: (problem.batch, s, h, d)  # noqa: E731
-    q = torch.randn(shape(problem.seqlen_q, problem.num_heads, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim), device="cuda", dtype=torch.bfloat16, generator=gen)
-    v = torch.randn(shape(problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v), device="cuda", dtype=torch.bfloat16, generator=gen)
+    q, k, v = (torch.randn(problem.batch, s, h, d, device="cuda", dtype=TORCH_DTYPES[problem.dtype], generator=gen)
+               for s, h, d in ((problem.seqlen_q, problem.num_heads, problem.head_dim),
+                               (problem.seqlen_k, problem.num_heads_kv, problem.head_dim),
+                               (problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v)))
     if spec == "dispatch-bwd":
         pc = problem.problem_class
         fwd, bwd = experiment.forward_config(pc), experiment.backward_config(pc)

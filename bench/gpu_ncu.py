@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     from fa4tune.harness.candidates import load_experiment
+    from fa4tune.harness.gate import TORCH_DTYPES
     from fa4tune.harness.settings import EXPERIMENT_PATH as _EXPERIMENT
 
     experiment = load_experiment(_EXPERIMENT)  # the static rules and the pin first (guards.admit), as every measuring path
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
 
     problem = next(p for p in load_suite(args.suite) if args.only in p.label)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(problem.batch, s, h, d, device="cuda", dtype=torch.bfloat16, generator=gen) for s, h, d in (
+    dtype = TORCH_DTYPES[problem.dtype]
+    q, k, v = (torch.randn(problem.batch, s, h, d, device="cuda", dtype=dtype, generator=gen) for s, h, d in (
         (problem.seqlen_q, problem.num_heads, problem.head_dim), (problem.seqlen_k, problem.num_heads_kv, problem.head_dim),
         (problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v)))
     mask = _bottom_right(problem) if problem.causal else None
