@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -91,15 +92,22 @@ def _inputs(batch: Batch, device, seed: int = 0):
 
 
 def paired_speedup(upstream_ms: list[float], table_ms: list[float]) -> tuple[float, float, float]:
-    """(median, first quartile, third quartile) of the per-round speedups upstream / table: the two calls of a
-    round ran back to back, so a drift of the GPU's clock or of the host between rounds cancels in each ratio."""
-    ratios = sorted(u / t for u, t in zip(upstream_ms, table_ms))
+    """(median, first quartile, third quartile) of the speedups upstream / table per pair of rounds: the two calls of
+    a round ran back to back, so a drift of the GPU's clock or of the host between rounds cancels in each ratio, and
+    the calls' order is reversed every other round (_timed), so the geometric mean of two rounds' ratios cancels what
+    a call's place in the round does to it (identical configs in the same place of every round read 0.77-0.91x on the
+    H100, docs/measurements/2026-12-05-h100-upstream-tests-and-varlen-order.md)."""
+    ratios = [u / t for u, t in zip(upstream_ms, table_ms)]
+    if len(ratios) > 1:
+        ratios = [math.sqrt(a * b) for a, b in zip(ratios[0::2], ratios[1::2])]
+    ratios.sort()
     q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (ratios[0],) * 3
     return statistics.median(ratios), q1, q3
 
 
 def _timed(calls: dict, rounds: int, device) -> dict:
-    """ms per named call and round, the calls interleaved round by round, L2 flushed before each."""
+    """ms per named call and round, the calls interleaved round by round, in reverse order every other round, L2
+    flushed before each."""
     import torch
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
@@ -107,8 +115,8 @@ def _timed(calls: dict, rounds: int, device) -> dict:
     for fn in calls.values():
         fn()  # warm-up (and compile)
     torch.cuda.synchronize(device)
-    for _ in range(rounds):
-        for name, fn in calls.items():
+    for round_ in range(rounds):
+        for name, fn in (calls.items() if round_ % 2 == 0 else reversed(calls.items())):
             flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()

@@ -29,7 +29,7 @@ for step in "$@"; do
       timeout 300 python3 bench/varlen.py --rounds 60 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
-      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --workers 14 "${more[@]}" \
+      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --workers 8 "${more[@]}" \
         --timeout 268 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -60 "$OUT/$step.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
