@@ -99,8 +99,9 @@ class DispatchTables:
         """The forward config of a packed (varlen) call of the class: its `varlen` entry (measured on packed batches);
         else its config where its kernel class runs packed batches (`varlen`); else upstream's default, else ours for
         wide heads on upstream's class. An entry's knobs are not carried over to upstream's class: tuned for another
-        kernel, they ran 0.86-0.95x upstream's forward on packed d64 and d96 batches
-        (docs/measurements/2026-12-05-h100-varlen-gqa-backward.md)."""
+        kernel, they read 0.86-0.95x upstream's forward on packed d64 and d96 batches, but under a place bias that read
+        identical configs at 0.77-0.91x (docs/measurements/2026-12-05-h100-upstream-tests-and-varlen-order.md): until the
+        rerun, upstream's default, which is 1.0x by construction."""
         from fa4tune.kernel_class import forward_kernel, runs_varlen
 
         key = ("varlen", pc)
