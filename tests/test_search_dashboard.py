@@ -16,6 +16,7 @@ import pytest
 
 from review_studies import FWD_MHA, FWD_MHA_RUNNER_UP, RATIONALE, forward_table, run_study
 from search.reviewing.notes import FOOTER
+from search.reviewing.screenshot import chromium_command
 from search.storing.storage import open_storage
 from search_helpers import ROOT, run_cli
 
@@ -134,14 +135,13 @@ def test_the_page_renders_the_study_and_a_rationale_in_headless_chromium(dashboa
     base, study_id, detail, _ = dashboard
     scripted = next(t for t in detail["trials"] if _attrs(t)["proposer"] == "scripted")
     page = f"{base}/dashboard/studies/{study_id}/trials?numbers={scripted['number']}"
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1400,900", "--virtual-time-budget=15000"]
-    dom = subprocess.run([*flags, "--dump-dom", page], capture_output=True, text=True, timeout=180).stdout
+    def command(*action):
+        return chromium_command(page, tmp_path / "profile", *action, size=(1400, 900), virtual_time_ms=15000)
+    dom = subprocess.run(command("--dump-dom"), capture_output=True, text=True, timeout=180).stdout
     text = unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", re.sub(r"<style[^>]*>.*?</style>", "", dom, flags=re.S))))
     assert STUDY in text and RATIONALE in text and "feasible: yes" in text
     shot = tmp_path / "dashboard.png"
-    subprocess.run([*flags, f"--screenshot={shot}", page], capture_output=True, timeout=180)
+    subprocess.run(command(f"--screenshot={shot}"), capture_output=True, timeout=180)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     artifacts = ROOT / "artifacts"
     artifacts.mkdir(exist_ok=True)

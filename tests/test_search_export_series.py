@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import lzma
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from search.reviewing import carry
 from search.reviewing.cli import open_storages
 from search.reviewing.evidence import load_studies
 from search.storing.storage import open_storage
-from search_helpers import ROOT, run_cli
+from search_helpers import ROOT, replay_args, run_cli, write_table
 from test_search_export import _pristine_checkout, _refused
 
 DATA = ROOT / "docs/measurements/data"
@@ -26,6 +27,7 @@ DATA = ROOT / "docs/measurements/data"
 LEAVE_OUT = ["fwd:d64-noncausal-gqa8-decode-bf16", "fwd:d96-noncausal-gqa4-decode-bf16", "fwd:d96-noncausal-gqa8-decode-bf16",
              "fwd:d64-causal-decode-bf16", "fwd:d128-causal-decode-bf16"]
 SERIES = ["0001-sm120-configs", "0002-sm120-splitkv-decode", "0003-sm120-tma-forward"]
+CHROMIUM = any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))  # .ci/run installs chromium
 
 
 STORAGES = ("2026-12-01-standard-study", "2026-12-03-decode-classes-study", "2026-12-03-decode-causal-study")
@@ -48,7 +50,7 @@ def series(tmp_path_factory):
     urls, out = shipped_storages(tmp), tmp / "out"
     out.mkdir()
     done = run_cli("export", *[a for url in urls for a in ("--storage", url)], "--series", out,
-                   *[a for s in LEAVE_OUT for a in ("--leave-out", s)])
+                   *[a for s in LEAVE_OUT for a in ("--leave-out", s)], *(["--screenshots"] if CHROMIUM else []))
     assert done.returncode == 0, done.stderr
     return urls, out, tmp, open_storages(urls)  # the evidence the export read, read again once for the tests
 
@@ -59,7 +61,8 @@ def _apply(checkout: Path, patch: Path, check_only: bool = False) -> subprocess.
 
 def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previous(series, tmp_path):
     _, out, _, _ = series
-    assert sorted(p.name for p in out.iterdir()) == sorted([f"{s}.patch" for s in SERIES] + [f"{s}.pr.md" for s in SERIES])
+    shots = [f"{s}.dashboard.png" for s in SERIES] if CHROMIUM else []
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"{s}.patch" for s in SERIES] + [f"{s}.pr.md" for s in SERIES] + shots)
     for i, stem in enumerate(SERIES, 1):
         assert f"\nSubject: [PATCH {i}/3] " in (out / f"{stem}.patch").read_text()
     checkout = _pristine_checkout(tmp_path / "fa")
@@ -110,6 +113,42 @@ def test_each_pr_text_has_its_own_studies_numbers_from_the_storage_and_the_cavea
     decode = (out / f"{SERIES[1]}.pr.md").read_text()
     assert sum(line.startswith("| fwd |") and "`FlashAttentionForwardSm120SplitKV`" in line for line in decode.splitlines()) == 13
     assert "PDL" in decode
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM, reason="needs Debian's chromium (`apt-get install chromium`; .ci/run installs it)")
+def test_each_pr_text_shows_the_dashboard_of_its_measured_study_of_largest_speedup(series):
+    _, out, _, merged = series
+    studies = {ev.name: ev for ev in load_studies(merged)}
+    for stem in SERIES:
+        pr = (out / f"{stem}.pr.md").read_text()
+        shot = out / f"{stem}.dashboard.png"
+        assert f"]({shot.name})" in pr
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000  # a page, not a blank
+        featured = re.search(r"optuna-dashboard on `([^`]+)` \(([0-9.]+)x over the previous default\): (\d+) trials measured on "
+                             r"NVIDIA H200, SM120 kernels emulated there", pr)
+        assert featured, pr
+        rows = [line for line in pr.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
+        best = max(float(r.split(" | ")[4].rstrip("x")) for r in rows if r.split(" | ")[4] != "-")
+        assert float(featured.group(2)) == best
+        ev = studies[featured.group(1)]
+        assert int(featured.group(3)) == sum(r.evaluated for r in ev.search_trials)
+        assert all(r.evaluator == "gpu" for r in ev.search_trials if r.evaluated)  # measured, not replayed
+
+
+def test_a_replayed_study_is_no_screenshot_and_screenshots_go_with_a_series(tmp_path):
+    from fa4tune.config import ConfigError
+    from search.reviewing.screenshot import study_screenshot
+
+    url = f"sqlite:///{tmp_path / 'replayed.db'}"
+    assert run_cli(*replay_args(url, write_table(tmp_path), "--proposer", "none", "--n-trials", "2")).returncode == 0
+    storage = open_storage(url)
+    (name,) = [s.study_name for s in storage.get_all_studies()]
+    with pytest.raises(ConfigError, match=r"screenshot_replayed: study .* was replayed from a table, not measured"):
+        study_screenshot(storage, name, tmp_path / "shot.png")
+    assert not (tmp_path / "shot.png").exists()
+    out = tmp_path / "p.patch"
+    _refused(run_cli("export", "--storage", url, "--out", out, "--screenshots"), out, "export_screenshots", "--series")
 
 
 def test_a_later_storage_s_study_replaces_an_earlier_s_of_the_same_name(series):

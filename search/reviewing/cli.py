@@ -30,6 +30,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the patch, write nothing")
     p.add_argument("--series", default=None, metavar="DIR",
                    help="write a series instead of one patch: DIR/NNNN-*.patch + .pr.md (configs, split-KV decode, TMA)")
+    p.add_argument("--screenshots", action="store_true",
+                   help="with --series: each PR text shows its featured study's optuna-dashboard page, "
+                        "DIR/NNNN-*.dashboard.png (headless Chromium; measured studies only)")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
     p.add_argument("--target", default="sm120", help="export the studies of this target (default sm120)")
     p.add_argument("--problem-class", action="append", dest="problem_classes", help="export only this class (repeatable)")
@@ -112,6 +115,8 @@ def export(args) -> int:
     from search.reviewing import export as exporter, pull_request
     from search.storing.storage import DEFAULT_STORAGE
 
+    if args.screenshots and args.series is None:
+        raise ConfigError("export_screenshots", "--screenshots goes with --series (the series' PR texts show them)")
     urls = args.storage or [DEFAULT_STORAGE]
     storage, url = open_storages(urls), urls[0]
     if args.series is not None:
@@ -149,8 +154,14 @@ def export_series(args, storage, url: str) -> int:
     if args.upstream_kernels_only:
         raise ConfigError("export_series", "--series with --upstream-kernels-only: the series' patch 1 already keeps to "
                                            "upstream's kernels; leave the flag out")
+    shoot = None
+    if args.screenshots and not args.dry_run:
+        from search.reviewing.screenshot import study_screenshot
+
+        def shoot(stem: str, study_name: str) -> str:
+            return study_screenshot(storage, study_name, folder / f"{stem}.dashboard.png").name
     patches = make_series(storage, url, _export_command(args), args.target, args.confirmations,
-                          args.allow_replay, args.problem_classes, args.table, args.leave_out)
+                          args.allow_replay, args.problem_classes, args.table, args.leave_out, shoot)
     for p in patches:
         if args.dry_run:
             print(p.patch, end="")
@@ -197,6 +208,7 @@ def _export_command(args) -> list[str]:
     argv += ["--allow-replay"] if args.allow_replay else []
     argv += ["--table", args.table] if args.table else []
     argv += ["--upstream-kernels-only"] if args.upstream_kernels_only else []
+    argv += ["--screenshots"] if getattr(args, "screenshots", False) else []
     for name in args.leave_out or []:
         argv += ["--leave-out", name]
     return argv

@@ -13,10 +13,32 @@ def _speedup(w: Winner) -> str:
     return f"{w.trial.value / w.default.value:.2f}x" if w.default else "-"
 
 
+def featured(winners: list[Winner]) -> Winner | None:
+    """The measured winner with the largest speedup over upstream's default: the study a screenshot shows."""
+    measured = [w for w in winners if not exporter.replayed(w) and w.default]
+    return max(measured, key=lambda w: w.trial.value / w.default.value, default=None)
+
+
+def screenshot_lines(w: Winner, file_name: str) -> list[str]:
+    """The section that shows the featured study's dashboard page (file_name beside the .pr.md)."""
+    from search.storing import schema
+
+    trial = next((t for t in w.study.trials if t.number == w.trial.number), None)
+    device = (trial.user_attrs.get(schema.DEVICE) if trial else None) or "the study's GPU"
+    measured = sum(1 for r in w.study.search_trials if r.evaluated)
+    return ["", "## The study behind the largest speedup", "",
+            f"![optuna-dashboard: study {w.study.name}]({file_name})", "",
+            f"optuna-dashboard on `{w.study.name}` ({_speedup(w)} over the previous default): {measured} trials "
+            f"measured on {device}, SM120 kernels emulated there; its history (each trial's geomean TFLOPS), the knobs' "
+            "importance and the timeline. `python -m search dashboard --storage URL` opens the same page."]
+
+
 def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], message: str, subject: str, needed: int,
-            table_meta: dict | None = None, changes: list[str] | None = None) -> str:
+            table_meta: dict | None = None, changes: list[str] | None = None,
+            screenshot: tuple[Winner, str] | None = None) -> str:
     """The pull request: title, the files and what each changes (`changes`: the lines, in place of the one-patch
-    export's), the caveat, a table per study, the gate, notes."""
+    export's), the caveat, a table per study, the featured study's dashboard (`screenshot`: its winner and the PNG's
+    file name), the gate, notes."""
     lines = [f"# {subject}", ""]
     text = caveat(winners, table_meta)
     if text:
@@ -53,8 +75,10 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
         lines += [f"- {w.direction} {w.study.problem_class.name}: {w.why}; #{w.trial.number} "
                   f"({w.trial.value:.1f} TFLOPS, the winner {w.replaces.value:.1f}), {_measured(w, needed)}." for w in fallbacks]
     lines += ["", "Configs:", ""] + [f"- {w.direction} {w.study.problem_class.name}: `{_knobs(w.config)}`" for w in winners]
-    lines += ["", "<details><summary>TFLOPS per problem</summary>", "", "```", *_evidence_table(winners), "```", "", "</details>",
-              "", "### Correctness", "", " ".join(_gate_summary(winners))]
+    lines += ["", "<details><summary>TFLOPS per problem</summary>", "", "```", *_evidence_table(winners), "```", "", "</details>"]
+    if screenshot is not None:
+        lines += screenshot_lines(*screenshot)
+    lines += ["", "### Correctness", "", " ".join(_gate_summary(winners))]
     if "Not exported:" in message:
         lines += ["", "### Not exported", ""] + [f"- {line.strip()}" for line in
                                                  message.split("Not exported:\n", 1)[1].split("\n\n", 1)[0].splitlines()]

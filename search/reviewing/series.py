@@ -189,9 +189,11 @@ def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
 
 def export_series(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
                   allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
-                  leave_out: list[str] | None = None) -> list[SeriesPatch]:
-    """The series, each patch with its format-patch text and PR text; a one-line ConfigError when refused."""
-    from search.reviewing.pull_request import chosen, pr_text
+                  leave_out: list[str] | None = None, screenshot=None) -> list[SeriesPatch]:
+    """The series, each patch with its format-patch text and PR text; a one-line ConfigError when refused.
+    `screenshot(stem, study_name)`, when given, writes the dashboard page of the patch's featured study (the measured
+    winner of largest speedup) and returns the PNG's file name, which the PR text shows."""
+    from search.reviewing.pull_request import chosen, featured, pr_text
 
     winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
                                         leave_out=leave_out, decode=True)
@@ -206,5 +208,8 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
         if not p.intro:  # patch 1: export's own prose, after the order line
             message = "\n".join(exporter._wrap(order)) + "\n\n" + message
         p.patch = exporter.format_patch(p.files, message, p.subject).replace("Subject: [PATCH] ", f"Subject: [PATCH {i}/{len(patches)}] ", 1)
-        p.pr = pr_text(p.winners, p.files, message, p.subject, needed, table_meta, changes=[order, *p.changes])
+        star = featured(p.winners) if screenshot is not None else None
+        shot = (star, screenshot(p.stem, star.study.name)) if star is not None else None
+        p.pr = pr_text(p.winners, p.files, message, p.subject, needed, table_meta, changes=[order, *p.changes],
+                       screenshot=shot)
     return patches

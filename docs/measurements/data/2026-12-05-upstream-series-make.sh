@@ -14,9 +14,16 @@ for name in 2026-12-01-standard-study 2026-12-03-decode-classes-study 2026-12-03
 done
 uv run python -m search export --storage "sqlite:///$work/2026-12-01-standard-study.db" \
   --storage "sqlite:///$work/2026-12-03-decode-classes-study.db" --storage "sqlite:///$work/2026-12-03-decode-causal-study.db" \
-  --series "$out" \
+  --series "$out" --screenshots \
   --leave-out fwd:d64-noncausal-gqa8-decode-bf16 --leave-out fwd:d96-noncausal-gqa4-decode-bf16 \
   --leave-out fwd:d96-noncausal-gqa8-decode-bf16 --leave-out fwd:d64-causal-decode-bf16 \
   --leave-out fwd:d128-causal-decode-bf16
-for f in "$out"/*; do cp "$f" "docs/measurements/data/2026-12-05-upstream-series-$(basename "$f")"; done
+# the files take the series' date prefix here; the PR texts' links to the screenshots follow them
+for f in "$out"/*; do
+  dest="docs/measurements/data/2026-12-05-upstream-series-$(basename "$f")"
+  case "$f" in
+    *.pr.md) sed 's|(\([0-9]\{4\}-[a-z0-9-]*\.dashboard\.png\))|(2026-12-05-upstream-series-\1)|' "$f" > "$dest" ;;
+    *) cp "$f" "$dest" ;;
+  esac
+done
 rm -rf "$work" "$out"
