@@ -4,6 +4,7 @@ defaults, FA4's own path and torch SDPA.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/gpu_splitkv.py [--part matrix|timing|both]
         [--configs 16x64x32x1:0,64x64x128x2:0,32x64x64x1q:0] [--only SUBSTRING] [--rounds N] [--combine-launch pdl|stream]
+        [--out decode-table.jsonl]
 
 Part 1, matrix (gate only, one timed round): every split config (bench/common.py's split notation) over seqlen_q in {1, 2, 8, 64, 512}, head_dim in
 {64, 96, 128} and GQA in {1, 4, 8}, with seqlen_k never a multiple of tile_n, causal (bottom-right, sq < sk) on
@@ -15,7 +16,8 @@ one step (fa4tune.harness.steps.measure_step): the split configs, the dispatch t
 (experiment.forward_config), upstream's SM120 defaults (fa4tune.defaults.upstream_forward: what upstream's
 interface runs on SM120), FA4's own path for this GPU (flash_attn_func: SM90 kernels with split-KV on an H200, not
 SM120 code: a reference) and torch SDPA. Each row: TFLOPS, ms, and the share of the HBM bound (reading K and V
-once at the device's bandwidth: on a decode, the ceiling). On a GPU that is not SM 12.0 the SM120 kernels run
+once at the device's bandwidth: on a decode, the ceiling). `--out` also writes the rows as JSON lines, each with its
+role (ROLES): what `python -m search export --decode-table` puts in the split-KV patch's pull request. On a GPU that is not SM 12.0 the SM120 kernels run
 emulated: the 99 KB rule is SM120's, the speed is the device's (the heuristic's CTAs per SM are SM120's too, so
 on an H200, with 228 KB per SM, it under-fills by up to 2x; --configs with explicit splits show how much).
 """
@@ -41,6 +43,8 @@ HBM_BANDWIDTH = {
     "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": (1.792e12, "RTX PRO 6000 Blackwell spec: 1792 GB/s GDDR7"),
 }
 DEFAULT_CONFIGS = "16x64x32x1:0,16x64x32x2:0,32x64x64x2:0,64x64x128x2:0"
+# a timing row's role, for --out: the dispatch table's config, upstream's SM120 defaults, the two references
+TABLE, UPSTREAM, SDPA, FA4_OWN, SPLIT_CONFIG = "table", "upstream sm120", "torch sdpa", "fa4 own path", "split config"
 FORCED_SPLITS = 4
 
 
@@ -62,12 +66,23 @@ def matrix_configs(configs: list[ForwardConfig]) -> list[ForwardConfig]:
 
 def timing_configs(configs: list[ForwardConfig], experiment, problem: Problem) -> list[tuple[str, ForwardConfig]]:
     """Part 2's SM120 candidates for one problem: the split configs, the dispatch table's, upstream's defaults."""
+    return [(label, cfg) for label, cfg, _ in _timing_roles(configs, experiment, problem)]
+
+
+def _timing_roles(configs, experiment, problem: Problem) -> list[tuple[str, ForwardConfig, str]]:
     from fa4tune import defaults
 
     pc = problem.problem_class
-    named = [(config_name(c), c) for c in configs]
-    return named + [(f"dispatch table: {config_name(experiment.forward_config(pc))}", experiment.forward_config(pc)),
-                    (f"upstream sm120 defaults: {config_name(defaults.upstream_forward(pc))}", defaults.upstream_forward(pc))]
+    named = [(config_name(c), c, SPLIT_CONFIG) for c in configs]
+    return named + [(f"dispatch table: {config_name(experiment.forward_config(pc))}", experiment.forward_config(pc), TABLE),
+                    (f"upstream sm120 defaults: {config_name(defaults.upstream_forward(pc))}", defaults.upstream_forward(pc),
+                     UPSTREAM)]
+
+
+def table_row(problem: Problem, role: str, name: str, result, device: str, mode: str) -> dict:
+    """One --out line: the problem, the candidate's role and name, its status, TFLOPS and ms, the device and mode."""
+    return {"problem": problem.label, "problem_class": problem.problem_class.name, "role": role, "name": name,
+            "status": result.status, "tflops": result.tflops, "ms": result.ms_median, "device": device, "mode": mode}
 
 
 def compile_pairs(configs, experiment, args) -> list[tuple[str, ForwardConfig, Problem]]:
@@ -85,8 +100,11 @@ def compile_pairs(configs, experiment, args) -> list[tuple[str, ForwardConfig, P
     return pairs
 
 
-def run_timing(configs, experiment, settings, suite: str, only: str) -> None:
-    """Part 2: every candidate gated and timed interleaved per problem; TFLOPS and the share of the HBM bound."""
+def run_timing(configs, experiment, settings, suite: str, only: str, out: Path | None = None) -> None:
+    """Part 2: every candidate gated and timed interleaved per problem; TFLOPS and the share of the HBM bound; the rows
+    also as JSON lines in `out`, written as each problem finishes."""
+    import json
+
     import torch
 
     from fa4tune.feasibility import check_forward_problem
@@ -101,25 +119,36 @@ def run_timing(configs, experiment, settings, suite: str, only: str) -> None:
     print(f"\n== timing, suite {suite}: device {name}, HBM {bandwidth and bandwidth / 1e12} TB/s ({source}) ==")
     print_row(COLUMNS)
     flusher = make_flusher(device)
+    mode = mode_line(target)
+    if out is not None:
+        out.write_text("")
     for problem in [p for p in load_suite(suite) if only in p.label]:
         bwd = experiment.backward_config(problem.problem_class)
-        candidates, skipped = [], []
-        for label, cfg in timing_configs(configs, experiment, problem):
+        candidates, skipped, roles = [], [], {}
+        for label, cfg, role in _timing_roles(configs, experiment, problem):
             verdict = check_forward_problem(cfg, problem, target)
             if verdict:
                 candidates.append(experiment_candidate(experiment, cfg, bwd, name=label))
+                roles[label] = role
             else:
                 skipped.append((label, str(verdict)))
-        candidates += [fa4_candidate(), sdpa_candidate()]
+        fa4, sdpa = fa4_candidate(), sdpa_candidate()
+        candidates += [fa4, sdpa]
+        roles.update({fa4.name: FA4_OWN, sdpa.name: SDPA})
         results = measure_step(problem, "fwd", candidates, device=device, settings=settings, flusher=flusher)
         bound_ms, bound_tflops = hbm_bound(problem, bandwidth) if bandwidth else (None, None)
         for candidate in candidates:
             print_row(result_row(problem.label, candidate.name, results[candidate.name], bound_ms))
+        if out is not None:
+            with out.open("a") as stream:
+                for candidate in candidates:
+                    row = table_row(problem, roles[candidate.name], candidate.name, results[candidate.name], name, mode)
+                    stream.write(json.dumps(row) + "\n")
         for label, why in skipped:
             print_row((problem.label, label, f"infeasible: {why[:100]}", "", "", "", ""))
         if bound_ms:
             print_row((problem.label, "HBM bound (K, V, Q, O once)", "", f"{bound_tflops:.2f}", f"{bound_ms:.4f}", "100%", ""))
-    print(f"\n{mode_line(target)}; FA4's own path and SDPA run this device's own kernels")
+    print(f"\n{mode}; FA4's own path and SDPA run this device's own kernels")
 
 
 def main(argv=None) -> int:
@@ -133,6 +162,8 @@ def main(argv=None) -> int:
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     parser.add_argument("--combine-launch", choices=("pdl", "stream"), default="pdl",
                         help="the combine kernel as a programmatic dependent launch (the default) or plainly stream-ordered")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="also write the timing rows as JSON lines (for `search export --decode-table`)")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs)
     from fa4tune import sm120_interface
@@ -156,7 +187,7 @@ def main(argv=None) -> int:
     matrix = [p for p in matrix_problems() if args.only in p.label]
     failures = gate_matrix(matrix_configs(configs), experiment, settings, matrix) if args.part in ("matrix", "both") else 0
     if args.part in ("timing", "both"):
-        run_timing(configs, experiment, settings, args.suite, args.only)
+        run_timing(configs, experiment, settings, args.suite, args.only, args.out)
     return 1 if failures else 0
 
 

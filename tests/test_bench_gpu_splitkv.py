@@ -1,5 +1,5 @@
 """bench/gpu_splitkv.py's CPU parts (more in tests/test_splitkv.py): each config also forced to 4 splits, the
-timing's candidates, and the kernels compiled ahead for each part."""
+timing's candidates and their roles in --out's rows, and the kernels compiled ahead for each part."""
 
 from types import SimpleNamespace
 
@@ -22,6 +22,21 @@ def test_the_timing_compares_with_the_table_and_upstream():
     assert [cfg for _, cfg in named[:len(configs)]] == configs
     assert named[-2][1] == experiment.forward_config(problem.problem_class) and named[-2][0].startswith("dispatch table: ")
     assert named[-1][1] == defaults.upstream_forward(problem.problem_class)
+
+
+def test_each_out_row_names_its_role_as_the_exports_decode_table_reads_them():
+    from fa4tune.harness.measurement import ProblemResult
+    from search.reviewing.pull_request import DECODE_ROLES
+
+    problem = load_suite("decode")[0]
+    roles = [role for *_, role in gpu_splitkv._timing_roles(gpu_splitkv.parse_configs("32x64x64x2:0"), experiment, problem)]
+    assert roles == [gpu_splitkv.SPLIT_CONFIG, gpu_splitkv.TABLE, gpu_splitkv.UPSTREAM]
+    assert set(DECODE_ROLES) == {gpu_splitkv.TABLE, gpu_splitkv.UPSTREAM, gpu_splitkv.SDPA}
+    result = ProblemResult(problem.label, "fwd", "ok", tflops=4.2, ms_median=0.016)
+    row = gpu_splitkv.table_row(problem, gpu_splitkv.TABLE, "dispatch table: x", result, "NVIDIA H100 80GB HBM3", "mode: emulated")
+    assert row == {"problem": problem.label, "problem_class": problem.problem_class.name, "role": "table",
+                   "name": "dispatch table: x", "status": "ok", "tflops": 4.2, "ms": 0.016,
+                   "device": "NVIDIA H100 80GB HBM3", "mode": "mode: emulated"}
 
 
 def test_compile_pairs_follow_the_part():

@@ -44,13 +44,34 @@ def shipped_storages(tmp: Path) -> list[str]:
     return urls
 
 
+DEVICE, MODE = "NVIDIA H100 80GB HBM3", "mode: emulated (SM120 kernels emulated on this device)"
+
+
+def decode_run(path: Path) -> Path:
+    """A stand-in for `bench/gpu_splitkv.py --part timing --out`: two decode problems, one with SDPA failing its gate."""
+    import json
+
+    from bench import gpu_splitkv as g
+    from fa4tune.harness.measurement import ProblemResult
+    from fa4tune.suites import load_suite
+
+    rows = []
+    for problem, sdpa in zip(load_suite("decode")[:2], ("ok", "incorrect")):
+        for role, tflops, status in ((g.TABLE, 4.2, "ok"), (g.UPSTREAM, 0.6, "ok"), (g.SDPA, 3.5, sdpa), (g.FA4_OWN, 5.0, "ok")):
+            result = ProblemResult(problem.label, "fwd", status, tflops=tflops if status == "ok" else None)
+            rows.append(g.table_row(problem, role, role, result, DEVICE, MODE))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 @pytest.fixture(scope="module")
 def series(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("series")
     urls, out = shipped_storages(tmp), tmp / "out"
     out.mkdir()
     done = run_cli("export", *[a for url in urls for a in ("--storage", url)], "--series", out,
-                   *[a for s in LEAVE_OUT for a in ("--leave-out", s)], *(["--screenshots"] if CHROMIUM else []))
+                   *[a for s in LEAVE_OUT for a in ("--leave-out", s)], *(["--screenshots"] if CHROMIUM else []),
+                   "--decode-table", decode_run(tmp / "decode.jsonl"))
     assert done.returncode == 0, done.stderr
     return urls, out, tmp, open_storages(urls)  # the evidence the export read, read again once for the tests
 
@@ -136,6 +157,23 @@ def test_each_pr_text_shows_the_dashboard_of_its_measured_study_of_largest_speed
         assert all(r.evaluator == "gpu" for r in ev.search_trials if r.evaluated)  # measured, not replayed
 
 
+def test_the_split_kv_patch_shows_the_decode_run_against_upstream_and_sdpa(series, tmp_path):
+    from fa4tune.suites import load_suite
+
+    _, out, _, _ = series
+    first, second = (p.label for p in load_suite("decode")[:2])
+    decode = (out / f"{SERIES[1]}.pr.md").read_text()
+    assert f"`bench/gpu_splitkv.py --part timing` on {DEVICE} (emulated (SM120 kernels emulated on this device))" in decode
+    assert f"| {first} | 4.20 | 0.60 | 3.50 | 7.00x | 1.20x |" in decode
+    assert f"| {second} | 4.20 | 0.60 | incorrect | 7.00x | - |" in decode  # a reference that fails the gate is no ratio
+    assert all("## Decode:" not in (out / f"{s}.pr.md").read_text() for s in (SERIES[0], SERIES[2]))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "x", "role": "table"}\n')
+    refused = run_cli("export", "--storage", series[0][0], "--series", tmp_path, "--decode-table", bad)
+    assert refused.returncode == 2 and "decode_table:" in refused.stderr and "line 1" in refused.stderr and "missing status" in refused.stderr
+    assert not list(tmp_path.glob("*.patch"))
+
+
 def test_a_replayed_study_is_no_screenshot_and_screenshots_go_with_a_series(tmp_path):
     from fa4tune.config import ConfigError
     from search.reviewing.screenshot import study_screenshot
@@ -149,6 +187,7 @@ def test_a_replayed_study_is_no_screenshot_and_screenshots_go_with_a_series(tmp_
     assert not (tmp_path / "shot.png").exists()
     out = tmp_path / "p.patch"
     _refused(run_cli("export", "--storage", url, "--out", out, "--screenshots"), out, "export_screenshots", "--series")
+    _refused(run_cli("export", "--storage", url, "--out", out, "--decode-table", "x.jsonl"), out, "export_decode_table")
 
 
 def test_a_later_storage_s_study_replaces_an_earlier_s_of_the_same_name(series):

@@ -33,6 +33,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--screenshots", action="store_true",
                    help="with --series: each PR text shows its featured study's optuna-dashboard page, "
                         "DIR/NNNN-*.dashboard.png (headless Chromium; measured studies only)")
+    p.add_argument("--decode-table", default=None, metavar="JSONL",
+                   help="with --series: the split-KV patch's PR text shows this decode run against upstream and torch "
+                        "SDPA (bench/gpu_splitkv.py --part timing --out JSONL)")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
     p.add_argument("--target", default="sm120", help="export the studies of this target (default sm120)")
     p.add_argument("--problem-class", action="append", dest="problem_classes", help="export only this class (repeatable)")
@@ -117,6 +120,8 @@ def export(args) -> int:
 
     if args.screenshots and args.series is None:
         raise ConfigError("export_screenshots", "--screenshots goes with --series (the series' PR texts show them)")
+    if args.decode_table and args.series is None:
+        raise ConfigError("export_decode_table", "--decode-table goes with --series (its split-KV patch's PR text shows it)")
     urls = args.storage or [DEFAULT_STORAGE]
     storage, url = open_storages(urls), urls[0]
     if args.series is not None:
@@ -161,7 +166,7 @@ def export_series(args, storage, url: str) -> int:
         def shoot(stem: str, study_name: str) -> str:
             return study_screenshot(storage, study_name, folder / f"{stem}.dashboard.png").name
     patches = make_series(storage, url, _export_command(args), args.target, args.confirmations,
-                          args.allow_replay, args.problem_classes, args.table, args.leave_out, shoot)
+                          args.allow_replay, args.problem_classes, args.table, args.leave_out, shoot, args.decode_table)
     for p in patches:
         if args.dry_run:
             print(p.patch, end="")
@@ -209,6 +214,7 @@ def _export_command(args) -> list[str]:
     argv += ["--table", args.table] if args.table else []
     argv += ["--upstream-kernels-only"] if args.upstream_kernels_only else []
     argv += ["--screenshots"] if getattr(args, "screenshots", False) else []
+    argv += ["--decode-table", args.decode_table] if getattr(args, "decode_table", None) else []
     for name in args.leave_out or []:
         argv += ["--leave-out", name]
     return argv

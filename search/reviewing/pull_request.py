@@ -33,12 +33,67 @@ def screenshot_lines(w: Winner, file_name: str) -> list[str]:
             "importance and the timeline. `python -m search dashboard --storage URL` opens the same page."]
 
 
+DECODE_ROLES = ("table", "upstream sm120", "torch sdpa")  # bench/gpu_splitkv.py's roles the decode table shows
+
+
+def decode_table_lines(path) -> list[str]:
+    """The split-KV patch's decode section from `bench/gpu_splitkv.py --part timing --out PATH` (one GPU run): per
+    problem, the dispatch table's split-KV, upstream's SM120 path and torch SDPA in TFLOPS, and the two ratios.
+    ConfigError decode_table for a file that is not such a run."""
+    import json
+    from pathlib import Path
+
+    from fa4tune.config import ConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("decode_table", f"--decode-table {str(path)!r}: no such file (bench/gpu_splitkv.py --out writes it)")
+    problems: dict[str, dict[str, dict]] = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            row = {"": str(err)}
+        missing = [k for k in ("problem", "role", "status", "tflops", "device", "mode") if k not in row] if isinstance(row, dict) else ["all"]
+        if missing:
+            raise ConfigError("decode_table", f"{path} line {n} is not a timing row of bench/gpu_splitkv.py --out "
+                                              f"(missing {', '.join(missing)})")
+        problems.setdefault(row["problem"], {})[row["role"]] = row
+    complete = {label: roles for label, roles in problems.items() if all(r in roles for r in DECODE_ROLES)}
+    if not complete:
+        raise ConfigError("decode_table", f"{path}: no problem has the table's, upstream's and torch SDPA's rows "
+                                          f"({', '.join(DECODE_ROLES)})")
+    runs = {(r["device"], r["mode"]) for roles in complete.values() for r in roles.values()}
+    if len(runs) > 1:
+        raise ConfigError("decode_table", f"{path}: rows of {len(runs)} devices or modes; the table is one run's")
+    ((device, mode),) = runs
+
+    def cell(row) -> str:
+        return f"{row['tflops']:.2f}" if row["status"] == "ok" and row["tflops"] else row["status"]
+
+    def ratio(a, b) -> str:
+        ok = all(r["status"] == "ok" and r["tflops"] for r in (a, b))
+        return f"{a['tflops'] / b['tflops']:.2f}x" if ok else "-"
+
+    lines = ["", "## Decode: split-KV against upstream's SM120 path and torch SDPA", "",
+             f"`bench/gpu_splitkv.py --part timing` on {device} ({mode.removeprefix('mode: ')}); TFLOPS, every candidate "
+             "gated and timed interleaved in one run. torch SDPA runs this device's own kernels, not SM120 code: the "
+             "reference a serving stack would otherwise call.", "",
+             "| problem | split-KV (this patch) | upstream SM120 | torch SDPA | x upstream | x SDPA |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for label, roles in complete.items():
+        table, upstream, sdpa = (roles[r] for r in DECODE_ROLES)
+        lines.append(f"| {label} | {cell(table)} | {cell(upstream)} | {cell(sdpa)} | {ratio(table, upstream)} | "
+                     f"{ratio(table, sdpa)} |")
+    return lines
+
+
 def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], message: str, subject: str, needed: int,
             table_meta: dict | None = None, changes: list[str] | None = None,
-            screenshot: tuple[Winner, str] | None = None) -> str:
+            screenshot: tuple[Winner, str] | None = None, sections: list[str] | None = None) -> str:
     """The pull request: title, the files and what each changes (`changes`: the lines, in place of the one-patch
-    export's), the caveat, a table per study, the featured study's dashboard (`screenshot`: its winner and the PNG's
-    file name), the gate, notes."""
+    export's), the caveat, a table per study, `sections` (e.g. decode_table_lines), the featured study's dashboard
+    (`screenshot`: its winner and the PNG's file name), the gate, notes."""
     lines = [f"# {subject}", ""]
     text = caveat(winners, table_meta)
     if text:
@@ -76,6 +131,7 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
                   f"({w.trial.value:.1f} TFLOPS, the winner {w.replaces.value:.1f}), {_measured(w, needed)}." for w in fallbacks]
     lines += ["", "Configs:", ""] + [f"- {w.direction} {w.study.problem_class.name}: `{_knobs(w.config)}`" for w in winners]
     lines += ["", "<details><summary>TFLOPS per problem</summary>", "", "```", *_evidence_table(winners), "```", "", "</details>"]
+    lines += sections or []
     if screenshot is not None:
         lines += screenshot_lines(*screenshot)
     lines += ["", "### Correctness", "", " ".join(_gate_summary(winners))]

@@ -189,12 +189,14 @@ def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
 
 def export_series(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
                   allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
-                  leave_out: list[str] | None = None, screenshot=None) -> list[SeriesPatch]:
+                  leave_out: list[str] | None = None, screenshot=None, decode_table=None) -> list[SeriesPatch]:
     """The series, each patch with its format-patch text and PR text; a one-line ConfigError when refused.
     `screenshot(stem, study_name)`, when given, writes the dashboard page of the patch's featured study (the measured
-    winner of largest speedup) and returns the PNG's file name, which the PR text shows."""
-    from search.reviewing.pull_request import chosen, featured, pr_text
+    winner of largest speedup) and returns the PNG's file name, which the PR text shows. `decode_table` (a path of
+    bench/gpu_splitkv.py --out) puts the decode table in the PR text of the patch that carries the decode entries."""
+    from search.reviewing.pull_request import chosen, decode_table_lines, featured, pr_text
 
+    decode = decode_table_lines(decode_table) if decode_table is not None else []  # refused before the studies are read
     winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
                                         leave_out=leave_out, decode=True)
     patches = plan(winners, exporter.pristine_interface())
@@ -210,6 +212,7 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
         p.patch = exporter.format_patch(p.files, message, p.subject).replace("Subject: [PATCH] ", f"Subject: [PATCH {i}/{len(patches)}] ", 1)
         star = featured(p.winners) if screenshot is not None else None
         shot = (star, screenshot(p.stem, star.study.name)) if star is not None else None
+        decodes = any(w.study.problem_class.regime == "decode" for w in p.winners)
         p.pr = pr_text(p.winners, p.files, message, p.subject, needed, table_meta, changes=[order, *p.changes],
-                       screenshot=shot)
+                       screenshot=shot, sections=decode if decodes else None)
     return patches

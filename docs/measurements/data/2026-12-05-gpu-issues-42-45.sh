@@ -3,6 +3,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fix      # #42: upstream varlen GQA dK/dV fix, its test pristine vs patched
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ncu      # #42: fp16 vs bf16 on the longest-first TMA class, Nsight pair
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlen   # #42: the six packed batches under the varlen rule
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh decode   # #43: the decode table for the split-KV PR text (vs upstream, SDPA)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut03     # #43: upstream's tests, pristine and the whole series (carry .upstream-tests)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
@@ -25,8 +26,11 @@ for step in "$@"; do
           --only "llama3-8b prefill 4k $dt" --config dispatch > "$OUT/ncu-$dt.log" 2>&1
         echo "ncu $dt rc $?"; grep -E "Duration|Throughput|Registers|Stall|Issued Ipc|Warp Cycles|Achieved Occ|Executed Ipc|Block Size|Grid Size|Dynamic Shared|Bank" "$OUT/ncu-$dt.log" | head -40
       done ;;
+    decode)
+      timeout 400 python3 bench/gpu_splitkv.py --part timing --out "$OUT/decode-table.jsonl" > "$OUT/decode.log" 2>&1
+      echo "decode rc $?"; tail -45 "$OUT/decode.log" ;;
     varlen)
-      timeout 300 python3 bench/varlen.py --rounds 60 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
+      timeout 300 python3 bench/varlen.py --rounds 40 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
       timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --workers 8 "${more[@]}" \
