@@ -24,28 +24,23 @@ from types import SimpleNamespace
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
-from fa4tune.kernel_class import forward_kernel
-from kernels.backward_sm120 import BackwardSm120
+from fa4tune.kernel_class import backward_kernel, forward_kernel
 
 # ---------------------------------------------------------------------------------------------
-# Kernel classes. A forward class defined here is tunable as soon as it declares, as
-# kernels/tma_forward_sm120.py does: `name` (the ForwardConfig `kernel` value that selects it), `knobs`
-# (its own constructor knobs and their domains), `limits`, `smem_bytes` and `can_implement`. Subclass
-# kernels.tuned_forward_sm120.TunedForwardSm120 (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or
-# kernels.splitkv_forward_sm120.SplitKvForwardSm120 and override what you change. Every knob of a config arrives
-# through the constructor.
+# Kernel classes. A class defined here is tunable as soon as it declares, as kernels/tma_forward_sm120.py does:
+# `name` (the config's `kernel` value that selects it), `knobs` (its own constructor knobs and their domains),
+# `limits`, `smem_bytes` and `can_implement`. Forward: subclass kernels.tuned_forward_sm120.TunedForwardSm120
+# (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or kernels.splitkv_forward_sm120.SplitKvForwardSm120.
+# Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
+# knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-class TunedBackwardSm120(BackwardSm120):
-    """Upstream's SM120 backward, all knobs from the config (kernels/backward_sm120.py: packed GQA gradients fixed)."""
 
 
 def kernel_class(config) -> type:
-    """The kernel class that runs a config: the backward's, or the forward class its `kernel` knob names."""
+    """The kernel class that runs a config: the forward or backward class its `kernel` knob names."""
     if isinstance(config, BackwardConfig):
-        return TunedBackwardSm120
-    return forward_kernel(config.kernel, __name__)  # this module's classes, under whatever name it was loaded
+        return backward_kernel(config.kernel, __name__)  # this module's classes, under whatever name it was loaded
+    return forward_kernel(config.kernel, __name__)
 
 
 # ---------------------------------------------------------------------------------------------

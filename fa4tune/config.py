@@ -51,7 +51,8 @@ def _check_knobs(cls, names) -> None:
         raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)}{own})")
 
 
-EXTRA = "extra"  # ForwardConfig's field for the kernel class's own knobs
+EXTRA = "extra"  # a config's field for its kernel class's own knobs
+UPSTREAM_BACKWARD_KERNEL = "sm120"  # the backward class that runs upstream's code (kernels/backward_sm120.py)
 _EXTRA_TYPES = (bool, int, float, str)
 
 
@@ -115,19 +116,9 @@ class _Record:
         return " ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
 
 
-@dataclass(frozen=True)
-class ForwardConfig(_Record):
-    """Knobs of the SM120 forward kernel (FlashAttentionForwardSm120 constructor names)."""
-
-    tile_m: int = 128
-    tile_n: int = 64
-    num_threads: int = 128
-    num_stages: int = 1
-    Q_in_regs: bool = False
-    # Which kernel class runs it: the `name` a class of kernels/ or experiment.py declares (fa4tune.kernel_class).
-    kernel: str = "sm120"
-    # That class's own knobs (its `knobs`), as sorted (name, value) pairs; given as a dict, e.g. extra={"spare_kb": 1}.
-    extra: tuple = ()
+class _KernelKnobs(_Record):
+    """A config whose `kernel` names its kernel class (fa4tune.kernel_class) and whose `extra` holds that class's own
+    knobs, as sorted (name, value) pairs (given as a dict, e.g. extra={"spare_kb": 1})."""
 
     def __post_init__(self):
         items = self.extra.items() if isinstance(self.extra, Mapping) else self.extra
@@ -145,7 +136,7 @@ class ForwardConfig(_Record):
 
     def key(self) -> tuple:
         """Every knob, the class's own ones as (name, value) pairs: use it in any cache key."""
-        return ("ForwardConfig",) + tuple(getattr(self, f.name) for f in fields(self) if f.name != EXTRA) + self.extra
+        return (type(self).__name__,) + tuple(getattr(self, f.name) for f in fields(self) if f.name != EXTRA) + self.extra
 
     def short(self) -> str:
         """One compact line for tables and logs."""
@@ -153,8 +144,25 @@ class ForwardConfig(_Record):
 
 
 @dataclass(frozen=True)
-class BackwardConfig(_Record):
-    """Knobs of the SM120 backward kernel (FlashAttentionBackwardSm120 constructor names)."""
+class ForwardConfig(_KernelKnobs):
+    """Knobs of the SM120 forward kernel (FlashAttentionForwardSm120 constructor names)."""
+
+    tile_m: int = 128
+    tile_n: int = 64
+    num_threads: int = 128
+    num_stages: int = 1
+    Q_in_regs: bool = False
+    # Which kernel class runs it: the `name` a class of kernels/ or experiment.py declares (fa4tune.kernel_class).
+    kernel: str = "sm120"
+    # That class's own knobs (its `knobs`), as sorted (name, value) pairs; given as a dict, e.g. extra={"spare_kb": 1}.
+    extra: tuple = ()
+
+
+@dataclass(frozen=True)
+class BackwardConfig(_KernelKnobs):
+    """Knobs of the SM120 backward kernel (FlashAttentionBackwardSm120 constructor names), its kernel class and that
+    class's own knobs. `kernel` leaves to_dict() while it is upstream's ("sm120"), as every config stored before
+    backward kernel classes existed has it, so that a stored study's configs and today's compare equal."""
 
     m_block_size: int = 64
     n_block_size: int = 64
@@ -168,6 +176,15 @@ class BackwardConfig(_Record):
     AtomLayoutNdKV: int = 4
     AtomLayoutMdQ: int = 4
     V_in_regs: bool = False
+    # Which backward kernel class runs it (fa4tune.kernel_class.backward_kernels), and that class's own knobs.
+    kernel: str = "sm120"
+    extra: tuple = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        values = super().to_dict()
+        if values["kernel"] == UPSTREAM_BACKWARD_KERNEL:
+            del values["kernel"]
+        return values
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ has a rule.
 from __future__ import annotations
 
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
-from fa4tune.kernel_class import forward_kernel, forward_kernels
+from fa4tune.kernel_class import backward_kernel, backward_kernels, forward_kernel, forward_kernels
 from fa4tune.targets import Target
 from fa4tune.verdict import OK, Verdict  # noqa: F401  (named here: a rule's answer, ok or failing)
 
@@ -30,28 +30,8 @@ def forward_smem_bytes(cfg: ForwardConfig, pc: ProblemClass) -> tuple[int, str]:
 
 
 def backward_smem_bytes(cfg: BackwardConfig, pc: ProblemClass) -> tuple[int, str]:
-    """The backward kernel's shared storage as it compiles (flash_bwd.py _get_shared_storage_cls), and a breakdown.
-
-    Upstream's can_implement counts only Q, dO, K and V, and lets V_in_regs share Q's and V's space. The struct
-    also holds LSE and dPsum (fp32) and the P and dS tiles, each tile 1024-byte aligned, the whole rounded up to
-    1024; with V_in_regs its Q field grows to max(Q, V) and sV stays, so nothing is saved. Checked against every
-    compiled backward of the H200 sweep (1,326 configs, docs/measurements/2026-12-01-h200-bwd-sweep.md).
-    """
-    hd, hdv = _padded(pc.head_dim), _padded(pc.head_dim_v)
-    m, n = cfg.m_block_size, cfg.n_block_size
-    k, v = n * hd * BYTES_PER_ELEMENT, n * hdv * BYTES_PER_ELEMENT
-    q = m * hd * cfg.num_stages_Q * BYTES_PER_ELEMENT
-    do = m * hdv * cfg.num_stages_dO * BYTES_PER_ELEMENT
-    if cfg.V_in_regs:
-        q = max(q, v)
-    lse = (-(-m // 64) * 64 * (cfg.num_stages_Q - 1) + m) * 4
-    p = m * n * BYTES_PER_ELEMENT
-    offset = 0
-    for size, align in ((k, 1024), (v, 1024), (q, 1024), (do, 1024), (lse, 128), (lse, 128), (p, 128), (p, 128)):
-        offset = -(-offset // align) * align + size
-    total = -(-offset // 1024) * 1024
-    what = "max(Q, V)" if cfg.V_in_regs else "Q"
-    return total, f"K {k} + V {v} + {what} {q} + dO {do} + LSE and dPsum {2 * lse} + P and dS {2 * p}, aligned"
+    """Shared memory the config's backward kernel needs and a breakdown (its kernel class's formula)."""
+    return backward_kernel(cfg.kernel).smem_bytes(cfg, pc)
 
 
 def _positive_multiple(name: str, value: int, multiple: int, upper: int) -> Verdict:
@@ -124,7 +104,7 @@ def check_forward_entry(cfg: ForwardConfig, pc: ProblemClass, target: Target, ke
     return verdict and _problem_rules(cfg, pc.shortest_problem(), target, kernels)
 
 
-def _kernel_knobs(cfg: ForwardConfig, cls: type) -> Verdict:
+def _kernel_knobs(cfg: ForwardConfig | BackwardConfig, cls: type) -> Verdict:
     """The config carries exactly its kernel class's own knobs, each with a value of the class's domain."""
     given, declared = cfg.extra_knobs, dict(cls.knobs)
     unknown, missing = sorted(set(given) - set(declared)), [name for name in declared if name not in given]
@@ -138,11 +118,15 @@ def _kernel_knobs(cfg: ForwardConfig, cls: type) -> Verdict:
     return OK
 
 
-def _limits(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
-    """The kernel class's declared limits (fa4tune.kernel_class.Limits) for this config and problem class."""
+def _limits(cfg: ForwardConfig | BackwardConfig, pc: ProblemClass, cls: type) -> Verdict:
+    """The kernel class's declared limits (fa4tune.kernel_class.Limits) for this config and problem class (a backward
+    config's num_stages_Q and num_stages_dO against `num_stages`)."""
     limits, kernel = cls.limits, repr(cfg.kernel)
-    if isinstance(cfg.num_stages, bool) or cfg.num_stages not in limits.num_stages:
-        return _fail("num_stages_domain", f"kernel {kernel} runs num_stages in {', '.join(map(str, limits.num_stages))}, got {cfg.num_stages!r}")
+    stages = ("num_stages",) if isinstance(cfg, ForwardConfig) else ("num_stages_Q", "num_stages_dO")
+    for name in stages:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or value not in limits.num_stages:
+            return _fail("num_stages_domain", f"kernel {kernel} runs {name} in {', '.join(map(str, limits.num_stages))}, got {value!r}")
     if limits.num_threads is not None and cfg.num_threads not in limits.num_threads:
         return _fail("num_threads_domain", f"kernel {kernel} runs num_threads in {', '.join(map(str, limits.num_threads))}, got {cfg.num_threads}")
     low, high = limits.head_dim
@@ -163,7 +147,7 @@ GATE_RULES: frozenset[str] = frozenset({"SdP_swapAB_lse_columns", "dKV_swapAB_tr
                                         "m_block_32_head_dim_96"})
 
 
-def _padded(head_dim: int) -> int:
+def padded_head_dim(head_dim: int) -> int:
     """Upstream's backward pads head dims to a multiple of 32 (flash_bwd.py, hdim_multiple_of)."""
     return -(-head_dim // 32) * 32
 
@@ -180,16 +164,28 @@ def _mma_tile(rule: str, gemm: str, rows: tuple[str, int], cols: tuple[str, int]
     return OK
 
 
-def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: frozenset[str] = frozenset()) -> Verdict:
-    """All static rules for a backward config (upstream's can_implement, then the ones its kernel needs but
-    does not check: each named, each found by compiling or gating, docs/measurements/2026-12-01-h200-bwd-sweep.md).
-    `skip`: rule names not applied (the census and the sweep measure GATE_RULES' configs)."""
+def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: frozenset[str] = frozenset(),
+                   kernels: dict[str, type] | None = None) -> Verdict:
+    """All static rules for a backward config: its kernel class known, its own knobs, upstream's can_implement, then
+    the ones upstream's kernel needs but does not check (each named, each found by compiling or gating,
+    docs/measurements/2026-12-01-h200-bwd-sweep.md; every class built on upstream's code inherits them), then the
+    class's limits, shared memory and can_implement. `skip`: rule names not applied (the census and the sweep measure
+    GATE_RULES' configs); `kernels`: the registry (fa4tune.kernel_class.backward_kernels() when None)."""
+    kernels = backward_kernels() if kernels is None else kernels
+    cls = kernels.get(cfg.kernel)
+    if cls is None:
+        return _fail("kernel_known", f"backward kernel {cfg.kernel!r} is not one of {', '.join(kernels)} (the kernel "
+                                     "classes of kernels/ and experiment.py)")
+    if not (verdict := _kernel_knobs(cfg, cls)):
+        return verdict
     if not (verdict := _sizes(cfg, "m_block_size", "n_block_size")):
         return verdict
     for name in ("num_stages_Q", "num_stages_dO"):
         if getattr(cfg, name) not in (1, 2):
             return _fail(f"{name}_domain", f"{name} must be 1 or 2, got {getattr(cfg, name)}")
-    smem, breakdown = backward_smem_bytes(cfg, pc)
+    if not (verdict := _limits(cfg, pc, cls)):
+        return verdict
+    smem, breakdown = cls.smem_bytes(cfg, pc)
     if smem > target.smem_per_block:
         return _fail(
             "smem_capacity",
@@ -212,13 +208,13 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: 
     for verdict in _backward_mma_rules(cfg, pc, warps):
         if not verdict and verdict.rule not in skip:
             return verdict
-    return OK
+    return cls.can_implement(cfg, pc, target)
 
 
 def _backward_mma_rules(cfg: BackwardConfig, pc: ProblemClass, warps: int):
     """The rules measured on the gate, then the three tiled MMAs of upstream's Sm80 backward (flash_bwd.py) against
     the blocks they compute; a generator of verdicts (the first failing one not skipped is the answer)."""
-    m, n, hd, hdv = cfg.m_block_size, cfg.n_block_size, _padded(pc.head_dim), _padded(pc.head_dim_v)
+    m, n, hd, hdv = cfg.m_block_size, cfg.n_block_size, padded_head_dim(pc.head_dim), padded_head_dim(pc.head_dim_v)
     a_sdp, a_dkv, a_dq = cfg.AtomLayoutMSdP, cfg.AtomLayoutNdKV, cfg.AtomLayoutMdQ
     # Measured on the H200 sweep (docs/measurements/2026-12-01-h200-bwd-sweep.md): every causal config whose S/dP
     # MMA puts warps along n failed the gate on dQ (187 of 187), every one with all warps along m passed (46 of 46)
@@ -280,7 +276,7 @@ PREPROCESS_THREADS = (64, 128, 256, 512)  # the backward preprocess's thread cou
 def check_preprocess_threads(threads: int, cfg: BackwardConfig, pc: ProblemClass) -> Verdict:
     """The backward preprocess's thread count against its kernel's own conditions
     (FlashAttentionBackwardPreprocess.can_implement and the dQaccum copy's assertion in _setup_attributes)."""
-    rows = cfg.m_block_size * _padded(pc.head_dim) // 4  # 128-bit (4 x fp32) dQaccum copies per m block
+    rows = cfg.m_block_size * padded_head_dim(pc.head_dim) // 4  # 128-bit (4 x fp32) dQaccum copies per m block
     if threads not in PREPROCESS_THREADS:
         return _fail("preprocess_threads_domain", f"preprocess threads must be one of {PREPROCESS_THREADS}, got {threads}")
     if threads < cfg.m_block_size:
@@ -291,7 +287,7 @@ def check_preprocess_threads(threads: int, cfg: BackwardConfig, pc: ProblemClass
                                                    f"(padded) / 4 = {rows}, the dQaccum copies of an m block")
     # Measured (docs/measurements/2026-12-01-h200-preprocess-threads.md): 512 threads at head_dim 96 gave wrong
     # gradients on the d96 non-causal problem (max error 2,829x the largest gradient); 64-256 matched 256 everywhere
-    if threads > 256 and _padded(pc.head_dim) % 64:
+    if threads > 256 and padded_head_dim(pc.head_dim) % 64:
         return _fail("preprocess_threads_head_dim_96", f"preprocess threads {threads} with head_dim {pc.head_dim}: the "
                                                        "gradients came out wrong (measured); at most 256")
     return OK

@@ -1,4 +1,5 @@
-"""The kernel-class protocol: what a forward kernel class declares about itself, and the registry that finds the classes.
+"""The kernel-class protocol: what a forward or backward kernel class declares about itself, and the registries that
+find the classes (the backward's, BackwardKernel and backward_kernels, declares the same, see BackwardKernel).
 
 A forward kernel class (a subclass of `ForwardKernel` and of upstream's SM120 forward; in practice of
 kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
@@ -95,6 +96,31 @@ class ForwardKernel:
         return None
 
 
+class BackwardKernel:
+    """The protocol a backward kernel class implements (a mixin before upstream's SM120 backward in the bases; in
+    practice a subclass of kernels.backward_sm120.BackwardSm120, upstream's code with the packed GQA fix): `name`
+    (a BackwardConfig's `kernel`), `knobs` (its own constructor knobs, in BackwardConfig.extra), `limits` (num_stages:
+    the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream` and `searched`, as for a
+    forward class. fa4tune.feasibility.check_backward applies them after upstream's backward rules, which every class
+    built on upstream's code inherits."""
+
+    name: ClassVar[str] = ""
+    knobs: ClassVar[dict[str, tuple]] = {}
+    limits: ClassVar[Limits] = Limits(num_stages=(1, 2))
+    upstream: ClassVar[type | None] = None
+    searched: ClassVar[bool] = True
+
+    @classmethod
+    def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
+        """The bytes of the shared storage the kernel launches with, and a breakdown for messages."""
+        raise NotImplementedError(f"{cls.__name__} declares no shared-memory formula (smem_bytes)")
+
+    @classmethod
+    def can_implement(cls, config, problem_class, target):
+        """The class's rules beyond `limits`, upstream's backward rules and its shared memory."""
+        return OK
+
+
 def runs_varlen(cls: type) -> bool:
     """Whether the class itself declares that it runs packed batches (cu_seqlens); a subclass changes the code, so
     the declaration is never inherited."""
@@ -124,31 +150,50 @@ def experiment_module():
     return module
 
 
-_FOUND: dict[int, tuple[object, dict[str, type]]] = {}  # id(experiment module) -> (module, registry)
+_FOUND: dict[tuple, tuple[object, dict[str, type]]] = {}  # (protocol, id(experiment module)) -> (module, registry)
+
+
+def _registry(protocol: type, config_class: type, module) -> dict[str, type]:
+    module = experiment_module() if module is None else sys.modules[module] if isinstance(module, str) else module
+    found = _FOUND.get((protocol, id(module)))
+    if found is not None and found[0] is module:
+        return found[1]
+    registry: dict[str, type] = {}
+    for cls in [*_package_classes(protocol), *(_defined_in(module, protocol) if module is not None else [])]:
+        _check_declaration(cls, config_class)
+        other = registry.setdefault(cls.name, cls)
+        if other is not cls:
+            raise ConfigError("kernel_name_taken", f"{_where(cls)} and {_where(other)} both declare name = {cls.name!r}")
+    _FOUND[(protocol, id(module))] = (module, registry)
+    return registry
 
 
 def forward_kernels(module=None) -> dict[str, type]:
     """name -> forward kernel class: ours in kernels/, then those `module` (default: experiment_module(); a module
     or its name, as experiment.py passes `__name__`) defines; with no experiment module, ours alone."""
-    module = experiment_module() if module is None else sys.modules[module] if isinstance(module, str) else module
-    found = _FOUND.get(id(module))
-    if found is not None and found[0] is module:
-        return found[1]
-    registry: dict[str, type] = {}
-    for cls in [*_package_classes(), *(_defined_in(module) if module is not None else [])]:
-        _check_declaration(cls)
-        other = registry.setdefault(cls.name, cls)
-        if other is not cls:
-            raise ConfigError("kernel_name_taken", f"{_where(cls)} and {_where(other)} both declare name = {cls.name!r}")
-    _FOUND[id(module)] = (module, registry)
-    return registry
+    return _registry(ForwardKernel, ForwardConfig, module)
+
+
+def backward_kernels(module=None) -> dict[str, type]:
+    """name -> backward kernel class, found as forward_kernels finds the forward ones."""
+    from fa4tune.config import BackwardConfig
+
+    return _registry(BackwardKernel, BackwardConfig, module)
 
 
 def forward_kernel(name: str, module=None) -> type:
     """The forward kernel class registered under `name`; ConfigError kernel_known otherwise."""
-    registry = forward_kernels(module)
+    return _named(forward_kernels(module), name, "kernel")
+
+
+def backward_kernel(name: str, module=None) -> type:
+    """The backward kernel class registered under `name`; ConfigError kernel_known otherwise."""
+    return _named(backward_kernels(module), name, "backward kernel")
+
+
+def _named(registry: dict[str, type], name: str, what: str) -> type:
     if name not in registry:
-        raise ConfigError("kernel_known", f"kernel {name!r} is not one of {', '.join(registry)} (the kernel classes of kernels/ and experiment.py)")
+        raise ConfigError("kernel_known", f"{what} {name!r} is not one of {', '.join(registry)} (the kernel classes of kernels/ and experiment.py)")
     return registry[name]
 
 
@@ -157,18 +202,18 @@ def source_files() -> list[Path]:
     return [Path(__file__).resolve(), *sorted((ROOT / PACKAGE).glob("*.py"))]
 
 
-def _package_classes() -> list[type]:
+def _package_classes(protocol: type) -> list[type]:
     package = importlib.import_module(PACKAGE)
     classes = []
     for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        classes += _defined_in(importlib.import_module(f"{PACKAGE}.{info.name}"))
+        classes += _defined_in(importlib.import_module(f"{PACKAGE}.{info.name}"), protocol)
     return sorted(classes, key=lambda cls: cls.name)
 
 
-def _defined_in(module) -> list[type]:
-    """The kernel classes a module defines (not imports), in definition order, each with a name of its own."""
+def _defined_in(module, protocol: type) -> list[type]:
+    """The `protocol` classes a module defines (not imports), in definition order, each with a name of its own."""
     return [value for value in vars(module).values()
-            if isinstance(value, type) and issubclass(value, ForwardKernel) and value.__module__ == module.__name__
+            if isinstance(value, type) and issubclass(value, protocol) and value.__module__ == module.__name__
             and "name" in value.__dict__]
 
 
@@ -176,17 +221,17 @@ def _where(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _check_declaration(cls: type) -> None:
+def _check_declaration(cls: type, config_class: type) -> None:
     """A declaration the registry can use: a name, knob domains that do not shadow upstream's knobs, Limits."""
     def bad(message: str) -> ConfigError:
         return ConfigError("kernel_class_declaration", f"{_where(cls)}: {message}")
 
     if not isinstance(cls.name, str) or not cls.name.isidentifier():
         raise bad(f"name must be an identifier-like string (the `kernel` knob's value), got {cls.name!r}")
-    base_knobs = {f.name for f in fields(ForwardConfig)}
+    base_knobs = {f.name for f in fields(config_class)}
     for knob, domain in dict(cls.knobs).items():
         if knob in base_knobs:
-            raise bad(f"knob {knob!r} is one of ForwardConfig's own knobs; declare only the class's extra knobs")
+            raise bad(f"knob {knob!r} is one of {config_class.__name__}'s own knobs; declare only the class's extra knobs")
         if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
             raise bad(f"knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
     if not isinstance(cls.limits, Limits):

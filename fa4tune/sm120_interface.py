@@ -121,7 +121,8 @@ UPSTREAM_BWD_KNOBS = (
 
 def bwd_knobs_from(config: str) -> str:
     """Source that sets each backward knob but num_threads from the object `config` names, one per line."""
-    return "".join(f"        {f.name} = {config}.{f.name}\n" for f in fields(BackwardConfig) if f.name != "num_threads")
+    return "".join(f"        {f.name} = {config}.{f.name}\n" for f in fields(BackwardConfig)
+                   if f.name not in ("num_threads", "kernel", "extra"))
 
 
 BACKWARD_EDITS = [
@@ -156,6 +157,13 @@ BACKWARD_EDITS = [
         "            flash_bwd_obj_cls = FlashAttentionBackwardSm120 if arch // 10 == 12 else FlashAttentionBackwardSm80",
         "            flash_bwd_obj_cls = _fa4tune_class(sm120_config) if arch // 10 == 12 else FlashAttentionBackwardSm80",
         "backward SM120 class",
+    ),
+    (
+        "                V_in_regs=V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
+        "            )\n        elif arch // 10 == 9:",
+        "                V_in_regs=V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
+        "                **(sm120_config.extra_knobs if arch // 10 == 12 else {}),\n            )\n        elif arch // 10 == 9:",
+        "backward SM120 class's own knobs",
     ),
     (
         "            num_threads_post_dQ = 128\n            num_threads_post_dKV = 128\n",

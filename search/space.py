@@ -25,9 +25,9 @@ from typing import Any, Callable
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from fa4tune import defaults
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+from fa4tune.config import UPSTREAM_BACKWARD_KERNEL, BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward_entry, forward_smem_bytes
-from fa4tune.kernel_class import forward_kernels, register_loader
+from fa4tune.kernel_class import backward_kernels, forward_kernels, register_loader
 from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
 from fa4tune.targets import Target
 from search.storing.history import config_key
@@ -167,9 +167,29 @@ def distribution(values: tuple) -> BaseDistribution:
     return CategoricalDistribution(list(values))
 
 
-BACKWARD_SPACE = Space("bwd", BACKWARD_DOMAIN, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes,
-                       per_class=True)
 _FORWARD_SPACES: dict[int, tuple[dict, Space]] = {}  # id(kernel registry) -> (registry, its space)
+_BACKWARD_SPACES: dict[int, tuple[dict, Space]] = {}
+
+
+def backward_space(kernels: dict[str, type] | None = None) -> Space:
+    """The backward space of the registered backward classes (fa4tune.kernel_class.backward_kernels() when None):
+    BACKWARD_DOMAIN, and, once the search draws more than upstream's class, `kernel` and each class's own knobs
+    (with upstream's alone, the space and its signature are those of every backward study stored before)."""
+    kernels = backward_kernels() if kernels is None else kernels
+    known = _BACKWARD_SPACES.get(id(kernels))
+    if known is None or known[0] is not kernels:
+        searched = searched_kernels(kernels)
+        domain, own = dict(BACKWARD_DOMAIN), {}
+        if set(searched) != {UPSTREAM_BACKWARD_KERNEL}:
+            domain["kernel"] = tuple(searched)
+            for name, cls in searched.items():
+                own[name] = tuple(cls.knobs)
+                for knob, values in cls.knobs.items():
+                    domain[knob] = tuple(dict.fromkeys(domain.get(knob, ()) + tuple(values)))
+        space = Space("bwd", domain, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes,
+                      own, per_class=True)
+        known = _BACKWARD_SPACES[id(kernels)] = (kernels, space)
+    return known[1]
 
 
 def forward_space(kernels: dict[str, type] | None = None) -> Space:
@@ -194,5 +214,5 @@ def get_space(direction: str) -> Space:
     if direction == "fwd":
         return forward_space()
     if direction == "bwd":
-        return BACKWARD_SPACE
+        return backward_space()
     raise ConfigError("direction", f"direction must be one of {', '.join(DIRECTIONS)}, got {direction!r}")

@@ -13,9 +13,24 @@ def test_forward_config_round_trip_and_key_has_every_knob():
 
 def test_unknown_knob_is_named():
     with pytest.raises(ConfigError) as err:
-        BackwardConfig.from_dict({"m_block_size": 64, "tile_k": 64})
+        BackwardConfig(m_block_size=64, tile_k=64)
     assert err.value.rule == "unknown_knob"
-    assert "'tile_k'" in str(err.value)
+    assert "'tile_k'" in str(err.value) and "extra={...}" in str(err.value)
+
+
+def test_a_backward_config_carries_its_kernel_class_and_its_own_knobs_and_stays_as_stored_for_upstreams():
+    from fa4tune.feasibility import check_backward
+    from fa4tune.targets import get_target
+
+    # as stored before backward classes existed: no `kernel` in the dict while it is upstream's class
+    assert "kernel" not in BackwardConfig().to_dict() and BackwardConfig.from_dict(BackwardConfig().to_dict()) == BackwardConfig()
+    cfg = BackwardConfig.from_dict({"m_block_size": 64, "kernel": "sm120_x", "split_dq": True})
+    assert cfg.extra_knobs == {"split_dq": True} and cfg.to_dict()["kernel"] == "sm120_x"
+    assert BackwardConfig.from_dict(cfg.to_dict()) == cfg and cfg.key() != BackwardConfig(kernel="sm120_x").key()
+    pc = ProblemClass(128, 128, True)
+    assert check_backward(cfg, pc, get_target()).rule == "kernel_known"
+    verdict = check_backward(BackwardConfig.from_dict({"tile_k": 64}), pc, get_target())
+    assert verdict.rule == "kernel_knobs" and "has no knob 'tile_k'" in verdict.message
 
 
 def test_a_forward_config_carries_its_kernel_class_own_knobs_flat():

@@ -28,7 +28,7 @@ from pathlib import Path
 from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
-from fa4tune.kernel_class import forward_kernel, upstream_class
+from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
@@ -142,13 +142,14 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
     head = f"{ev.name}: winner #{w.number}"
     space = get_space(ev.direction)
     config = space.config(w.config)
-    if isinstance(config, ForwardConfig) and not _is_upstream(config):
+    if not _is_upstream(config):
         if upstream_only:
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r}; "
                                       "--upstream-kernels-only exports the best trial of upstream's kernel instead")
-        if carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode"):
+        forward = isinstance(config, ForwardConfig)
+        if not forward or (carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode")):
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
-                                      f"({_where(config.kernel)}), fa4-tune's own class, which the patch cannot carry")
+                                      f"({_where(config)}), fa4-tune's own class, which the patch cannot carry")
     if w.evaluator == "replay" and not allow_replay:
         raise ConfigError("replayed_winner", f"{head} was replayed from a table, not measured by the harness (--allow-replay to export it anyway)")
     confirmed = ev.confirmed(w.number)
@@ -166,12 +167,16 @@ def is_split_kv(config) -> bool:
     return isinstance(config, ForwardConfig) and config.kernel == SPLITKV.kernel
 
 
-def _is_upstream(config: ForwardConfig) -> bool:
-    return upstream_class(forward_kernel(config.kernel)) is not None
+def _kernel_of(config: ForwardConfig | BackwardConfig) -> type:
+    return (backward_kernel if isinstance(config, BackwardConfig) else forward_kernel)(config.kernel)
 
 
-def _where(kernel: str) -> str:
-    cls = forward_kernel(kernel)
+def _is_upstream(config: ForwardConfig | BackwardConfig) -> bool:
+    return upstream_class(_kernel_of(config)) is not None
+
+
+def _where(config: ForwardConfig | BackwardConfig) -> str:
+    cls = _kernel_of(config)
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
@@ -307,7 +312,8 @@ def forward_function(winners: list[Winner]) -> str:
 
 def backward_config_class() -> str:
     """The `Sm120BwdConfig` dataclass for upstream: BackwardConfig's fields, names and defaults (one source)."""
-    knobs = [f"    {f.name}: {f.type} = {f.default!r}" for f in fields(BackwardConfig)]  # f.type: the annotation text
+    knobs = [f"    {f.name}: {f.type} = {f.default!r}" for f in fields(BackwardConfig)  # f.type: the annotation text
+             if f.name not in ("kernel", "extra")]  # the kernel class is ours to choose, upstream has one
     return "\n".join([
         "@dataclass(frozen=True)",
         "class Sm120BwdConfig:",

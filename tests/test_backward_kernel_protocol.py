@@ -1,0 +1,126 @@
+"""Backward kernel classes through the kernel-class protocol (issue #44 item 1): a backward class written into
+experiment.py alone is a `kernel` value of BackwardConfig, with its own knobs, in the registry, feasibility, the search
+space, dispatch, export and the static check; upstream's class alone leaves the space as every stored study has it."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import experiment
+from fa4tune.config import BackwardConfig, ProblemClass
+from fa4tune.feasibility import backward_smem_bytes, check_backward
+from fa4tune.harness import candidates, guards
+from fa4tune.kernel_class import backward_kernels, upstream_class
+from fa4tune.space import BACKWARD_DOMAIN
+from fa4tune.static_check import StaticJob, run_static
+from fa4tune.targets import get_target
+from kernels.backward_sm120 import BackwardSm120
+from search.reviewing import export
+from search.space import backward_space, get_space
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = get_target("sm120")
+D64, D64_CAUSAL = ProblemClass(64, 64, False), ProblemClass(64, 64, True)
+
+# What an agent appends to experiment.py: upstream's backward with `spare_kb` KB of shared memory counted in its
+# formula (a stand-in for a class that stages more in shared memory), non-causal only, one Q stage.
+AGENT_CLASS = '''
+
+from fa4tune.feasibility import Verdict
+from fa4tune.kernel_class import Limits
+from kernels.backward_sm120 import BackwardSm120
+
+
+class SpareBackwardSm120(BackwardSm120):
+    """Upstream's SM120 backward with `spare_kb` KB of shared memory set aside in its formula."""
+
+    name = "sm120_spare"
+    knobs = {"spare_kb": (1, 2)}
+    limits = Limits(num_stages=(1,), causal=False)
+
+    def __init__(self, *args, spare_kb: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spare_kb = spare_kb
+
+    @classmethod
+    def smem_bytes(cls, config, problem_class):
+        tiles, breakdown = super().smem_bytes(config, problem_class)
+        spare = 1024 * config.extra_knobs["spare_kb"]
+        return tiles + spare, f"{breakdown} + spare {spare}"
+
+    @classmethod
+    def can_implement(cls, config, problem_class, target):
+        if config.num_threads != 128:
+            return Verdict(False, "spare_four_warps", "the spare buffer is laid out for 4 warps")
+        return super().can_implement(config, problem_class, target)
+'''
+
+
+def spare(spare_kb=2, **knobs):
+    return BackwardConfig(**{"num_stages_Q": 1, "num_stages_dO": 1, **knobs}, kernel="sm120_spare", extra={"spare_kb": spare_kb})
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    """A copy of experiment.py with AGENT_CLASS appended, loaded as the harness loads it (module `experiment`)."""
+    path = tmp_path_factory.mktemp("agent") / "experiment.py"
+    path.write_text((ROOT / "experiment.py").read_text() + AGENT_CLASS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "experiment", experiment)  # put back after the module's tests
+        yield candidates.load_experiment(path)
+
+
+def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
+    assert backward_kernels(experiment) == {"sm120": BackwardSm120}
+    assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
+    plain = backward_space(backward_kernels(experiment))
+    assert plain.domain == BACKWARD_DOMAIN and plain.kernel_knobs == {}  # no `kernel` knob: the same signature as before
+    assert upstream_class(BackwardSm120) is not None and export._is_upstream(BackwardConfig())
+
+
+def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
+    assert backward_kernels() == {"sm120": BackwardSm120, "sm120_spare": agent.SpareBackwardSm120}
+    assert guards.check_module(agent) == []
+    space = get_space("bwd")
+    assert space.domain["kernel"] == ("sm120", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
+    own = [c for c in space.feasible(D64, TARGET) if c.kernel == "sm120_spare"]
+    assert own and {c.extra_knobs["spare_kb"] for c in own} == {1, 2}
+    assert {(c.num_stages_Q, c.num_stages_dO, c.num_threads) for c in own} == {(1, 1, 128)}
+    assert not [c for c in space.feasible(D64_CAUSAL, TARGET) if c.kernel == "sm120_spare"]
+    assert all(c.extra == () for c in space.feasible(D64, TARGET) if c.kernel == "sm120")
+    assert space.config(space.params(spare())) == spare()
+    assert space.config({**space.params(BackwardConfig()), "spare_kb": 2}) == BackwardConfig()
+
+
+def test_feasibility_applies_the_class_limits_formula_and_rules(agent):
+    assert check_backward(spare(), D64, TARGET)
+    tiles = backward_smem_bytes(BackwardConfig(num_stages_Q=1, num_stages_dO=1), D64)[0]
+    assert backward_smem_bytes(spare(), D64) == (tiles + 2048, backward_smem_bytes(BackwardConfig(), D64)[1] + " + spare 2048")
+    rules = {
+        "causal_supported": check_backward(spare(), D64_CAUSAL, TARGET),
+        "num_stages_domain": check_backward(spare(num_stages_Q=2), D64, TARGET),
+        "spare_four_warps": check_backward(spare(m_block_size=32, num_threads=256, AtomLayoutMSdP=2, AtomLayoutNdKV=2,
+                                                 AtomLayoutMdQ=2), D64, TARGET),
+        "kernel_knobs": check_backward(spare(spare_kb=3), D64, TARGET),
+        "kernel_known": check_backward(BackwardConfig(kernel="sm120_nothing"), D64, TARGET),
+    }
+    assert {rule: verdict.rule for rule, verdict in rules.items()} == {rule: rule for rule in rules}
+    assert rules["kernel_knobs"].message == "kernel 'sm120_spare' needs spare_kb in 1, 2, got 3"
+    assert "runs num_stages_Q in 1, got 2" in rules["num_stages_domain"].message
+    # upstream's rules hold for every class built on its code: a causal 64x128 block is wrong for it too
+    assert check_backward(BackwardConfig(n_block_size=128), D64_CAUSAL, TARGET).rule == "causal_bwd_square_blocks"
+
+
+def test_dispatch_picks_the_class_and_export_takes_upstreams_best_trial_in_its_place(agent):
+    assert agent.kernel_class(spare()) is agent.SpareBackwardSm120
+    assert upstream_class(agent.SpareBackwardSm120) is None and not export._is_upstream(spare())
+    assert export._where(spare()) == "experiment.SpareBackwardSm120"
+
+
+@pytest.mark.compile
+def test_the_static_check_compiles_it_for_sm120a_with_its_knob_reaching_the_constructor(agent, tmp_path):
+    (facts,) = run_static([StaticJob("bwd", spare(), D64)], TARGET, agent.__file__, workers=1, cache_path=tmp_path / "facts.jsonl")
+    assert facts.status == "ok", facts.reason
+    assert facts.registers > 0 and facts.spill_store_bytes == 0
