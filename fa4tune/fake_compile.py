@@ -9,7 +9,7 @@ kernels land in the kernel cache the GPU process loads from.
 
 The facts: dynamic shared memory is the size of the struct the kernel class's `_get_shared_storage_cls`
 returns while its kernel is traced (upstream's formula counts only the tiles; the struct is what the launch
-asks for), and beside it what a forward kernel class declares (its `smem_bytes`, fa4tune.kernel_class);
+asks for), and beside it what its kernel class declares (its `smem_bytes`, fa4tune.kernel_class);
 registers, stack, static shared memory and spills come from the cubin (CUTE_DSL_KEEP must name cubin). A kernel
 loaded from the kernel cache is not traced: its facts are the ones stored beside it when it was compiled.
 """
@@ -42,7 +42,7 @@ class KernelFacts:
     spill_load_bytes: int = 0
     static_smem_bytes: int = 0
     dynamic_smem_bytes: int = 0
-    declared_smem_bytes: int = 0  # a forward kernel class's own formula (smem_bytes) for the first shape; 0: none
+    declared_smem_bytes: int = 0  # the kernel class's own formula (smem_bytes) for the first shape; 0: none
     compile_seconds: float = 0.0  # the first shape's own call (for a loaded kernel: when it was compiled)
     kernels_compiled: int = 0
     kernels_loaded: int = 0
@@ -143,7 +143,7 @@ def compile_shapes(experiment, kind: str, config, shapes: list[Problem], read_fa
             return KernelFacts(**counts, cubin_error="loaded from the kernel cache, which holds no facts for it")
         return KernelFacts(**{name: stored[name] for name in RESOURCES}, **counts)
     fn, dynamic_smem = compiled[first]
-    declared = experiment.kernel_class(config).smem_bytes(config, pc)[0] if kind == "fwd" else 0
+    declared = experiment.kernel_class(config).smem_bytes(config, pc)[0]  # the class's formula, forward or backward
     if not read_facts:
         return KernelFacts(dynamic_smem_bytes=dynamic_smem, declared_smem_bytes=declared, compile_seconds=seconds[0], **counts,
                            cubin_error=FACTS_NOT_READ)

@@ -5,8 +5,8 @@ interpreter whose environment targets sm_120a before the DSL is imported, with i
 fa4tune.fake_compile, the compile the search's compile pipeline uses too; a compile that runs past the time
 limit kills its worker, is recorded as `compile_timeout`, and the others go on. Results are cached on disk
 under a key made of every knob, the problem class, the target, the kernel classes' sources (experiment.py,
-kernels/) and the flash-attn-4 / CUTLASS DSL versions. A forward kernel whose compiled shared storage is larger
-than its class declares (`smem_bytes`) is rejected: `smem_understated`, with both numbers.
+kernels/) and the flash-attn-4 / CUTLASS DSL versions. A kernel (forward or backward) whose compiled shared storage
+is larger than its class declares (`smem_bytes`) is rejected: `smem_understated`, with both numbers.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class StaticFacts:
     spill_load_bytes: int = 0
     static_smem_bytes: int = 0
     dynamic_smem_bytes: int = 0
-    declared_smem_bytes: int = 0  # the forward kernel class's formula (fa4tune.kernel_class smem_bytes); 0 for bwd
+    declared_smem_bytes: int = 0  # the kernel class's formula (fa4tune.kernel_class smem_bytes); 0: not recorded
     num_threads: int = 0
     blocks_per_sm: int = 0
     occupancy: float = 0.0
@@ -196,13 +196,14 @@ def known_facts(job: StaticJob, target: Target, cache: FactsCache, key: str, rul
 
 def facts_from_compile(job: StaticJob, target: Target, status: str, reason: str = "", kernel: dict | None = None) -> StaticFacts:
     """StaticFacts of a job from its compile's outcome; `kernel` (fa4tune.fake_compile.KernelFacts.resources()) when
-    it compiled: the compiled shared storage against the forward kernel class's declared formula and against the
+    it compiled: the compiled shared storage against the kernel class's declared formula and against the
     target's capacity, and the occupancy."""
     base = dict(kind=job.kind, problem_class=job.problem_class.name, config=job.config.to_dict(), num_threads=job.config.num_threads)
     if status != "ok":
         return StaticFacts(status=status, reason=reason, **base)
     smem = kernel["static_smem_bytes"] + kernel["dynamic_smem_bytes"]
-    if job.kind == "fwd" and kernel["dynamic_smem_bytes"] > kernel["declared_smem_bytes"]:
+    # 0 declared: facts stored before backward classes declared theirs (only the forward's were compared then)
+    if kernel["declared_smem_bytes"] and kernel["dynamic_smem_bytes"] > kernel["declared_smem_bytes"]:
         # feasibility and the search trust the class's formula: one that under-states lets configs through
         # that the launch cannot fit
         reason = (

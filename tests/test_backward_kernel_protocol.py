@@ -13,7 +13,7 @@ from fa4tune.feasibility import backward_smem_bytes, check_backward
 from fa4tune.harness import candidates, guards
 from fa4tune.kernel_class import backward_kernels, upstream_class
 from fa4tune.space import BACKWARD_DOMAIN
-from fa4tune.static_check import StaticJob, run_static
+from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
 from kernels.backward_sm120 import BackwardSm120
 from search.reviewing import export
@@ -124,3 +124,15 @@ def test_the_static_check_compiles_it_for_sm120a_with_its_knob_reaching_the_cons
     (facts,) = run_static([StaticJob("bwd", spare(), D64)], TARGET, agent.__file__, workers=1, cache_path=tmp_path / "facts.jsonl")
     assert facts.status == "ok", facts.reason
     assert facts.registers > 0 and facts.spill_store_bytes == 0
+    # upstream's struct as BackwardSm120's formula has it, and the class's own 2 KB declared on top
+    tiles = backward_smem_bytes(BackwardConfig(num_stages_Q=1, num_stages_dO=1), D64)[0]
+    assert facts.dynamic_smem_bytes == tiles and facts.declared_smem_bytes == tiles + 2048
+
+
+def test_a_backward_class_that_understates_its_shared_memory_is_rejected_with_both_numbers():
+    kernel = dict(registers=128, stack_bytes=0, spill_store_bytes=0, spill_load_bytes=0, static_smem_bytes=0,
+                  dynamic_smem_bytes=26624, declared_smem_bytes=25600, compile_seconds=1.0)
+    facts = facts_from_compile(StaticJob("bwd", spare(), D64), TARGET, "ok", kernel=kernel)
+    assert facts.status == "infeasible" and facts.reason.startswith("smem_understated: kernel 'sm120_spare' declares 25600 B")
+    # facts stored before backward classes declared theirs (0) are not compared
+    assert facts_from_compile(StaticJob("bwd", BackwardConfig(), D64), TARGET, "ok", kernel={**kernel, "declared_smem_bytes": 0}).ok
