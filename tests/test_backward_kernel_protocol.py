@@ -2,15 +2,12 @@
 experiment.py alone is a `kernel` value of BackwardConfig, with its own knobs, in the registry, feasibility, the search
 space, dispatch, export and the static check; upstream's class alone leaves the space as every stored study has it."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 import experiment
 from fa4tune.config import BackwardConfig, ProblemClass
 from fa4tune.feasibility import backward_smem_bytes, check_backward
-from fa4tune.harness import candidates, guards
+from fa4tune.harness import guards
 from fa4tune.kernel_class import backward_kernels, upstream_class
 from fa4tune.space import BACKWARD_DOMAIN
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
@@ -18,8 +15,8 @@ from fa4tune.targets import get_target
 from kernels.backward_sm120 import BackwardSm120
 from search.reviewing import export
 from search.space import backward_space, get_space
+from test_kernel_protocol import load_agent
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = get_target("sm120")
 D64, D64_CAUSAL = ProblemClass(64, 64, False), ProblemClass(64, 64, True)
 
@@ -63,12 +60,8 @@ def spare(spare_kb=2, **knobs):
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    """A copy of experiment.py with AGENT_CLASS appended, loaded as the harness loads it (module `experiment`)."""
-    path = tmp_path_factory.mktemp("agent") / "experiment.py"
-    path.write_text((ROOT / "experiment.py").read_text() + AGENT_CLASS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "experiment", experiment)  # put back after the module's tests
-        yield candidates.load_experiment(path)
+    """experiment.py with AGENT_CLASS appended, loaded as the harness loads it."""
+    yield from load_agent(tmp_path_factory, AGENT_CLASS)
 
 
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():

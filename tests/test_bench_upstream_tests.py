@@ -56,17 +56,23 @@ def test_skipped():
 '''
 
 
-def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are_named(tmp_path, monkeypatch):
+def _stand_in(tmp_path, name: str, source: str):
+    """flash-attention's tests/cute with one test file, and the one-patch stand-in series: (tests dir, series prefix)."""
     tests = tmp_path / "fa" / "tests" / "cute"
     tests.mkdir(parents=True)
-    (tests / "test_stand_in.py").write_text(STAND_IN)
+    (tests / name).write_text(source)
     series = tmp_path / "series"
     series.mkdir()
     (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
+    return tests, series / "2026-12-05-upstream-series-"
+
+
+def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are_named(tmp_path, monkeypatch):
+    tests, prefix = _stand_in(tmp_path, "test_stand_in.py", STAND_IN)
     monkeypatch.setenv("FLASH_ATTENTION_ARCH", "sm_120")
     out = tmp_path / "out"
     code = upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(out)])
+                                str(prefix), "--out", str(out)])
     assert code == 0
     table = (out / "pristine.jsonl").read_text()
     assert "test_the_patched_file_is_there" in table
@@ -84,7 +90,7 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
     later = tmp_path / "later"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(later), "--variants", "1",
+                                str(prefix), "--out", str(later), "--variants", "1",
                                 "--baseline", str(out / "pristine.jsonl")]) == 0
     assert not (later / "selected.txt").exists() and not (later / "pristine.jsonl").exists()
     assert upstream_tests.read_report(later / "p0001.jsonl") == outcomes["+0001"]
@@ -94,24 +100,19 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     (tests / "test_plain.py").write_text("def test_plain():\n    pass\n")
     only = tmp_path / "only"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_plain.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(only), "-k", "added_by_patch"]) == 0
+                                str(prefix), "--out", str(only), "-k", "added_by_patch"]) == 0
     assert [{t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(only / f"{o}.jsonl").items()}
             for o in ("pristine", "p0001")] == [{"test_added_by_patch": "failed"}, {"test_added_by_patch": "passed"}]
 
 
 def test_a_variant_cut_off_by_its_timeout_keeps_the_tests_it_finished(tmp_path):
     """A device call's limit: pytest and its xdist workers are killed at --timeout, and what landed before counts."""
-    tests = tmp_path / "fa" / "tests" / "cute"
-    tests.mkdir(parents=True)
-    (tests / "test_plain.py").write_text("import time\n\ndef test_a_fast_one():\n    pass\n\n"
-                                         "def test_a_hung_one():\n    time.sleep(600)\n")
-    series = tmp_path / "series"
-    series.mkdir()
-    (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
+    tests, prefix = _stand_in(tmp_path, "test_plain.py", "import time\n\ndef test_a_fast_one():\n    pass\n\n"
+                                                         "def test_a_hung_one():\n    time.sleep(600)\n")
     out = tmp_path / "out"
     started = time.monotonic()
     code = upstream_tests.main(["--tests", str(tests), "--files", "test_plain.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "--variants", "0",
+                                str(prefix), "--out", str(out), "--variants", "0",
                                 "--workers", "2", "--timeout", "10"])
     assert code == 1 and time.monotonic() - started < 40  # not the hung test's 600 s
     found = {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
@@ -150,15 +151,10 @@ def test_out_of_memory_while_the_others_hold_the_gpu():
 
 
 def test_a_sticky_cuda_error_fails_its_own_test_only_and_the_failures_run_again_alone(tmp_path):
-    tests = tmp_path / "fa" / "tests" / "cute"
-    tests.mkdir(parents=True)
-    (tests / "test_poisoning.py").write_text(POISONING)
-    series = tmp_path / "series"
-    series.mkdir()
-    (series / "2026-12-05-upstream-series-0001-marker.patch").write_text(PATCH)
+    tests, prefix = _stand_in(tmp_path, "test_poisoning.py", POISONING)
     out = tmp_path / "out"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_poisoning.py", "--series",
-                                str(series / "2026-12-05-upstream-series-"), "--out", str(out), "--variants", "0",
+                                str(prefix), "--out", str(out), "--variants", "0",
                                 "--workers", "2", "-k", "not added_by_patch"]) == 0
     found = {t.split("::")[-1]: r for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
     assert sum(r[0] == "passed" for t, r in found.items() if t.startswith("test_a_sound_kernel")) == 8

@@ -84,14 +84,20 @@ def spare(tile_m=64, tile_n=64, num_stages=1, Q_in_regs=False, **extra):
     return ForwardConfig(tile_m, tile_n, 128, num_stages, Q_in_regs, kernel="sm120_spare", extra=extra or {"spare_kb": 2})
 
 
+def load_agent(tmp_path_factory, source: str):
+    """A copy of experiment.py with `source` appended, loaded as the harness loads it (module `experiment`), for
+    the tests of a module; the shipped experiment module is put back after them."""
+    path = tmp_path_factory.mktemp("agent") / "experiment.py"
+    path.write_text((ROOT / "experiment.py").read_text() + source)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "experiment", experiment)
+        yield candidates.load_experiment(path)
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
-    """A copy of experiment.py with AGENT_CLASS appended, loaded as the harness loads it (module `experiment`)."""
-    path = tmp_path_factory.mktemp("agent") / "experiment.py"
-    path.write_text((ROOT / "experiment.py").read_text() + AGENT_CLASS)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(sys.modules, "experiment", experiment)  # put back after the module's tests
-        yield candidates.load_experiment(path)
+    """experiment.py with AGENT_CLASS appended."""
+    yield from load_agent(tmp_path_factory, AGENT_CLASS)
 
 
 def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
