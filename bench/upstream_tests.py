@@ -81,6 +81,8 @@ def pytest_runtest_logfinish(nodeid, location):
 def pytest_configure(config):
     if not hasattr(config, "workerinput"):  # xdist's controller (or a run without xdist) writes the report
         _controller.append(True)
+        if getattr(config.option, "numprocesses", None):  # the tests run in the workers: no torch here
+            return
     if os.environ.get("FLASH_ATTENTION_ARCH") != "sm_120" or not TESTS:
         return
     import torch
@@ -218,8 +220,9 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
     started = time.perf_counter()
     report = out / f"{_file_name(name)}.jsonl"
     report.unlink(missing_ok=True)
-    args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else []), "-n", str(max(1, workers)),
-            "--max-worker-restart", "100000"]
+    args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else [])]
+    if workers > 1:  # one process alone needs no xdist (nor its restart of a poisoned worker: nothing runs after)
+        args += ["-n", str(workers), "--max-worker-restart", "100000"]
     code = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.log", timeout, report)
     tests = read_report(report) if report.exists() else {}
     again = sorted(t for t, (o, m) in tests.items() if o in ("failed", "error") and any(r in m for r in RERUN))

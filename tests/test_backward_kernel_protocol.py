@@ -2,6 +2,8 @@
 experiment.py alone is a `kernel` value of BackwardConfig, with its own knobs, in the registry, feasibility, the search
 space, dispatch, export and the static check; upstream's class alone leaves the space as every stored study has it."""
 
+from dataclasses import replace
+
 import pytest
 
 import experiment
@@ -78,11 +80,16 @@ def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent)
     space = get_space("bwd")
     assert space.domain["kernel"] == ("sm120", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
-    own = [c for c in space.feasible(D64, TARGET) if c.kernel == "sm120_spare"]
+    # the feasible configs of a cut of the domain (the whole one is 295k configs a class: seconds per problem class)
+    cut = replace(space, domain={**space.domain, "m_block_size": (64,), "n_block_size": (64,), "SdP_swapAB": (False,),
+                                 "dKV_swapAB": (False,), "dQ_swapAB": (False,), "V_in_regs": (False,),
+                                 "AtomLayoutMSdP": (2, 4, 8), "AtomLayoutNdKV": (2, 4), "AtomLayoutMdQ": (2, 4)})
+    own = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120_spare"]
     assert own and {c.extra_knobs["spare_kb"] for c in own} == {1, 2}
     assert {(c.num_stages_Q, c.num_stages_dO, c.num_threads) for c in own} == {(1, 1, 128)}
-    assert not [c for c in space.feasible(D64_CAUSAL, TARGET) if c.kernel == "sm120_spare"]
-    assert all(c.extra == () for c in space.feasible(D64, TARGET) if c.kernel == "sm120")
+    assert not [c for c in cut.feasible(D64_CAUSAL, TARGET) if c.kernel == "sm120_spare"]
+    upstreams = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120"]
+    assert upstreams and all(c.extra == () for c in upstreams) and {c.num_threads for c in upstreams} == {128, 256}
     assert space.config(space.params(spare())) == spare()
     assert space.config({**space.params(BackwardConfig()), "spare_kb": 2}) == BackwardConfig()
 
