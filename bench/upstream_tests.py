@@ -305,6 +305,12 @@ def main(argv=None) -> int:
     missing = [f for f in files if not (args.tests / f).is_file()]
     if missing:
         raise SystemExit(f"upstream_tests: {', '.join(missing)} not in {args.tests} (rule: --tests is tests/cute)")
+    baseline = {}
+    if args.baseline is not None:
+        baseline = read_report(args.baseline) if args.baseline.suffix == ".jsonl" and args.baseline.is_file() else {}
+        if not baseline:
+            raise SystemExit(f"upstream_tests: --baseline {args.baseline}: no test outcomes in it (rule: an earlier "
+                             "call's pristine.jsonl)")
     patches = series_patches(args.series)
     package = installed_package()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -315,7 +321,7 @@ def main(argv=None) -> int:
     added = added_tests(package, patches, args.out)
     outcomes, targets = [], None
     if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here
-        outcomes.append(Outcome("pristine (earlier call)", read_report(args.baseline), 0.0, 0))
+        outcomes.append(Outcome("pristine (earlier call)", baseline, 0.0, 0))
         selected = args.baseline.with_name("selected.txt")
         if selected.is_file():
             targets = ["@" + str(selected.resolve())] if selected.read_text().strip() else []

@@ -171,6 +171,11 @@ def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
     (tmp_path / "t.py").write_text("")
     with pytest.raises(SystemExit, match=r"no patch matches .*nothing-NNNN-\*\.patch \(rule: --series"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "nothing-")])
+    (tmp_path / "old-0001-x.patch").write_text("")
+    (tmp_path / "pristine.xml").write_text("<testsuites/>")
+    with pytest.raises(SystemExit, match=r"--baseline .*pristine.xml: no test outcomes in it \(rule: an earlier call's pristine.jsonl\)"):
+        upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "old-"),
+                             "--baseline", str(tmp_path / "pristine.xml"), "--out", str(tmp_path / "out0")])
     (tmp_path / "bad-0001-x.patch").write_text("--- a/nowhere.py\n+++ b/nowhere.py\n@@ -1 +1 @@\n-a\n+b\n")
     with pytest.raises(SystemExit, match=r"bad-0001-x.patch does not apply on the installed package: "):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--series", str(tmp_path / "bad-"),

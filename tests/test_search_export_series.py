@@ -190,6 +190,15 @@ def test_a_replayed_study_is_no_screenshot_and_screenshots_go_with_a_series(tmp_
     _refused(run_cli("export", "--storage", url, "--out", out, "--decode-table", "x.jsonl"), out, "export_decode_table")
 
 
+def test_without_chromium_screenshots_are_one_error_before_anything_is_written(series, tmp_path, monkeypatch):
+    from search.reviewing import screenshot
+
+    monkeypatch.setattr(screenshot.shutil, "which", lambda name: None)
+    done = run_cli("export", "--storage", series[0][0], "--series", tmp_path, "--screenshots")
+    assert done.returncode == 2 and "screenshot_browser: no Chromium found" in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_later_storage_s_study_replaces_an_earlier_s_of_the_same_name(series):
     import optuna
 

@@ -161,7 +161,9 @@ def export_series(args, storage, url: str) -> int:
                                            "upstream's kernels; leave the flag out")
     shoot = None
     if args.screenshots and not args.dry_run:
-        from search.reviewing.screenshot import study_screenshot
+        from search.reviewing.screenshot import browser, study_screenshot
+
+        browser()  # no Chromium: refused before anything is read or written
 
         def shoot(stem: str, study_name: str) -> str:
             return study_screenshot(storage, study_name, folder / f"{stem}.dashboard.png").name
