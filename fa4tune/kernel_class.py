@@ -1,5 +1,5 @@
 """The kernel-class protocol: what a forward or backward kernel class declares about itself, and the registries that
-find the classes (the backward's, BackwardKernel and backward_kernels, declares the same, see BackwardKernel).
+find them (a backward class, `BackwardKernel`, declares what a forward one does; `backward_kernels` finds those).
 
 A forward kernel class (a subclass of `ForwardKernel` and of upstream's SM120 forward; in practice of
 kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
@@ -40,7 +40,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from fa4tune.config import ConfigError, ForwardConfig
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.verdict import OK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,8 +176,6 @@ def forward_kernels(module=None) -> dict[str, type]:
 
 def backward_kernels(module=None) -> dict[str, type]:
     """name -> backward kernel class, found as forward_kernels finds the forward ones."""
-    from fa4tune.config import BackwardConfig
-
     return _registry(BackwardKernel, BackwardConfig, module)
 
 

@@ -10,7 +10,8 @@ upstream's default. The space signature names all of that, so a study can refuse
 under a different space. The forward's domain is read from the registered kernel classes
 (fa4tune.kernel_class): `kernel` ranges over the names of those the search draws (`searched`), and each such
 class's own knobs join the domain; a knob applies only to configs of its class (Optuna samples it for every trial,
-the config drops it).
+the config drops it). The backward's domain does the same with the backward classes once the search draws more than
+upstream's (backward_space).
 """
 
 from __future__ import annotations
