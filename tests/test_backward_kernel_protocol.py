@@ -17,7 +17,7 @@ from fa4tune.targets import get_target
 from kernels.backward_sm120 import BackwardSm120
 from search.reviewing import export
 from search.space import backward_space, get_space
-from test_kernel_protocol import load_agent
+from test_kernel_protocol import ROOT, load_agent
 
 TARGET = get_target("sm120")
 D64, D64_CAUSAL = ProblemClass(64, 64, False), ProblemClass(64, 64, True)
@@ -114,7 +114,12 @@ def test_feasibility_applies_the_class_limits_formula_and_rules(agent):
 
 
 def test_dispatch_picks_the_class_and_export_takes_upstreams_best_trial_in_its_place(agent):
+    from search.storing.dispatch_table import edit_dispatch, entry_config
+
     assert agent.kernel_class(spare()) is agent.SpareBackwardSm120
+    # search apply writes a winner of the class as a dispatch entry that reads back as the same config
+    source = edit_dispatch((ROOT / "experiment.py").read_text(), "bwd", "d64-noncausal-bf16", spare())
+    assert get_space("bwd").config(entry_config(source, "bwd", "d64-noncausal-bf16")) == spare()
     assert upstream_class(agent.SpareBackwardSm120) is None and not export._is_upstream(spare())
     assert export._where(spare()) == "experiment.SpareBackwardSm120"
 
