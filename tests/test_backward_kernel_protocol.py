@@ -60,6 +60,13 @@ def spare(spare_kb=2, **knobs):
     return BackwardConfig(**{"num_stages_Q": 1, "num_stages_dO": 1, **knobs}, kernel="sm120_spare", extra={"spare_kb": spare_kb})
 
 
+def _cut(space):
+    """The space on a cut of its domain: the whole one is 295k configs with two classes, seconds to enumerate."""
+    return replace(space, domain={**space.domain, "m_block_size": (64,), "n_block_size": (64,), "SdP_swapAB": (False,),
+                                  "dKV_swapAB": (False,), "dQ_swapAB": (False,), "V_in_regs": (False,),
+                                  "AtomLayoutMSdP": (2, 4, 8), "AtomLayoutNdKV": (2, 4), "AtomLayoutMdQ": (2, 4)})
+
+
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory):
     """experiment.py with AGENT_CLASS appended, loaded as the harness loads it."""
@@ -80,10 +87,7 @@ def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent)
     space = get_space("bwd")
     assert space.domain["kernel"] == ("sm120", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
-    # the feasible configs of a cut of the domain (the whole one is 295k configs a class: seconds per problem class)
-    cut = replace(space, domain={**space.domain, "m_block_size": (64,), "n_block_size": (64,), "SdP_swapAB": (False,),
-                                 "dKV_swapAB": (False,), "dQ_swapAB": (False,), "V_in_regs": (False,),
-                                 "AtomLayoutMSdP": (2, 4, 8), "AtomLayoutNdKV": (2, 4), "AtomLayoutMdQ": (2, 4)})
+    cut = _cut(space)
     own = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120_spare"]
     assert own and {c.extra_knobs["spare_kb"] for c in own} == {1, 2}
     assert {(c.num_stages_Q, c.num_stages_dO, c.num_threads) for c in own} == {(1, 1, 128)}
@@ -122,6 +126,17 @@ def test_dispatch_picks_the_class_and_export_takes_upstreams_best_trial_in_its_p
     assert get_space("bwd").config(entry_config(source, "bwd", "d64-noncausal-bf16")) == spare()
     assert upstream_class(agent.SpareBackwardSm120) is None and not export._is_upstream(spare())
     assert export._where(spare()) == "experiment.SpareBackwardSm120"
+
+
+def test_a_proposer_sees_the_backward_classes_not_the_forward_ones(agent):
+    from fa4tune.config import Problem
+    from search.proposing import prompt as prompts
+    from search.proposing.proposer import Context
+
+    # the system prompt's list of kernel classes (the whole prompt also lists every rule's first rejection: 6 s a class)
+    prompt = prompts._kernel_classes(Context(get_space("bwd"), D64, [Problem(1, 1024, 1024, 8, 8, 64, 64, False)], TARGET, [], k=2))
+    assert "- sm120_spare: Upstream's SM120 backward with `spare_kb` KB of shared memory set aside in its formula; own knobs: spare_kb" in prompt
+    assert "- sm120: Upstream's SM120 backward (SM80 mma.sync)" in prompt and "sm120_tma" not in prompt
 
 
 @pytest.mark.compile

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 from fa4tune.config import ProblemClass
 from fa4tune.feasibility import forward_smem_bytes
-from fa4tune.kernel_class import forward_kernels
+from fa4tune.kernel_class import backward_kernels, forward_kernels
 from fa4tune.targets import Target
 from search.proposing.proposer import Context, Rejection
 from search.space import get_space
@@ -31,7 +31,8 @@ _SMEM_FORMULA = {
 
 _KERNEL = {
     "fwd": "of FlashAttention-4's SM120 forward (SM80 mma.sync math; the `kernel` knob names the kernel class, listed below)",
-    "bwd": "of FlashAttention-4's SM120 backward, FlashAttentionBackwardSm120 (SM80 mma.sync math)",
+    "bwd": "of FlashAttention-4's SM120 backward, FlashAttentionBackwardSm120 (SM80 mma.sync math; where a `kernel` "
+           "knob is listed, it names the kernel class, listed below)",
 }
 
 
@@ -91,11 +92,12 @@ one-paragraph rationale that says what you expect and why, citing the history.""
 
 
 def _kernel_classes(context: Context) -> str:
-    """The forward's kernel classes, each with its docstring's first line and its own knobs (read from the classes)."""
+    """The direction's kernel classes, each with its docstring's first line and its own knobs (read from the classes)."""
     if not context.space.kernel_knobs:
         return ""
     lines = ["", "Kernel classes (the `kernel` knob); a class's own knobs apply to its configs only, and are required there:"]
-    for name, cls in forward_kernels().items():
+    registry = forward_kernels() if context.space.direction == "fwd" else backward_kernels()
+    for name, cls in registry.items():
         if name in context.space.domain.get("kernel", ()):
             doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0].rstrip(".")
             own = f"; own knobs: {', '.join(cls.knobs)}" if cls.knobs else ""
