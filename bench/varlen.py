@@ -9,8 +9,8 @@ varlen_forward_config); upstream's is its SM120 default. Both backwards run on o
 (kernels/backward_sm120.py), upstream's knobs on it: upstream's own class gets packed GQA dK/dV wrong. Each
 sequence's out, LSE (and dQ, dK, dV for a training batch) is checked against the fp32 reference of that sequence
 alone, under the gate's rule (fa4tune.harness.gate.check_outputs); a failing sequence fails the batch, naming it.
-Then both candidates are timed, interleaved (CUDA events, L2 flushed before each call; each speedup the median of the
-rounds' paired ratios, with its quartiles, since whole runs drifted 10-30 % apart on the H100), on
+Then both candidates are timed, in pairs of rounds of opposite order (ABBA; CUDA events, L2 flushed before each call;
+each speedup the median of the paired ratios, with its quartiles, since whole runs drifted 10-30 % apart on the H100), on
 the packed batch (for a training batch also its forward alone) and on its padded twin: as many sequences, each of
 the mean length, as plain (batch, seqlen, heads, head_dim) tensors, so that the table's own entries run. On a GPU
 that is not SM 12.0 the SM120 kernels run emulated.
@@ -96,7 +96,8 @@ def paired_speedup(upstream_ms: list[float], table_ms: list[float]) -> tuple[flo
     a round ran back to back, so a drift of the GPU's clock or of the host between rounds cancels in each ratio, and
     the calls' order is reversed every other round (_timed), so the geometric mean of two rounds' ratios cancels what
     a call's place in the round does to it (identical configs in the same place of every round read 0.77-0.91x on the
-    H100, docs/measurements/2026-12-05-h100-upstream-tests-and-varlen-order.md)."""
+    H100, docs/measurements/2026-12-05-h100-upstream-tests-and-varlen-order.md; reversing a round of six calls still
+    read 0.94x on identical configs: 2026-12-05-h100-split-kv-decode-varlen-fp16.md)."""
     ratios = [u / t for u, t in zip(upstream_ms, table_ms)]
     if len(ratios) > 1:
         ratios = [math.sqrt(a * b) for a, b in zip(ratios[0::2], ratios[1::2])]
@@ -105,26 +106,37 @@ def paired_speedup(upstream_ms: list[float], table_ms: list[float]) -> tuple[flo
     return statistics.median(ratios), q1, q3
 
 
-def _timed(calls: dict, rounds: int, device) -> dict:
-    """ms per named call and round, the calls interleaved round by round, in reverse order every other round, L2
-    flushed before each."""
+def _timed(pairs: dict, rounds: int, clock) -> dict:
+    """ms per shape, name and round: each shape's two calls (table, upstream) timed on their own, one shape after the
+    other, in the order A B, B A, A B, ... (an ABBA design: over two rounds each call runs once first and once second,
+    once after each of the two), so neither a call's place in the round nor the call before it favours one side.
+    clock(fn) runs fn once and returns its ms."""
+    times = {shape: {name: [] for name in fns} for shape, fns in pairs.items()}
+    for shape, fns in pairs.items():
+        names = list(fns)
+        for name in names[::-1]:  # warm-up (and compile), B A: so that the first two rounds are symmetric as well
+            clock(fns[name])
+        for round_ in range(rounds):
+            for name in (names if round_ % 2 == 0 else names[::-1]):
+                times[shape][name].append(clock(fns[name]))
+    return times
+
+
+def cuda_clock(device):
+    """A clock for _timed: CUDA events around one call, L2 flushed before it, the device idle after it."""
     import torch
 
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
-    times = {name: [] for name in calls}
-    for fn in calls.values():
-        fn()  # warm-up (and compile)
-    torch.cuda.synchronize(device)
-    for round_ in range(rounds):
-        for name, fn in (calls.items() if round_ % 2 == 0 else reversed(calls.items())):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            times[name].append(start.elapsed_time(end))
-    return times
+
+    def clock(fn) -> float:
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        return start.elapsed_time(end)
+    return clock
 
 
 def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
@@ -168,15 +180,14 @@ def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
                 torch.autograd.grad(out, args, torch.ones_like(out))
         return fn
 
-    calls = {f"{name} {shape}": call(name, shape == "padded") for shape in ("varlen", "padded") for name in configs}
+    pairs = {shape: {name: call(name, shape == "padded") for name in configs} for shape in ("varlen", "padded")}
     if batch.backward:  # the forward alone as well, to tell which direction a training batch's speedup comes from
-        calls.update({f"{name} varlen fwd": call(name, grads=False) for name in configs})
+        pairs["varlen fwd"] = {name: call(name, grads=False) for name in configs}
     with attention_trap():
-        times = _timed(calls, rounds, device)
-    row["ms"] = {name: statistics.median(t) for name, t in times.items()}
+        times = _timed(pairs, rounds, cuda_clock(device))
+    row["ms"] = {f"{name} {shape}": statistics.median(t) for shape, fns in times.items() for name, t in fns.items()}
     for key, shape in (("speedup_varlen", "varlen"), ("speedup_padded", "padded"), ("speedup_varlen_fwd", "varlen fwd")):
-        both = (times.get(f"upstream {shape}"), times.get(f"table {shape}"))
-        row[key] = paired_speedup(*both) if all(both) else None
+        row[key] = paired_speedup(times[shape]["upstream"], times[shape]["table"]) if shape in times else None
     return row
 
 

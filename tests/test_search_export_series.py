@@ -48,7 +48,8 @@ DEVICE, MODE = "NVIDIA H100 80GB HBM3", "mode: emulated (SM120 kernels emulated 
 
 
 def decode_run(path: Path) -> Path:
-    """A stand-in for `bench/gpu_splitkv.py --part timing --out`: two decode problems, one with SDPA failing its gate."""
+    """A stand-in for `bench/gpu_splitkv.py --part timing --out`: two decode problems, one with SDPA failing its gate,
+    and a third where the table runs another class than split-KV."""
     import json
 
     from bench import gpu_splitkv as g
@@ -56,10 +57,11 @@ def decode_run(path: Path) -> Path:
     from fa4tune.suites import load_suite
 
     rows = []
-    for problem, sdpa in zip(load_suite("decode")[:2], ("ok", "incorrect")):
+    kernels = ("dispatch table: sm120_splitkv 32x64 t64 s2 splits=auto", g.TABLE, "dispatch table: sm120_tma_trimmed 64x96")
+    for problem, sdpa, kernel in zip(load_suite("decode")[:3], ("ok", "incorrect", "ok"), kernels):
         for role, tflops, status in ((g.TABLE, 4.2, "ok"), (g.UPSTREAM, 0.6, "ok"), (g.SDPA, 3.5, sdpa), (g.FA4_OWN, 5.0, "ok")):
             result = ProblemResult(problem.label, "fwd", status, tflops=tflops if status == "ok" else None)
-            rows.append(g.table_row(problem, role, role, result, DEVICE, MODE))
+            rows.append(g.table_row(problem, role, kernel if role == g.TABLE else role, result, DEVICE, MODE))
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -161,11 +163,12 @@ def test_the_split_kv_patch_shows_the_decode_run_against_upstream_and_sdpa(serie
     from fa4tune.suites import load_suite
 
     _, out, _, _ = series
-    first, second = (p.label for p in load_suite("decode")[:2])
+    first, second, third = (p.label for p in load_suite("decode")[:3])
     decode = (out / f"{SERIES[1]}.pr.md").read_text()
-    assert f"`bench/gpu_splitkv.py --part timing` on {DEVICE} (emulated (SM120 kernels emulated on this device))" in decode
+    assert f"`bench/gpu_splitkv.py --part timing` on {DEVICE}, emulated (SM120 kernels emulated on this device);" in decode
     assert f"| {first} | 4.20 | 0.60 | 3.50 | 7.00x | 1.20x |" in decode
     assert f"| {second} | 4.20 | 0.60 | incorrect | 7.00x | - |" in decode  # a reference that fails the gate is no ratio
+    assert f"| {third} |" not in decode and f"another class there: {third} (sm120_tma_trimmed 64x96)." in decode
     assert all("## Decode:" not in (out / f"{s}.pr.md").read_text() for s in (SERIES[0], SERIES[2]))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"problem": "x", "role": "table"}\n')

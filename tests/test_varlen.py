@@ -160,3 +160,28 @@ def test_the_speedup_is_the_median_of_paired_ratios_over_two_rounds_of_opposite_
     median, q1, q3 = paired_speedup([1.1, 1.1, 1.2, 1.2, 1.3, 1.3], [1.0] * 6)
     assert (median, q1, q3) == pytest.approx((1.2, 1.15, 1.25))
     assert paired_speedup([3.0], [2.0]) == (1.5, 1.5, 1.5)
+
+
+def test_identical_calls_read_even_when_a_call_runs_slower_first_in_a_round_or_after_the_other_side():
+    from bench.varlen import _timed, paired_speedup
+
+    # A fake clock where a call is 20 % slower when it opens its round and 10 % slower after a call of the other side:
+    # the two sides run the same work, so any speedup but 1.0 is the design's bias.
+    log = []
+
+    def clock(fn):
+        name, shape = fn()
+        ms = 1.0
+        if sum(s == shape for _, s in log) % 2 == 0:  # two warm-ups, then rounds of two
+            ms *= 1.2
+        if log and log[-1][1] == shape and log[-1][0] != name:
+            ms *= 1.1
+        log.append((name, shape))
+        return ms
+
+    pairs = {shape: {name: (lambda n=name, s=shape: (n, s)) for name in ("table", "upstream")} for shape in ("varlen", "fwd")}
+    times = _timed(pairs, 8, clock)
+    assert [len(times[s][n]) for s in pairs for n in ("table", "upstream")] == [8] * 4
+    assert [n for n, s in log[:6]] == ["upstream", "table", "table", "upstream", "upstream", "table"]  # B A, A B, B A
+    for shape in pairs:
+        assert paired_speedup(times[shape]["upstream"], times[shape]["table"]) == pytest.approx((1.0, 1.0, 1.0))

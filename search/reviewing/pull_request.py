@@ -76,15 +76,22 @@ def decode_table_lines(path) -> list[str]:
         return f"{a['tflops'] / b['tflops']:.2f}x" if ok else "-"
 
     lines = ["", "## Decode: split-KV against upstream's SM120 path and torch SDPA", "",
-             f"`bench/gpu_splitkv.py --part timing` on {device} ({mode.removeprefix('mode: ')}); TFLOPS, every candidate "
+             f"`bench/gpu_splitkv.py --part timing` on {device}, {mode.removeprefix('mode: ')}; TFLOPS, every candidate "
              "gated and timed interleaved in one run. torch SDPA runs this device's own kernels, not SM120 code: the "
              "reference a serving stack would otherwise call.", "",
              "| problem | split-KV (this patch) | upstream SM120 | torch SDPA | x upstream | x SDPA |",
              "|---|---:|---:|---:|---:|---:|"]
+    elsewhere = []
     for label, roles in complete.items():
         table, upstream, sdpa = (roles[r] for r in DECODE_ROLES)
+        name = table.get("name", "")  # gpu_splitkv names the table's row "dispatch table: <kernel> <knobs>"
+        if name.startswith("dispatch table:") and "splitkv" not in name:  # another class runs it: not this patch's
+            elsewhere.append(f"{label} ({table['name'].removeprefix('dispatch table: ')})")
+            continue
         lines.append(f"| {label} | {cell(table)} | {cell(upstream)} | {cell(sdpa)} | {ratio(table, upstream)} | "
                      f"{ratio(table, sdpa)} |")
+    if elsewhere:
+        lines += ["", f"Left out, the table runs another class there: {'; '.join(elsewhere)}."]
     return lines
 
 

@@ -4,6 +4,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ncu      # #42: fp16 vs bf16 on the longest-first TMA class, Nsight pair
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlen   # #42: the six packed batches under the varlen rule
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh skv      # #43: the series' split-KV test file alone, faults named (carry .upstream-tests)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh skvasync # #43: the same without CUDA_LAUNCH_BLOCKING (does the fault need async launches?)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh decode   # #43: the decode table for the split-KV PR text (vs upstream, SDPA)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut03     # #43: upstream's tests, pristine and the whole series (carry .upstream-tests)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
@@ -32,6 +33,10 @@ for step in "$@"; do
       CUDA_LAUNCH_BLOCKING=1 timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --variants 3 \
         -k sm120_splitkv --workers 8 --timeout 480 --out "$OUT/skv" > "$OUT/skv.log" 2>&1; echo "skv rc $?"; tail -40 "$OUT/skv.log"
       grep -m3 -B30 "misaligned" "$OUT"/skv/p0001-0002-0003.rerun.log 2>/dev/null | tail -60 ;;
+    skvasync)
+      timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --variants 3 \
+        -k sm120_splitkv --workers 8 --timeout 480 --out "$OUT/skv-async" > "$OUT/skv-async.log" 2>&1; echo "skvasync rc $?"
+      tail -40 "$OUT/skv-async.log"; grep -m3 -B30 "misaligned" "$OUT"/skv-async/*.log 2>/dev/null | tail -60 ;;
     decode)
       timeout 400 python3 bench/gpu_splitkv.py --part timing --out "$OUT/decode-table.jsonl" > "$OUT/decode.log" 2>&1
       echo "decode rc $?"; tail -45 "$OUT/decode.log" ;;

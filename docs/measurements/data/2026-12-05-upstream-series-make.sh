@@ -5,7 +5,8 @@
 # same three). Run from the repository root:
 #   bash docs/measurements/data/2026-12-05-upstream-series-make.sh
 # The left-out decode studies: four winners of a fixed num_splits that today's rules refuse on the class's shortest
-# problem (num_splits_le_kv_blocks), one winner unconfirmed (d64-causal-decode).
+# problem (num_splits_le_kv_blocks), one winner unconfirmed (d64-causal-decode). The split-KV patch's decode section
+# reads the H100 run of 2026-12-05-h100-split-kv-decode-varlen-fp16.md (bench/gpu_splitkv.py --part timing --out).
 set -euo pipefail
 work=$(mktemp -d)
 out=$(mktemp -d)
@@ -14,7 +15,7 @@ for name in 2026-12-01-standard-study 2026-12-03-decode-classes-study 2026-12-03
 done
 uv run python -m search export --storage "sqlite:///$work/2026-12-01-standard-study.db" \
   --storage "sqlite:///$work/2026-12-03-decode-classes-study.db" --storage "sqlite:///$work/2026-12-03-decode-causal-study.db" \
-  --series "$out" --screenshots \
+  --series "$out" --screenshots --decode-table docs/measurements/data/2026-12-05-h100-decode-table.jsonl \
   --leave-out fwd:d64-noncausal-gqa8-decode-bf16 --leave-out fwd:d96-noncausal-gqa4-decode-bf16 \
   --leave-out fwd:d96-noncausal-gqa8-decode-bf16 --leave-out fwd:d64-causal-decode-bf16 \
   --leave-out fwd:d128-causal-decode-bf16
