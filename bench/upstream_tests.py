@@ -155,18 +155,19 @@ def read_report(path: Path) -> dict[str, tuple[str, str]]:
     return tests
 
 
-def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, timeout: float,
-            report: Path | None = None) -> int:
+def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: float, report: Path | None = None) -> int:
     """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
     (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log`, each
-    test's outcome in `report` as it lands."""
-    plugin_dir = out / "plugin"
+    test's outcome in `report` as it lands. The plugin, pytest's cache and the series' added tests live beside
+    `site` (the --work directory)."""
+    work = site.parent
+    plugin_dir = work / "plugin"
     plugin_dir.mkdir(exist_ok=True)
     (plugin_dir / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
-    argv = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-o", "cache_dir=" + str(out / ".pytest_cache"),
+    argv = [sys.executable, "-m", "pytest", "-p", PLUGIN, "-o", "cache_dir=" + str(work / ".pytest_cache"),
             "--rootdir", str(tests_dir), *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
-               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((out / "added-tests").resolve())]),
+               FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((work / "added-tests").resolve())]),
                FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "")
     with open(log, "w") as stream:
         process = subprocess.Popen(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
@@ -182,7 +183,7 @@ def _pytest(site: Path, tests_dir: Path, out: Path, args: list[str], log: Path, 
 def collect(site: Path, tests_dir: Path, files: list[str], k: str | None, out: Path, timeout: float) -> list[str]:
     """The node ids pytest collects from `files` (with -k), on the variant at `site`."""
     log = out / "collect.log"
-    code = _pytest(site, tests_dir, out, [*files, "--collect-only", "-q", *(["-k", k] if k else [])], log, timeout)
+    code = _pytest(site, tests_dir, [*files, "--collect-only", "-q", *(["-k", k] if k else [])], log, timeout)
     ids = [line for line in log.read_text().splitlines() if "::" in line and not line.startswith(" ")]
     if code not in (0, 5):  # 5: nothing collected (-k left nothing of the upstream files: the patches' tests may run)
         raise SystemExit(f"upstream_tests: collecting {', '.join(files)} failed (exit {code}); see {log}")
@@ -223,7 +224,7 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
     args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else [])]
     if workers > 1:  # one process alone needs no xdist (nor its restart of a poisoned worker: nothing runs after)
         args += ["-n", str(workers), "--max-worker-restart", "100000"]
-    code = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.log", timeout, report)
+    code = _pytest(site, tests_dir, args, out / f"{_file_name(name)}.log", timeout, report)
     tests = read_report(report) if report.exists() else {}
     again = sorted(t for t, (o, m) in tests.items() if o in ("failed", "error") and any(r in m for r in RERUN))
     left = timeout - (time.perf_counter() - started)
@@ -233,7 +234,7 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
         rerun = out / f"{_file_name(name)}.rerun.jsonl"
         rerun.unlink(missing_ok=True)
         args = ["@" + str(ids.resolve()), "-q", "-rN", "-n", "1", "--max-worker-restart", "100000"]
-        code_again = _pytest(site, tests_dir, out, args, out / f"{_file_name(name)}.rerun.log", left, rerun)
+        code_again = _pytest(site, tests_dir, args, out / f"{_file_name(name)}.rerun.log", left, rerun)
         tests.update(read_report(rerun) if rerun.exists() else {})
         code = -1 if code_again == -1 else code
         return Outcome(name, tests, time.perf_counter() - started, code, again)
@@ -245,9 +246,9 @@ def _file_name(variant: str) -> str:
     return variant if variant == "pristine" else "p" + variant.lstrip("+").replace("+", "-")
 
 
-def added_tests(package: Path, patches: list[Path], out: Path) -> list[Path]:
-    """The test files the whole series adds under tests/cute, copied to out/added-tests."""
-    site, added = out / "site-all", out / "added-tests"
+def added_tests(package: Path, patches: list[Path], work: Path) -> list[Path]:
+    """The test files the whole series adds under tests/cute, copied to work/added-tests."""
+    site, added = work / "site-all", work / "added-tests"
     for path in (site, added):
         shutil.rmtree(path, ignore_errors=True)
     site.mkdir()
@@ -299,7 +300,9 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.jsonl to compare with")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
-    parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"))
+    parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"), help="reports, logs, selected.txt")
+    parser.add_argument("--work", type=Path, default=None, help="the variants' packages, pytest's plugin and cache "
+                        "(default: --out; elsewhere keeps --out small, e.g. for a device call's $OUT)")
     args = parser.parse_args(argv)
     files = [f for f in args.files.split(",") if f]
     missing = [f for f in files if not (args.tests / f).is_file()]
@@ -314,11 +317,13 @@ def main(argv=None) -> int:
     patches = series_patches(args.series)
     package = installed_package()
     args.out.mkdir(parents=True, exist_ok=True)
+    work = args.work or args.out
+    work.mkdir(parents=True, exist_ok=True)
     tests_dir = args.tests.resolve()
     wanted = [int(v) for v in args.variants.split(",") if v] or list(range(len(patches) + 1))
     if any(not 0 <= v <= len(patches) for v in wanted):
         raise SystemExit(f"upstream_tests: --variants {args.variants}: indices run from 0 (pristine) to {len(patches)}")
-    added = added_tests(package, patches, args.out)
+    added = added_tests(package, patches, work)
     outcomes, targets = [], None
     if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here
         outcomes.append(Outcome("pristine (earlier call)", baseline, 0.0, 0))
@@ -327,7 +332,7 @@ def main(argv=None) -> int:
             targets = ["@" + str(selected.resolve())] if selected.read_text().strip() else []
     for n in wanted:
         name = "pristine" if n == 0 else "+" + "+".join(p.name[len(args.series.name):][:4] for p in patches[:n])
-        site = args.out / f"site-{n}"
+        site = work / f"site-{n}"
         shutil.rmtree(site, ignore_errors=True)
         site.mkdir()
         make_variant(site, package, patches[:n])

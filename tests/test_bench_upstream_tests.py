@@ -88,11 +88,14 @@ def test_each_variant_runs_the_tests_on_its_patched_copy_and_the_differences_are
     assert any("test_added_by_patch: failed -> passed" in line for line in lines)
     assert any("test_the_patched_file_is_there: failed -> passed" in line for line in lines)
     # a later call (a device call's time limit): one variant against the first call's pristine run, the same cases
-    later = tmp_path / "later"
+    # (its packages and pytest's files in --work, so that --out holds only reports and logs)
+    later, work = tmp_path / "later", tmp_path / "work"
     assert upstream_tests.main(["--tests", str(tests), "--files", "test_stand_in.py", "--series",
                                 str(prefix), "--out", str(later), "--variants", "1",
-                                "--baseline", str(out / "pristine.jsonl")]) == 0
+                                "--baseline", str(out / "pristine.jsonl"), "--work", str(work)]) == 0
     assert not (later / "selected.txt").exists() and not (later / "pristine.jsonl").exists()
+    assert {p.name for p in later.iterdir()} == {"p0001.jsonl", "p0001.log"}
+    assert {"site-1", "plugin"} <= {p.name for p in work.iterdir()}
     assert upstream_tests.read_report(later / "p0001.jsonl") == outcomes["+0001"]
     # -k that leaves none of upstream's cases: only the patch's own test runs, before and after the patch (here a
     # file without torch and no SM120 emulation asked: pytest processes of a second each)

@@ -17,7 +17,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/
 for step in "$@"; do
   case "$step" in
     fix)
-      timeout 240 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute \
+      timeout 240 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work \
         --series "$PWD/docs/measurements/data/2026-12-05-upstream-fix-" -k varlen_gqa_bwd --workers 8 --out "$OUT/fix" \
         > "$OUT/fix.log" 2>&1; echo "fix rc $?"; tail -30 "$OUT/fix.log" ;;
     ncu)
@@ -30,11 +30,11 @@ for step in "$@"; do
         grep -E "Duration|Throughput|Registers|Stall|Issued Ipc|Warp Cycles|Achieved Occ|Executed Ipc|Block Size|Grid Size|Dynamic Shared|Bank" "$OUT/ncu-$dt.log" | head -40
       done ;;
     skv)
-      CUDA_LAUNCH_BLOCKING=1 timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --variants 3 \
+      CUDA_LAUNCH_BLOCKING=1 timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --variants 3 \
         -k sm120_splitkv --workers 8 --timeout 480 --out "$OUT/skv" > "$OUT/skv.log" 2>&1; echo "skv rc $?"; tail -40 "$OUT/skv.log"
       grep -m3 -B30 "misaligned" "$OUT"/skv/p0001-0002-0003.rerun.log 2>/dev/null | tail -60 ;;
     skvasync)
-      timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --variants 3 \
+      timeout 500 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --variants 3 \
         -k sm120_splitkv --workers 8 --timeout 480 --out "$OUT/skv-async" > "$OUT/skv-async.log" 2>&1; echo "skvasync rc $?"
       tail -40 "$OUT/skv-async.log"; grep -m3 -B30 "misaligned" "$OUT"/skv-async/*.log 2>/dev/null | tail -60 ;;
     decode)
@@ -44,7 +44,7 @@ for step in "$@"; do
       timeout 300 python3 bench/varlen.py --rounds 40 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
-      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --workers 8 "${more[@]}" \
+      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 "${more[@]}" \
         --timeout 268 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -60 "$OUT/$step.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
