@@ -120,6 +120,11 @@ def forward_config(pc: ProblemClass) -> ForwardConfig:
     return TABLES.forward_config(pc)
 
 
+def varlen_forward_config(pc: ProblemClass) -> ForwardConfig:
+    """A packed (varlen) call's forward config for a problem class (its varlen entry, then fa4tune.api's rule)."""
+    return TABLES.varlen_forward_config(pc)
+
+
 def backward_config(pc: ProblemClass) -> BackwardConfig:
     """The dispatch table's backward config for a problem class (its entry, its nearest tuned class's, upstream's)."""
     return TABLES.backward_config(pc)
@@ -136,9 +141,10 @@ def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False):
+def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, **packed):
     """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels (fa4tune.api);
-    configs default to this file's dispatch entries, gradients flow through the tuned backward kernel."""
-    tables = SimpleNamespace(forward_config=forward_config, backward_config=backward_config,
-                             preprocess_threads=preprocess_threads, kernel_class=kernel_class)
-    return api.attention(q, k, v, causal, softmax_scale, fwd_config, bwd_config, return_lse, tables=tables)
+    configs default to this file's dispatch entries, gradients flow through the tuned backward kernel. `packed`:
+    a varlen call's cu_seqlens_q / cu_seqlens_k / max_seqlen_q / max_seqlen_k, (total, heads, head_dim) tensors."""
+    tables = SimpleNamespace(forward_config=forward_config, backward_config=backward_config, kernel_class=kernel_class,
+                             varlen_forward_config=varlen_forward_config, preprocess_threads=preprocess_threads)
+    return api.attention(q, k, v, causal, softmax_scale, fwd_config, bwd_config, return_lse, tables=tables, **packed)

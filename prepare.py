@@ -106,7 +106,7 @@ def plan_experiment(experiment_module, problems: Sequence[Problem], target: Targ
     plan = runs.Plan([], [], [])
     for direction, index, problem in runs.directions(problems):
         pc = problem.problem_class
-        fwd_config, bwd_config = experiment_module.forward_config(pc), experiment_module.backward_config(pc)
+        fwd_config, bwd_config = evaluation.table_forward_config(experiment_module, problem), experiment_module.backward_config(pc)
         own = fwd_config if direction == "fwd" else bwd_config
         planned = runs.Planned(candidates.EXPERIMENT, direction, index, problem, own.to_dict())
         failure = evaluation.feasibility_failure(direction, fwd_config, bwd_config, problem, target)

@@ -3,7 +3,7 @@ defaults, and against the same tokens padded to equal lengths (issue #42 item 3)
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/varlen.py [--batches NAME,...] [--rounds 20]
 
-Every batch (BATCHES: packed training batches, a batch of prompts, a DiT's non-causal batch, fp16 and GQA) runs
+Every batch (suites/varlen.json: packed training batches, a batch of prompts, a DiT's non-causal batch, fp16 and GQA) runs
 `attention()` with cu_seqlens: the table's varlen forward for its class (fa4tune.api.DispatchTables.
 varlen_forward_config); upstream's is its SM120 default. Both backwards run on our backward class
 (kernels/backward_sm120.py), upstream's knobs on it: upstream's own class gets packed GQA dK/dV wrong. Each
@@ -19,7 +19,6 @@ that is not SM 12.0 the SM120 kernels run emulated.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import statistics
 import sys
@@ -29,66 +28,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    name: str
-    lengths: tuple[int, ...]
-    heads: int
-    kv_heads: int
-    head_dim: int
-    causal: bool
-    dtype: str = "bf16"
-    backward: bool = False
-
-
-BATCHES = (
-    Batch("packed training 10k gqa4 d128 causal", (3072, 1800, 1200, 900, 700, 300, 150, 70), 32, 8, 128, True, backward=True),
-    Batch("packed training 4k d64 causal", (1500, 1024, 800, 500, 200, 72), 16, 16, 64, True, backward=True),
-    Batch("prompts gqa4 d128 causal", (37, 512, 1200, 4000, 90, 2200), 32, 8, 128, True),
-    Batch("dit joint d128 non-causal", (4429, 1024, 2048, 333), 24, 24, 128, False, backward=True),
-    Batch("packed training d96 causal", (777, 1500, 3000, 45), 16, 16, 96, True, backward=True),
-    Batch("prompts gqa8 d128 causal fp16", (100, 2000, 3500, 600), 32, 4, 128, True, dtype="fp16"),
-)
-
-
-def offsets(lengths) -> list[int]:
-    out = [0]
-    for n in lengths:
-        out.append(out[-1] + n)
-    return out
-
-
 def check_packed(q, k, v, causal, lengths, out, lse, grads=None, dout=None) -> list[str]:
-    """The gate's rule per sequence of a packed call: out (total, h, d), lse (h, total), grads packed like q, k, v.
-    One line per failing sequence (index, length, the failing tensors), [] when every sequence passes."""
+    """The gate's rule per sequence of a packed call (fa4tune.harness.gate.check_outputs with `lengths`): [] when
+    every sequence passes, else the first failing sequence's reason, naming it."""
     from fa4tune.harness.gate import check_outputs
 
-    failures = []
-    bounds = offsets(lengths)
-    for i, (start, stop) in enumerate(zip(bounds, bounds[1:])):
-        def one(t):
-            return None if t is None else t[start:stop][None]
-        seq_grads = tuple(one(g) for g in grads) if grads is not None else None
-        result = check_outputs(one(q), one(k), one(v), causal, one(out), None if lse is None else lse[:, start:stop][None],
-                               seq_grads, one(dout))
-        bad = [c for c in result.checks if not c.passed]
-        if bad:
-            failures.append(f"sequence {i} (length {stop - start}): " + "; ".join(c.describe() for c in bad))
-    return failures
-
-
-def _inputs(batch: Batch, device, seed: int = 0):
-    import torch
-
-    from fa4tune.harness.gate import TORCH_DTYPES
-
-    dtype, total = TORCH_DTYPES[batch.dtype], sum(batch.lengths)
-    g = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(total, batch.heads, batch.head_dim, generator=g, device=device, dtype=dtype)
-    k = torch.randn(total, batch.kv_heads, batch.head_dim, generator=g, device=device, dtype=dtype)
-    v = torch.randn(total, batch.kv_heads, batch.head_dim, generator=g, device=device, dtype=dtype)
-    cu = torch.tensor(offsets(batch.lengths), dtype=torch.int32, device=device)
-    return q, k, v, cu
+    result = check_outputs(q, k, v, causal, out, lse, grads, dout, variant="packed", lengths=tuple(lengths))
+    return [] if result.passed else [result.reason]
 
 
 def paired_speedup(upstream_ms: list[float], table_ms: list[float]) -> tuple[float, float, float]:
@@ -139,20 +85,21 @@ def cuda_clock(device):
     return clock
 
 
-def run_batch(batch: Batch, experiment, rounds: int, device) -> dict:
+def run_batch(batch, experiment, rounds: int, device) -> dict:
+    """One packed problem of the varlen suite (fa4tune.config.Problem with lengths): gated, then timed."""
     import torch
 
     from fa4tune import defaults
     from fa4tune.api import attention, problem_class_of
+    from fa4tune.harness import gate
     from fa4tune.harness.runtime_guards import attention_trap
 
-    q, k, v, cu = _inputs(batch, device)
-    longest = max(batch.lengths)
-    packed = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest)
-    pc = problem_class_of(q, k, v, batch.causal, longest, longest)
+    q, k, v = gate.random_inputs(batch, 0, device, count=3)
+    packed = gate.packing(batch.lengths, device)
+    pc = batch.problem_class
     configs = {"table": (experiment.TABLES.varlen_forward_config(pc), experiment.backward_config(pc)),
                "upstream": (defaults.upstream_forward(pc), defaults.upstream_backward(pc))}
-    row = {"batch": batch.name, "class": pc.name, "table_config": configs["table"][0].short(), "failures": {}}
+    row = {"batch": batch.label, "class": pc.name, "table_config": configs["table"][0].short(), "failures": {}}
     dout = torch.randn_like(q) if batch.backward else None
     for name, (fwd, bwd) in configs.items():
         qq, kk, vv = (t.detach().requires_grad_(batch.backward) for t in (q, k, v))
@@ -197,6 +144,7 @@ def _speedup(value) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="varlen", help="a suite of packed problems (suites/varlen.json)")
     parser.add_argument("--batches", default="", help="comma-separated substrings of batch names (default: all)")
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
@@ -206,7 +154,9 @@ def main(argv=None) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)  # the static rules and the pin first, as every measuring path
     import torch
 
-    wanted = [b for b in BATCHES if not args.batches or any(s in b.name for s in args.batches.split(","))]
+    from fa4tune.suites import load_suite
+
+    wanted = [b for b in load_suite(args.suite) if not args.batches or any(s in b.label for s in args.batches.split(","))]
     device = torch.device("cuda")
     print(f"{torch.cuda.get_device_name(device)}: {len(wanted)} packed batches, {args.rounds} rounds", flush=True)
     failed = 0
@@ -217,7 +167,7 @@ def main(argv=None) -> int:
         row = run_batch(batch, experiment, args.rounds, device)
         gate = " / ".join("pass" if not row["failures"][n] else f"FAIL {len(row['failures'][n])}" for n in ("table", "upstream"))
         failed += bool(row["failures"]["table"])
-        print(f"| {batch.name} | {row['class']} | {row['table_config']} | {gate} | {row['ms']['table varlen']:.3f} / "
+        print(f"| {batch.label} | {row['class']} | {row['table_config']} | {gate} | {row['ms']['table varlen']:.3f} / "
               f"{row['ms']['table padded']:.3f} | {_speedup(row['speedup_varlen'])} | {_speedup(row['speedup_varlen_fwd'])} | "
               f"{_speedup(row['speedup_padded'])} |", flush=True)
         for name, lines in row["failures"].items():

@@ -164,13 +164,17 @@ def _gpu_available() -> bool:
 
 
 def static_jobs(module, problems) -> list:
-    """One forward job per problem class of the suite, and one backward job where a problem needs it."""
+    """One forward job per problem class of the suite (and one for its packed problems' varlen entry where that
+    differs), and one backward job where a problem needs it."""
     from fa4tune.static_check import StaticJob
     from fa4tune.suites import problem_classes
 
     jobs = []
     for pc in problem_classes(problems):
-        jobs.append(StaticJob("fwd", module.forward_config(pc), pc))
+        forwards = [module.forward_config(pc)] if any(not p.lengths and p.problem_class == pc for p in problems) else []
+        if any(p.lengths and p.problem_class == pc for p in problems):
+            forwards.append(getattr(module, "varlen_forward_config", module.forward_config)(pc))
+        jobs += [StaticJob("fwd", config, pc) for config in dict.fromkeys(forwards)]
         if any(p.backward and p.problem_class == pc for p in problems):
             jobs.append(StaticJob("bwd", module.backward_config(pc), pc))
     return jobs

@@ -40,6 +40,12 @@ def load_suite(name_or_path: str) -> list[Problem]:
             raise ConfigError("suite_file", f"{path}: problem #{i} is not an object")
         entry = {key: value for key, value in entry.items() if key not in CITATION_KEYS}
         entry.setdefault("head_dim_v", entry.get("head_dim"))
+        lengths = entry.get("lengths")
+        if isinstance(lengths, list) and lengths and all(isinstance(n, int) for n in lengths):
+            # a packed row names its sequences; its batch and seqlens follow from them (Problem checks them)
+            entry.setdefault("batch", len(lengths))
+            entry.setdefault("seqlen_q", max(lengths))
+            entry.setdefault("seqlen_k", max(lengths))
         try:
             problems.append(Problem.from_dict(entry))
         except TypeError as err:

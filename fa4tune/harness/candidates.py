@@ -1,5 +1,7 @@
 """Candidates: what a step runs. A forward is `forward(q, k, v, causal) -> (out, lse or None)`, differentiable
-through autograd; q, k, v are (batch, seqlen, heads, head_dim).
+through autograd; q, k, v are (batch, seqlen, heads, head_dim). A packed (varlen) problem's call is
+`forward(q, k, v, causal, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., max_seqlen_k=...)` on (total, heads,
+head_dim) tensors, its LSE (heads, total).
 
 experiment.py's attention with a pair of configs (guarded: fa4tune.harness.guards' rules apply), upstream's SM120
 defaults through it, FA4's own path for the local GPU and torch SDPA; each travels to a child process as a JSON
@@ -37,17 +39,20 @@ class Candidate:
 def experiment_candidate(experiment_module, fwd_config: ForwardConfig, bwd_config: BackwardConfig, name: str = EXPERIMENT) -> Candidate:
     """experiment.attention with these configs."""
 
-    def forward(q, k, v, causal):
-        return experiment_module.attention(q, k, v, causal=causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True)
+    def forward(q, k, v, causal, **packed):
+        return experiment_module.attention(q, k, v, causal=causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True,
+                                           **packed)
 
     return Candidate(name, forward, {"forward": fwd_config.to_dict(), "backward": bwd_config.to_dict()}, guarded=True)
 
 
 def fa4_candidate() -> Candidate:
     """FlashAttention-4's public path for the local GPU (no arch override: SM90 kernels on an H200)."""
-    from flash_attn.cute.interface import flash_attn_func
+    from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 
-    def forward(q, k, v, causal):
+    def forward(q, k, v, causal, **packed):
+        if packed:
+            return flash_attn_varlen_func(q, k, v, causal=causal, return_lse=True, **packed)
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
         return out, lse
 
@@ -55,11 +60,17 @@ def fa4_candidate() -> Candidate:
 
 
 def sdpa_candidate() -> Candidate:
-    """torch.nn.functional.scaled_dot_product_attention (GQA through enable_gqa; no LSE to check)."""
+    """torch.nn.functional.scaled_dot_product_attention (GQA through enable_gqa; no LSE to check); a packed call
+    runs each sequence on its own and concatenates the outputs (what a caller without a varlen kernel would do)."""
     import torch
     import torch.nn.functional as F
 
-    def forward(q, k, v, causal):
+    def forward(q, k, v, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        if cu_seqlens_q is not None:
+            bq, bk = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+            outs = [forward(q[a:b][None], k[c:d][None], v[c:d][None], causal)[0][0]
+                    for a, b, c, d in zip(bq, bq[1:], bk, bk[1:])]
+            return torch.cat(outs), None
         seqlen_q, seqlen_k = q.shape[1], k.shape[1]
         mask, is_causal = None, causal
         if causal and seqlen_q != seqlen_k:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from fa4tune.config import BackwardConfig, ForwardConfig, Problem
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem
 from fa4tune.feasibility import check_backward, check_forward_problem
+from fa4tune.kernel_class import forward_kernel, runs_varlen
 from fa4tune.harness import gpu, step_server
 from fa4tune.harness.candidates import EXPERIMENT, experiment_candidate, experiment_spec, load_experiment
 from fa4tune.harness.measurement import Measurement, ProblemResult
@@ -61,16 +62,33 @@ def _as_config(kind: str, config) -> ForwardConfig | BackwardConfig:
     return config
 
 
-def _configs_for(kind: str, config, experiment_module, pc) -> tuple[ForwardConfig, BackwardConfig]:
+def table_forward_config(experiment_module, problem: Problem) -> ForwardConfig:
+    """The dispatch table's forward config for a problem: a packed one's is the varlen entry's (fa4tune.api's rule;
+    an experiment.py without `varlen_forward_config` runs its plain entry, refused by varlen_kernel where it cannot)."""
+    pc = problem.problem_class
+    if problem.lengths:
+        return getattr(experiment_module, "varlen_forward_config", experiment_module.forward_config)(pc)
+    return experiment_module.forward_config(pc)
+
+
+def _configs_for(kind: str, config, experiment_module, problem: Problem) -> tuple[ForwardConfig, BackwardConfig]:
     """(forward, backward) configs of a run: `config` for its direction, the dispatch table's for the other."""
     config = _as_config(kind, config)
     if kind == "fwd":
-        return config, experiment_module.backward_config(pc)
-    return experiment_module.forward_config(pc), config
+        return config, experiment_module.backward_config(problem.problem_class)
+    return table_forward_config(experiment_module, problem), config
 
 
 def feasibility_failure(direction: str, fwd_config: ForwardConfig, bwd_config: BackwardConfig, problem: Problem, target: Target) -> str:
     """'' when the target can run the configs on this problem, else the failing rule with its numbers."""
+    if problem.lengths:
+        try:
+            packs = runs_varlen(forward_kernel(fwd_config.kernel))
+        except ConfigError:  # an unknown kernel: check_forward_problem names it
+            packs = True
+        if not packs:
+            return (f"forward config: varlen_kernel: kernel {fwd_config.kernel!r} does not run packed batches (only a "
+                    "class that declares varlen = True does)")
     verdict = check_forward_problem(fwd_config, problem, target)
     if not verdict:
         return f"forward config: {verdict}"
@@ -83,7 +101,7 @@ def feasibility_failure(direction: str, fwd_config: ForwardConfig, bwd_config: B
 
 def _configs_checked(kind: str, config, experiment_module, problem: Problem, target: Target):
     """(forward config, backward config, an `infeasible` result or None) for one problem."""
-    fwd_config, bwd_config = _configs_for(kind, config, experiment_module, problem.problem_class)
+    fwd_config, bwd_config = _configs_for(kind, config, experiment_module, problem)
     failure = feasibility_failure(kind, fwd_config, bwd_config, problem, target)
     return fwd_config, bwd_config, ProblemResult(problem.label, kind, "infeasible", reason=failure) if failure else None
 

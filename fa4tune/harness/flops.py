@@ -31,8 +31,10 @@ def backward_flops(batch: int, num_heads: int, seqlen_q: int, seqlen_k: int, hea
 
 
 def problem_flops(problem: Problem, direction: str) -> float:
-    """FLOPs of one problem in one direction ("fwd" or "bwd")."""
+    """FLOPs of one problem in one direction ("fwd" or "bwd"); a packed problem's, its sequences' sum."""
     count = backward_flops if direction == "bwd" else forward_flops
+    if problem.lengths:
+        return sum(count(1, problem.num_heads, n, n, problem.head_dim, problem.head_dim_v, problem.causal) for n in problem.lengths)
     return count(
         problem.batch, problem.num_heads, problem.seqlen_q, problem.seqlen_k,
         problem.head_dim, problem.head_dim_v, problem.causal,

@@ -11,10 +11,15 @@ reads as NaN and fails.
 The references run in chunks of query rows, so the score matrix of a 32K-token problem never exists whole;
 gradients of the chunks are summed (autograd per chunk). Causal masking is bottom-right aligned, as
 FlashAttention's is when seqlen_q != seqlen_k: query row i sees keys j <= i + seqlen_k - seqlen_q.
+
+A packed (varlen) problem's sequences lie end to end in (total, heads, dim) tensors; its call gets `packing()`'s
+cu_seqlens, and every sequence is checked against its own reference, alone, under the same rule: a kernel that
+lets one sequence see another's keys fails on that sequence.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import OrderedDict
@@ -380,24 +385,37 @@ def _unpack(result):
     return result, None
 
 
-def _run_forward(forward: Forward, q, k, v, causal):
-    batch, seqlen_q, heads, _ = q.shape
-    out_shape = (batch, seqlen_q, heads, v.shape[-1])
-    lse_shape = (batch, heads, seqlen_q)
+def packing(lengths, device) -> dict:
+    """A packed call's varlen arguments: the sequences' starts (cu_seqlens, int32, one more than the sequences; the
+    same for q and k) and the longest. {} for no lengths (a plain call)."""
+    if not lengths:
+        return {}
+    starts = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    return dict(cu_seqlens_q=starts, cu_seqlens_k=starts, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
+
+
+def _run_forward(forward: Forward, q, k, v, causal, lengths=()):
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    # (batch, heads, seqlen); a packed call's LSE is (heads, total), as upstream's varlen path returns it
+    lse_shape = (q.shape[2], q.shape[0]) if lengths else (q.shape[0], q.shape[2], q.shape[1])
+    packed = packing(lengths, q.device)
     if getattr(forward, "accepts_out", False):
         out = torch.full(out_shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device)
-        forward(q, k, v, causal, out=out, lse=lse)
+        forward(q, k, v, causal, out=out, lse=lse, **packed)
     else:
         if poisons(q.device):
             poison_cuda_allocator([math.prod(out_shape) * q.element_size(), math.prod(lse_shape) * 4], q.device)
-        out, lse = _unpack(forward(q, k, v, causal))
+        out, lse = _unpack(forward(q, k, v, causal, **packed))
     if q.is_cuda:
         torch.cuda.synchronize(q.device)  # a fault in the kernel surfaces here, not in a later check
     return out, lse
 
 
-def _shape_text(q, k, v, causal) -> str:
+def _shape_text(q, k, v, causal, lengths=()) -> str:
+    if lengths:
+        return Problem(len(lengths), max(lengths), max(lengths), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], causal,
+                       backward=False, lengths=lengths).label
     return Problem(
         q.shape[0], q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], causal, backward=False,
     ).label
@@ -406,22 +424,27 @@ def _shape_text(q, k, v, causal) -> str:
 def gate_forward(
     forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
+    lengths: tuple[int, ...] = (),
 ) -> GateResult:
     """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
-    `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before)."""
-    out, lse = _run_forward(forward, q, k, v, causal)
+    `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before); with `lengths`, a
+    packed call, each sequence against its own."""
+    out, lse = _run_forward(forward, q, k, v, causal, lengths)
     return check_outputs(q, k, v, causal, out, lse, variant=variant, seed=seed, chunk_bytes=chunk_bytes,
-                         references=references, input_scale=input_scale)
+                         references=references, input_scale=input_scale, lengths=lengths)
 
 
 def check_outputs(
     q, k, v, causal: bool, out, lse, grads=None, dout=None, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
+    lengths: tuple[int, ...] = (),
 ) -> GateResult:
     """The pass rule on outputs already computed: out and LSE (either may be None: not checked), and with
     `grads` (dq, dk, dv) of `dout`, the gradients, against the fp32 reference of (q, k, v) (from `references`
     when these inputs, drawn from `seed` at `input_scale`, were checked before). The gate and the check of
-    timed calls' outputs (fa4tune.harness.steps) both use it."""
+    timed calls' outputs (fa4tune.harness.steps) both use it. With `lengths`, packed tensors: _check_packed."""
+    if lengths:
+        return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths)
     direction = "fwd" if grads is None else "bwd"
     ref, plain = _references(
         references if seed is not None else None,
@@ -446,15 +469,43 @@ def check_outputs(
     return GateResult(variant, _shape_text(q, k, v, causal), tuple(checks), seed)
 
 
+def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths) -> GateResult:
+    """Each sequence of a packed call (q, k, v, out, dout, grads: (total, heads, dim); lse: (heads, total)) against
+    its own reference, alone: the first failing sequence's result, named; else, per tensor, the check with the
+    largest error over the sequences. The references are not cached (the slices are views of one draw)."""
+    worst: dict[str, TensorCheck] = {}
+    bounds = [0, *itertools.accumulate(lengths)]
+    for i, (start, stop) in enumerate(zip(bounds, bounds[1:])):
+        def one(t, start=start, stop=stop):
+            return None if t is None else t[start:stop][None]
+        if grads is None:
+            seq_grads = None
+        elif isinstance(grads, (tuple, list)) and len(grads) == 3:
+            seq_grads = tuple(one(g) for g in grads)
+        else:
+            seq_grads = grads  # not (dq, dk, dv): check_outputs says so
+        seq_lse = None if lse is None else (lse[:, start:stop][None] if lse.dim() == 2 else lse)
+        result = check_outputs(one(q), one(k), one(v), causal, one(out), seq_lse, seq_grads, one(dout),
+                               variant=variant, seed=seed, chunk_bytes=chunk_bytes, input_scale=input_scale)
+        if not result.passed:
+            return replace(result, variant=f"{variant}, sequence {i} of {len(lengths)} (length {stop - start})",
+                           problem=_shape_text(q, k, v, causal, lengths))
+        for check in result.checks:
+            if check.name not in worst or check.error > worst[check.name].error:
+                worst[check.name] = check
+    return GateResult(variant, _shape_text(q, k, v, causal, lengths), tuple(worst.values()), seed)
+
+
 def gate_backward(
     forward: Forward, q, k, v, causal: bool, dout, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
+    lengths: tuple[int, ...] = (),
 ) -> GateResult:
     """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV (references
-    from `references` as in gate_forward)."""
+    from `references` as in gate_forward; with `lengths`, per sequence)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     with torch.enable_grad():
-        out, lse = _run_forward(forward, q, k, v, causal)
+        out, lse = _run_forward(forward, q, k, v, causal, lengths)
         if poisons(q.device):
             poison_cuda_allocator([q.numel() * q.element_size(), k.numel() * k.element_size(), v.numel() * v.element_size()], q.device)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
@@ -462,7 +513,7 @@ def gate_backward(
         torch.cuda.synchronize(q.device)
     out, lse = out.detach(), (lse.detach() if lse is not None else None)
     return check_outputs(q, k, v, causal, out, lse, (dq, dk, dv), dout, variant=variant, seed=seed,
-                         chunk_bytes=chunk_bytes, references=references, input_scale=input_scale)
+                         chunk_bytes=chunk_bytes, references=references, input_scale=input_scale, lengths=lengths)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -486,8 +537,11 @@ def gate_cases(
 ) -> list[GateCase]:
     """The problem as given; its inputs scaled to large magnitude; sequence lengths shortened by
     `seqlen_offset` (not a tile multiple); and `random_count` small problems of the same class drawn
-    from `seed` (each case's seed is recorded in its variant name)."""
+    from `seed` (each case's seed is recorded in its variant name). A packed problem's cases are packed: each
+    sequence shortened, and random batches of 2-4 sequences."""
     cases = [GateCase("normal", problem, 1.0, seed), GateCase(f"scaled x{scale:g}", problem, scale, seed + 1)]
+    if problem.lengths:
+        return cases + _packed_cases(problem, seed, seqlen_offset, random_count, random_max_seqlen)
     seqlen_k = max(1, problem.seqlen_k - seqlen_offset)
     seqlen_q = 1 if problem.seqlen_q == 1 else max(1, problem.seqlen_q - seqlen_offset)
     cases.append(GateCase(f"seqlen-{seqlen_offset}", replace(problem, seqlen_q=seqlen_q, seqlen_k=seqlen_k, name=""), 1.0, seed + 2))
@@ -508,15 +562,41 @@ def gate_cases(
     return cases
 
 
+def packed_problem(problem: Problem, lengths, **changes) -> Problem:
+    """`problem` with these sequences packed (batch and seqlens follow them), unnamed."""
+    lengths = tuple(lengths)
+    return replace(problem, batch=len(lengths), seqlen_q=max(lengths), seqlen_k=max(lengths), lengths=lengths, name="",
+                   **changes)
+
+
+def _packed_cases(problem: Problem, seed: int, seqlen_offset: int, random_count: int, random_max_seqlen: int) -> list[GateCase]:
+    cases = [GateCase(f"lengths-{seqlen_offset}", packed_problem(problem, [max(1, n - seqlen_offset) for n in problem.lengths]),
+                      1.0, seed + 2)]
+    draw = random.Random(seed)
+    group = problem.num_heads // problem.num_heads_kv
+    for _ in range(random_count):
+        case_seed = draw.randrange(2**31)
+        rng = random.Random(case_seed)
+        longest = max(1, min(random_max_seqlen, problem.seqlen_q))
+        lengths = [rng.randint(1, longest) for _ in range(rng.randint(2, 4))]
+        heads_kv = rng.randint(1, 2)
+        shape = packed_problem(problem, lengths, num_heads=heads_kv * group, num_heads_kv=heads_kv)
+        cases.append(GateCase(f"random seed={case_seed}", shape, 1.0, case_seed))
+    return cases
+
+
 def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count: int = 3) -> list[torch.Tensor]:
-    """`count` tensors of random normal values for a problem: q, k, v (and dout when count is 4), scaled."""
+    """`count` tensors of random normal values for a problem: q, k, v (and dout when count is 4), scaled; a packed
+    problem's are (total, heads, dim)."""
     dtype = TORCH_DTYPES[problem.dtype]
     generator = torch.Generator(device=device).manual_seed(seed)
+    lead = ((sum(problem.lengths),), (sum(problem.lengths),)) if problem.lengths else (
+        (problem.batch, problem.seqlen_q), (problem.batch, problem.seqlen_k))
     shapes = [
-        (problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim),
-        (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim),
-        (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v),
-        (problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim_v),
+        (*lead[0], problem.num_heads, problem.head_dim),
+        (*lead[1], problem.num_heads_kv, problem.head_dim),
+        (*lead[1], problem.num_heads_kv, problem.head_dim_v),
+        (*lead[0], problem.num_heads, problem.head_dim_v),
     ]
     tensors = []
     for i, shape in enumerate(shapes[:count]):

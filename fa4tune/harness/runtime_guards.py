@@ -349,8 +349,20 @@ def row_reference(q, k, v, causal: bool, rows: torch.Tensor, dtype, dout=None):
     return torch.stack(outs), torch.stack(lses), (torch.stack(dqs) if dout is not None else None), valid
 
 
-def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None) -> None:
-    """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule."""
+def _longest_sequence(lengths) -> slice:
+    """Where a packed call's longest sequence lies in its (total, ...) tensors."""
+    i = max(range(len(lengths)), key=lambda j: lengths[j])
+    start = sum(lengths[:i])
+    return slice(start, start + lengths[i])
+
+
+def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=()) -> None:
+    """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule;
+    a packed call's rows are its longest sequence's (rows < seqlen_q, the longest), as a batch of one."""
+    if lengths:
+        part = _longest_sequence(lengths)
+        q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
+        lse = None if lse is None else lse[:, part][None]
     ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout)
     plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout)
     rows = rows.to(q.device)
@@ -365,10 +377,10 @@ def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=N
         raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {failing[0].describe()}")
 
 
-def _forward_call(forward, q, k, v, causal, grad: bool):
+def _forward_call(forward, q, k, v, causal, grad: bool, packed: dict | None = None):
     def call():
         with torch.set_grad_enabled(grad):
-            return forward(q, k, v, causal)
+            return forward(q, k, v, causal, **(packed or {}))
 
     return call
 
@@ -387,6 +399,7 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
     a = gate.random_inputs(problem, seed, device, count=3)
     b = gate.random_inputs(problem, seed + 1, device, count=3)
     c = gate.random_inputs(problem, seed + 2, device, count=3)
+    packed = gate.packing(problem.lengths, device)
     sample = sample_rows(problem.seqlen_q, rows, seed)
     live: dict[str, torch.Tensor] = {"q of set A": a[0], "k of set A": a[1], "v of set A": a[2],
                                      "q of set B": b[0], "k of set B": b[1], "v of set B": b[2]}
@@ -398,13 +411,13 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
             for t, values in zip(inputs, new_values):
                 t.data.copy_(values)  # through .data: same data_ptr, and no version-counter bump either
         q, k, v = inputs
-        out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, grad=False), ("out", "lse"), sync, label)
+        out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, False, packed), ("out", "lse"), sync, label)
         _check_graph(label, out, inputs, recording=False)
         _check_no_alias(label, {"out": out, "lse": lse}, live)
         for earlier_label, earlier_out in previous:
             if _same_bits(out, earlier_out):
                 raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same out as {earlier_label}, for other inputs")
-        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse)
+        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths)
         previous.append((label, out))
         live.update({f"out of call {number}": out, f"lse of call {number}": lse})
 
@@ -417,10 +430,11 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     sample = sample_rows(problem.seqlen_q, rows, seed)
     label = "forward (set A, recording autograd)"
-    out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, grad=True), ("out", "lse"), sync, label)
+    packed = gate.packing(problem.lengths, device)
+    out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, True, packed), ("out", "lse"), sync, label)
     _check_graph(label, out, (q, k, v), recording=True)
     _check_no_alias(label, {"out": out, "lse": lse}, {"q": q, "k": k, "v": v})
-    _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse)
+    _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths)
     live = {"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse}
     previous = None
     for number in (1, 2):
@@ -439,7 +453,7 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
             for name in ("dk", "dv"):
                 if _same_bits(grads[name], previous[name]):
                     raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same {name} as backward 1, for another dout")
-        _check_rows(label, q, k, v, problem.causal, sample, dout=dout, dq=dq)
+        _check_rows(label, q, k, v, problem.causal, sample, dout=dout, dq=dq, lengths=problem.lengths)
         live.update({f"{name} of backward {number}": value for name, value in grads.items()})
         previous = grads
 

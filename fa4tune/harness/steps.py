@@ -102,11 +102,13 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
             result = gate.gate_forward(
                 candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
+                lengths=case.problem.lengths,
             )
         else:
             result = gate.gate_backward(
                 candidate.forward, q, k, v, problem.causal, dout, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
+                lengths=case.problem.lengths,
             )
         del q, k, v, dout
         done.append(result)
@@ -116,20 +118,22 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
 
 
 def timed_calls(candidate: Candidate, problem: Problem, direction: str, device, seeds: Sequence[int]) -> list[Callable]:
-    """One zero-argument call per input set; backward calls time only the backward (forward done here)."""
+    """One zero-argument call per input set; backward calls time only the backward (forward done here); a packed
+    problem's calls get its cu_seqlens."""
     import torch
 
     calls = []
+    packed = gate.packing(problem.lengths, device)
     for seed in seeds:
         q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
         if direction == "fwd":
             def call(q=q, k=k, v=v):
                 with torch.no_grad():
-                    return candidate.forward(q, k, v, problem.causal)
+                    return candidate.forward(q, k, v, problem.causal, **packed)
             call.forward_outputs = None
         else:
             q, k, v = (t.requires_grad_() for t in (q, k, v))
-            out, lse = gate._unpack(candidate.forward(q, k, v, problem.causal))
+            out, lse = gate._unpack(candidate.forward(q, k, v, problem.causal, **packed))
 
             def call(out=out, q=q, k=k, v=v, dout=dout):
                 return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -160,13 +164,14 @@ def timed_output_check(problem: Problem, direction: str, calls: dict[str, list[C
                 if call.forward_outputs is None:
                     out, lse = gate._unpack(output)
                     result = gate.check_outputs(q, k, v, problem.causal, out, lse, variant="timed", seed=call.seed,
-                                                chunk_bytes=settings.reference_chunk_bytes, references=references)
+                                                chunk_bytes=settings.reference_chunk_bytes, references=references,
+                                                lengths=problem.lengths)
                 else:
                     out, lse = call.forward_outputs
                     out, lse = out.detach(), (lse.detach() if isinstance(lse, torch.Tensor) else None)
                     result = gate.check_outputs(q.detach(), k.detach(), v.detach(), problem.causal, out, lse, output, dout,
                                                 variant="timed", seed=call.seed, chunk_bytes=settings.reference_chunk_bytes,
-                                                references=references)
+                                                references=references, lengths=problem.lengths)
             return "" if result.passed else result.reason
         except Exception as err:  # an output that cannot be compared is not a right one
             return f"its output cannot be checked: {_one_line(err)}"
@@ -212,14 +217,15 @@ def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, devi
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(device)
     q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
+    packed = gate.packing(problem.lengths, device)
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)  # the inputs count (allocated now), making them does not
     if direction == "fwd":
         with torch.no_grad():
-            candidate.forward(q, k, v, problem.causal)
+            candidate.forward(q, k, v, problem.causal, **packed)
     else:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out, _ = candidate.forward(q, k, v, problem.causal)
+        out, _ = candidate.forward(q, k, v, problem.causal, **packed)
         torch.autograd.grad(out, (q, k, v), dout)
     torch.cuda.synchronize(device)
     return (torch.cuda.max_memory_allocated(device) - before) / 2**20
