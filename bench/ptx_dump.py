@@ -2,7 +2,7 @@
 compare the folders. A kernel-class change whose PTX is byte-identical for every config it touches (a refactor)
 compiles to the same kernels, so it needs no new GPU gate; any difference does.
 
-    python3 bench/ptx_dump.py OUT_DIR [--arch sm_120a|sm_90a] [--configs NAME,...]
+    python3 bench/ptx_dump.py OUT_DIR [--arch sm_120a|sm_90a] [--configs NAME,...] [--dtype bf16|fp16]
     git stash && python3 bench/ptx_dump.py /tmp/before && git stash pop && python3 bench/ptx_dump.py /tmp/after
     diff -r /tmp/before /tmp/after && echo identical
 
@@ -29,6 +29,7 @@ CONFIGS = {
     "tma_128x64_s2_noncausal": (("sm120_tma", 128, 64, 128, 2, False), (1, 1024, 1024, 16, 16, 128, False)),
     "tma_256x64_t256_causal": (("sm120_tma", 256, 64, 256, 1, False), (1, 1024, 1024, 16, 16, 128, True)),
     "tma_lpt_64x96_qr_chunked_gqa4": (("sm120_tma_lpt", 64, 96, 128, 1, True), CHUNKED_GQA),
+    "tma_lpt_64x64_qr_prefill_gqa4": (("sm120_tma_lpt", 64, 64, 128, 1, True), (1, 4096, 4096, 32, 8, 128, True)),
     "tma_paired_64x96_qr_chunked_gqa4": (("sm120_tma_paired", 64, 96, 128, 1, True), CHUNKED_GQA),
     "tma_trimmed_64x96_qr_chunked_gqa4": (("sm120_tma_trimmed", 64, 96, 128, 1, True), CHUNKED_GQA),
     "sm120_128x64_causal": (("sm120", 128, 64, 128, 1, False), (1, 1024, 1024, 16, 16, 128, True)),
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
     parser.add_argument("out", type=Path, help="folder for <name>.ptx (created)")
     parser.add_argument("--arch", default="sm_120a", help="the DSL's arch (default sm_120a)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated names (default all: {','.join(CONFIGS)})")
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="the inputs' dtype (default bf16)")
     args = parser.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
         config = ForwardConfig(tile_m, tile_n, threads, stages, q_in_regs, kernel=kernel)
         for path in dump.glob("*"):
             path.unlink()
-        fake_compile.compile_shapes(experiment, "fwd", config, [Problem(b, sq, sk, h, h_kv, d, d, causal, "bf16")], read_facts=False)
+        fake_compile.compile_shapes(experiment, "fwd", config, [Problem(b, sq, sk, h, h_kv, d, d, causal, args.dtype)], read_facts=False)
         ptx = sorted(dump.glob("*.ptx"))  # a split config also compiles its combine kernel
         (args.out / f"{name}.ptx").write_text("".join(p.read_text() for p in ptx))
         print(f"{name}: {len(ptx)} kernel(s), {sum(p.stat().st_size for p in ptx)} bytes of PTX", flush=True)

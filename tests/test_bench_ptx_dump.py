@@ -20,6 +20,9 @@ def test_an_unknown_config_name_is_refused_with_the_known_ones(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "--configs: unknown name(s) ['tma_999x1']" in err and "sm120_128x64_causal" in err
     assert not any(tmp_path.iterdir())  # refused before any compile or file
+    with pytest.raises(SystemExit) as done:  # the inputs' dtype: the two the kernels take
+        bench.main([str(tmp_path), "--configs", "tma_lpt_64x64_qr_prefill_gqa4", "--dtype", "fp32"])
+    assert done.value.code == 2 and "invalid choice: 'fp32'" in capsys.readouterr().err
 
 
 @pytest.mark.compile
