@@ -22,9 +22,13 @@ if __name__ == "__main__":
 from dataclasses import replace
 from types import SimpleNamespace
 
+import cutlass.cute as cute
+from flash_attn.cute.tile_scheduler import SingleTileScheduler
+
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.kernel_class import backward_kernel, forward_kernel
+from kernels.backward_sm120 import BackwardSm120
 
 # ---------------------------------------------------------------------------------------------
 # Kernel classes. A class defined here is tunable as soon as it declares, as kernels/tma_forward_sm120.py does:
@@ -34,6 +38,39 @@ from fa4tune.kernel_class import backward_kernel, forward_kernel
 # Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
+
+
+class HeadsFirstScheduler(SingleTileScheduler):
+    """Upstream's one-tile scheduler with the CTAs' order changed: CTA L = x + X (y + Y z) runs n block L // (Y Z),
+    head (L % (Y Z)) % Y, batch (L % (Y Z)) // Y: every head's n block 0 first, then 1, and so on."""
+
+    @staticmethod
+    def create(params, ctx=None, *, loc=None, ip=None):
+        x, y, z = cute.arch.block_idx()
+        num_x, num_y, num_z = cute.arch.grid_dim()
+        block, rest = heads_first(x + num_x * (y + num_y * z), num_y, num_z)
+        return SingleTileScheduler(params, (block, rest % num_y, rest // num_y), loc=loc, ip=ip)
+
+
+def heads_first(linear, num_heads, num_batch):
+    """(n block, head + heads x batch) of CTA number `linear` in the heads-first order (ints or the kernel's Int32)."""
+    return linear // (num_heads * num_batch), linear % (num_heads * num_batch)
+
+
+class HeadsFirstBackwardSm120(BackwardSm120):
+    """Upstream's backward (BackwardSm120) with its K/V blocks handed out heads first. Upstream's order (n block
+    fastest) runs a head's consecutive n blocks side by side: they add into the same dQ rows at once (fp32 atomics)
+    and, causal, each head's light last blocks end the kernel. Heads first, concurrent CTAs add into different heads'
+    dQ, and causal blocks run heaviest (n block 0: every query block) first. A packed call keeps upstream's varlen
+    scheduler. With GQA the query heads of one K/V head now add into the same dK, dV rows at once. Compiled for
+    sm_120a (tests/test_heads_first_backward.py), never timed: out of the search until a GPU run says it wins."""
+
+    name = "sm120_heads_first"
+    searched = False
+
+    def kernel(self, *args, **kwargs):
+        args = tuple(HeadsFirstScheduler if a is SingleTileScheduler else a for a in args)
+        return BackwardSm120.kernel(self, *args, **kwargs)
 
 
 def kernel_class(config) -> type:
