@@ -41,29 +41,21 @@ from kernels.backward_sm120 import BackwardSm120
 
 
 class HeadsFirstScheduler(SingleTileScheduler):
-    """Upstream's one-tile scheduler with the CTAs' order changed: CTA L = x + X (y + Y z) runs n block L // (Y Z),
-    head (L % (Y Z)) % Y, batch (L % (Y Z)) // Y: every head's n block 0 first, then 1, and so on."""
+    """Upstream's one-tile scheduler, CTA L = x + X (y + Y z) on n block L // (Y Z), head and batch from L % (Y Z)."""
 
     @staticmethod
     def create(params, ctx=None, *, loc=None, ip=None):
-        x, y, z = cute.arch.block_idx()
-        num_x, num_y, num_z = cute.arch.grid_dim()
+        (x, y, z), (num_x, num_y, num_z) = cute.arch.block_idx(), cute.arch.grid_dim()
         block, rest = heads_first(x + num_x * (y + num_y * z), num_y, num_z)
         return SingleTileScheduler(params, (block, rest % num_y, rest // num_y), loc=loc, ip=ip)
 
 
 def heads_first(linear, num_heads, num_batch):
-    """(n block, head + heads x batch) of CTA number `linear` in the heads-first order (ints or the kernel's Int32)."""
     return linear // (num_heads * num_batch), linear % (num_heads * num_batch)
 
 
 class HeadsFirstBackwardSm120(BackwardSm120):
-    """Upstream's backward (BackwardSm120) with its K/V blocks handed out heads first. Upstream's order (n block
-    fastest) runs a head's consecutive n blocks side by side: they add into the same dQ rows at once (fp32 atomics)
-    and, causal, each head's light last blocks end the kernel. Heads first, concurrent CTAs add into different heads'
-    dQ, and causal blocks run heaviest (n block 0: every query block) first. A packed call keeps upstream's varlen
-    scheduler. With GQA the query heads of one K/V head now add into the same dK, dV rows at once. Compiled for
-    sm_120a (tests/test_heads_first_backward.py), never timed: out of the search until a GPU run says it wins."""
+    """Upstream's backward, K/V blocks heads first (2026-12-05-heads-first-backward-static.md); unmeasured: not searched."""
 
     name = "sm120_heads_first"
     searched = False
@@ -157,9 +149,7 @@ def forward_config(pc: ProblemClass) -> ForwardConfig:
     return TABLES.forward_config(pc)
 
 
-def varlen_forward_config(pc: ProblemClass) -> ForwardConfig:
-    """A packed (varlen) call's forward config for a problem class (its varlen entry, then fa4tune.api's rule)."""
-    return TABLES.varlen_forward_config(pc)
+varlen_forward_config = TABLES.varlen_forward_config  # a packed call's forward config: its varlen entry, then api's rule
 
 
 def backward_config(pc: ProblemClass) -> BackwardConfig:
@@ -179,9 +169,8 @@ def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, **packed):
-    """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels (fa4tune.api);
-    configs default to this file's dispatch entries, gradients flow through the tuned backward kernel. `packed`:
-    a varlen call's cu_seqlens_q / cu_seqlens_k / max_seqlen_q / max_seqlen_k, (total, heads, head_dim) tensors."""
+    """softmax(q k^T * scale) v through the SM120 kernels (fa4tune.api; `packed`: a varlen call's cu_seqlens and max
+    seqlens); configs default to this file's dispatch entries, gradients flow through the tuned backward kernel."""
     tables = SimpleNamespace(forward_config=forward_config, backward_config=backward_config, kernel_class=kernel_class,
                              varlen_forward_config=varlen_forward_config, preprocess_threads=preprocess_threads)
     return api.attention(q, k, v, causal, softmax_scale, fwd_config, bwd_config, return_lse, tables=tables, **packed)

@@ -250,9 +250,8 @@ class ProblemClass(_Record):
 
 @dataclass(frozen=True)
 class Problem(_Record):
-    """One attention call: (batch, seqlen, heads, head_dim), causal or not, forward(+backward). With `lengths`, a
-    packed (varlen) call: the sequences laid end to end in (total, heads, head_dim) tensors, each attending only to
-    itself (q and k of the same lengths); batch is their count and seqlen_q = seqlen_k the longest."""
+    """One attention call: (batch, seqlen, heads, head_dim), causal or not, forward(+backward). With `lengths`, a packed
+    (varlen) call of sequences end to end, each attending to itself: batch is their count, seqlen_q = seqlen_k the longest."""
 
     batch: int
     seqlen_q: int
@@ -268,14 +267,13 @@ class Problem(_Record):
     lengths: tuple[int, ...] = ()
 
     def __post_init__(self):
-        lengths = self.lengths
-        if not isinstance(lengths, (list, tuple)) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths):
-            raise ConfigError("packed_lengths", f"lengths must be a list of positive sequence lengths, got {lengths!r}")
-        object.__setattr__(self, "lengths", tuple(lengths))
-        if lengths and (self.batch, self.seqlen_q, self.seqlen_k) != (len(lengths), max(lengths), max(lengths)):
-            raise ConfigError("packed_lengths", f"a packed problem's batch is its sequence count and seqlen_q = seqlen_k its "
-                                                f"longest ({len(lengths)}, {max(lengths)}, {max(lengths)}), got "
-                                                f"({self.batch}, {self.seqlen_q}, {self.seqlen_k})")
+        n = self.lengths
+        if not isinstance(n, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in n):
+            raise ConfigError("packed_lengths", f"lengths must be a list of positive sequence lengths, got {n!r}")
+        object.__setattr__(self, "lengths", tuple(n))
+        if n and (self.batch, self.seqlen_q, self.seqlen_k) != (len(n), max(n), max(n)):
+            raise ConfigError("packed_lengths", f"a packed problem's batch is its sequence count and seqlen_q = seqlen_k its longest "
+                                                f"({len(n)}, {max(n)}, {max(n)}), got ({self.batch}, {self.seqlen_q}, {self.seqlen_k})")
         if self.num_heads_kv <= 0 or self.num_heads % self.num_heads_kv:
             raise ConfigError("gqa_ratio", f"num_heads ({self.num_heads}) must be a multiple of num_heads_kv ({self.num_heads_kv})")
         for name in ("batch", "seqlen_q", "seqlen_k", "num_heads"):
@@ -294,10 +292,8 @@ class Problem(_Record):
         """Human label, e.g. 'b1 s8192 h16 d128 causal'."""
         if self.name:
             return self.name
-        if self.lengths:
-            h = f"h{self.num_heads}" if self.num_heads == self.num_heads_kv else f"hq{self.num_heads}/hkv{self.num_heads_kv}"
-            return (f"packed {len(self.lengths)} seqs {sum(self.lengths)} tokens (longest {self.seqlen_q}) {h} d{self.head_dim} "
-                    f"{'causal' if self.causal else 'non-causal'}")
         s = f"s{self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"sq{self.seqlen_q} sk{self.seqlen_k}"
         h = f"h{self.num_heads}" if self.num_heads == self.num_heads_kv else f"hq{self.num_heads}/hkv{self.num_heads_kv}"
-        return f"b{self.batch} {s} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"
+        if self.lengths:
+            s = f"packed {len(self.lengths)} seqs {sum(self.lengths)} tokens (longest {self.seqlen_q})"
+        return f"{s if self.lengths else f'b{self.batch} {s}'} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"
