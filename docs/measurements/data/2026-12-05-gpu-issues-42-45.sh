@@ -8,6 +8,9 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh decode   # #43: the decode table for the split-KV PR text (vs upstream, SDPA)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut03     # #43: upstream's tests, pristine and the whole series (carry .upstream-tests)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh headsfirst  # #44: the heads-first backward vs the table's entries and upstream
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -42,6 +45,17 @@ for step in "$@"; do
       echo "decode rc $?"; tail -45 "$OUT/decode.log" ;;
     varlen)
       timeout 300 python3 bench/varlen.py --rounds 40 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
+    varlensuite)
+      timeout 280 python3 prepare.py --suite varlen --description "issue 42: varlen through the harness" > "$OUT/varlensuite.log" 2>&1
+      echo "varlensuite rc $?"; tail -25 "$OUT/varlensuite.log"
+      timeout 280 python3 prepare.py --baseline --suite varlen > "$OUT/varlensuite-baseline.log" 2>&1
+      echo "varlensuite baseline rc $?"; tail -30 "$OUT/varlensuite-baseline.log" ;;
+    fp16twins)
+      timeout 420 python3 bench/gpu_twins.py --part timing --suites models --only fp16 --runs 2 > "$OUT/fp16twins.log" 2>&1
+      echo "fp16twins rc $?"; tail -40 "$OUT/fp16twins.log" ;;
+    headsfirst)
+      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py > "$OUT/headsfirst.log" 2>&1
+      echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
       timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 "${more[@]}" \
