@@ -107,3 +107,12 @@ def test_prepare_runs_the_varlen_entry_and_a_class_that_cannot_pack_is_infeasibl
     tma = ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_tma")
     failure = evaluation.feasibility_failure("fwd", tma, experiment.backward_config(gqa.problem_class), gqa, target)
     assert failure.startswith("forward config: varlen_kernel: kernel 'sm120_tma' does not run packed batches")
+
+
+def test_each_sequence_s_reference_is_cached_on_its_own_and_served_again():
+    q, k, v = gate.random_inputs(PACKED, 2, "cpu", count=3)
+    cache = gate.ReferenceCache(1 << 30)
+    for _ in range(2):
+        result = gate.gate_forward(per_sequence, q, k, v, True, seed=2, references=cache, lengths=LENGTHS)
+        assert result.passed, result.reason
+        assert len(cache) == len(LENGTHS)  # one entry per sequence, the second pass served from them

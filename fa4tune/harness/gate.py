@@ -444,7 +444,7 @@ def check_outputs(
     when these inputs, drawn from `seed` at `input_scale`, were checked before). The gate and the check of
     timed calls' outputs (fa4tune.harness.steps) both use it. With `lengths`, packed tensors: _check_packed."""
     if lengths:
-        return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths)
+        return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths, references)
     direction = "fwd" if grads is None else "bwd"
     ref, plain = _references(
         references if seed is not None else None,
@@ -469,10 +469,11 @@ def check_outputs(
     return GateResult(variant, _shape_text(q, k, v, causal), tuple(checks), seed)
 
 
-def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths) -> GateResult:
+def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths,
+                  references=None) -> GateResult:
     """Each sequence of a packed call (q, k, v, out, dout, grads: (total, heads, dim); lse: (heads, total)) against
-    its own reference, alone: the first failing sequence's result, named; else, per tensor, the check with the
-    largest error over the sequences. The references are not cached (the slices are views of one draw)."""
+    its own reference, alone (cached per sequence: its slice's shape, ends and checksum tell it from the others):
+    the first failing sequence's result, named; else, per tensor, the check with the largest error."""
     worst: dict[str, TensorCheck] = {}
     bounds = [0, *itertools.accumulate(lengths)]
     for i, (start, stop) in enumerate(zip(bounds, bounds[1:])):
@@ -485,8 +486,8 @@ def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_b
         else:
             seq_grads = grads  # not (dq, dk, dv): check_outputs says so
         seq_lse = None if lse is None else (lse[:, start:stop][None] if lse.dim() == 2 else lse)
-        result = check_outputs(one(q), one(k), one(v), causal, one(out), seq_lse, seq_grads, one(dout),
-                               variant=variant, seed=seed, chunk_bytes=chunk_bytes, input_scale=input_scale)
+        result = check_outputs(one(q), one(k), one(v), causal, one(out), seq_lse, seq_grads, one(dout), variant=variant,
+                               seed=seed, chunk_bytes=chunk_bytes, references=references, input_scale=input_scale)
         if not result.passed:
             return replace(result, variant=f"{variant}, sequence {i} of {len(lengths)} (length {stop - start})",
                            problem=_shape_text(q, k, v, causal, lengths))
