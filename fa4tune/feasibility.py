@@ -11,7 +11,7 @@ has a rule.
 from __future__ import annotations
 
 from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
-from fa4tune.kernel_class import backward_kernel, backward_kernels, forward_kernel, forward_kernels
+from fa4tune.kernel_class import backward_kernel, backward_kernels, forward_kernel, forward_kernels, runs_varlen
 from fa4tune.targets import Target
 from fa4tune.verdict import OK, Verdict  # noqa: F401  (named here: a rule's answer, ok or failing)
 
@@ -86,7 +86,11 @@ def check_forward_problem(cfg: ForwardConfig, problem: Problem, target: Target, 
 
 
 def _problem_rules(cfg: ForwardConfig, problem: Problem, target: Target, kernels: dict[str, type]) -> Verdict:
-    """The kernel class's sequence-length limits, then its own rules for the problem (a config check_forward passed)."""
+    """A packed problem's rule (its class runs packed batches), the kernel class's sequence-length limits, then its own
+    rules for the problem (a config check_forward passed)."""
+    if problem.lengths and not runs_varlen(kernels[cfg.kernel]):
+        return _fail("varlen_kernel", f"kernel {cfg.kernel!r} does not run packed batches (only a class that declares "
+                                      "varlen = True does)")
     limits = kernels[cfg.kernel].limits
     for name, value in (("seqlen_q", problem.seqlen_q), ("seqlen_k", problem.seqlen_k)):
         low, high = getattr(limits, name)

@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, Problem
+from fa4tune.config import BackwardConfig, ForwardConfig, Problem
 from fa4tune.feasibility import check_backward, check_forward_problem
-from fa4tune.kernel_class import forward_kernel, runs_varlen
 from fa4tune.harness import gpu, step_server
 from fa4tune.harness.candidates import EXPERIMENT, experiment_candidate, experiment_spec, load_experiment
 from fa4tune.harness.measurement import Measurement, ProblemResult
@@ -81,14 +80,6 @@ def _configs_for(kind: str, config, experiment_module, problem: Problem) -> tupl
 
 def feasibility_failure(direction: str, fwd_config: ForwardConfig, bwd_config: BackwardConfig, problem: Problem, target: Target) -> str:
     """'' when the target can run the configs on this problem, else the failing rule with its numbers."""
-    if problem.lengths:
-        try:
-            packs = runs_varlen(forward_kernel(fwd_config.kernel))
-        except ConfigError:  # an unknown kernel: check_forward_problem names it
-            packs = True
-        if not packs:
-            return (f"forward config: varlen_kernel: kernel {fwd_config.kernel!r} does not run packed batches (only a "
-                    "class that declares varlen = True does)")
     verdict = check_forward_problem(fwd_config, problem, target)
     if not verdict:
         return f"forward config: {verdict}"
