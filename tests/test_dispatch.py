@@ -4,6 +4,7 @@ import experiment
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.defaults import upstream_backward, upstream_forward, wide_backward, wide_forward
 from fa4tune.feasibility import check_backward, check_forward, check_forward_problem
+from fa4tune.kernel_class import runs_varlen
 from fa4tune.suites import load_suite, problem_classes, suite_names
 from fa4tune.targets import get_target
 
@@ -61,9 +62,11 @@ def test_every_forward_entry_runs_its_class_s_shortest_and_its_suites_problems()
         assert shortest.problem_class.name == key
         assert check_forward_problem(cfg, shortest, TARGET), (key, check_forward_problem(cfg, shortest, TARGET))
     for name in suite_names():
-        for problem in load_suite(name):
-            cfg = experiment.forward_config(problem.problem_class)
+        for problem in load_suite(name):  # a packed problem runs its class's varlen config
+            cfg = (experiment.varlen_forward_config if problem.lengths else experiment.forward_config)(problem.problem_class)
             assert check_forward_problem(cfg, problem, TARGET), (name, problem.label, check_forward_problem(cfg, problem, TARGET))
+            if problem.lengths and not runs_varlen(experiment.kernel_class(experiment.forward_config(problem.problem_class))):
+                assert check_forward_problem(experiment.forward_config(problem.problem_class), problem, TARGET).rule == "varlen_kernel"
 
 
 def test_shortest_problem_of_each_regime_is_in_its_class():
