@@ -204,13 +204,16 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: 
             "causal_bwd_square_blocks",
             f"causal backward needs m_block_size == n_block_size, got {cfg.m_block_size}x{cfg.n_block_size}",
         )
+    if unknown := cls.fixes - GATE_RULES:
+        return _fail("fixes_known", f"kernel {cfg.kernel!r} declares fixes {sorted(unknown)}, not among the gate-measured rules "
+                                    f"{sorted(GATE_RULES)}")
     warps = cfg.num_threads // 32
     for name in ("AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ"):
         value = getattr(cfg, name)
         if value <= 0 or warps % value:
             return _fail(f"{name}_divides_warps", f"{name}={value} must divide the {warps} MMA warps of num_threads={cfg.num_threads}")
     for verdict in _backward_mma_rules(cfg, pc, warps):
-        if not verdict and verdict.rule not in skip:
+        if not verdict and verdict.rule not in skip and verdict.rule not in cls.fixes:
             return verdict
     return cls.can_implement(cfg, pc, target)
 

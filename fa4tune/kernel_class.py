@@ -102,13 +102,14 @@ class BackwardKernel:
     (a BackwardConfig's `kernel`), `knobs` (its own constructor knobs, in BackwardConfig.extra), `limits` (num_stages:
     the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream` and `searched`, as for a
     forward class. fa4tune.feasibility.check_backward applies them after upstream's backward rules, which every class
-    built on upstream's code inherits."""
+    built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`)."""
 
     name: ClassVar[str] = ""
     knobs: ClassVar[dict[str, tuple]] = {}
     limits: ClassVar[Limits] = Limits(num_stages=(1, 2))
     upstream: ClassVar[type | None] = None
     searched: ClassVar[bool] = True
+    fixes: ClassVar[frozenset[str]] = frozenset()  # upstream's backward rules (feasibility) its own code makes moot
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -236,3 +237,6 @@ def _check_declaration(cls: type, config_class: type) -> None:
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
     if not isinstance(cls.searched, bool):
         raise bad(f"searched must be True or False (whether the search draws the class), got {cls.searched!r}")
+    fixes = getattr(cls, "fixes", frozenset())
+    if not isinstance(fixes, frozenset) or not all(isinstance(rule, str) for rule in fixes):
+        raise bad(f"fixes must be a frozenset of rule names (fa4tune.feasibility.GATE_RULES), got {fixes!r}")

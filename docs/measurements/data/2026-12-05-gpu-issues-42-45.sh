@@ -54,7 +54,7 @@ for step in "$@"; do
       timeout 420 python3 bench/gpu_twins.py --part timing --suites models --only fp16 --runs 2 > "$OUT/fp16twins.log" 2>&1
       echo "fp16twins rc $?"; tail -40 "$OUT/fp16twins.log" ;;
     headsfirst)
-      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py > "$OUT/headsfirst.log" 2>&1
+      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard,generalization} > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi

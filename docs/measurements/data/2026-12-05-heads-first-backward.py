@@ -1,5 +1,5 @@
-"""experiment.py's heads-first backward (kernel "sm120_heads_first") against the table's backward entry it reorders
-and upstream's SM120 default: per backward problem of the suites, the three gated, then timed interleaved in one step
+"""experiment.py's backward classes (heads first: "sm120_heads_first"; V in registers: "sm120_vregs") as twins of
+the table's backward entries, against those entries and upstream's SM120 default: per backward problem of the suites, the three gated, then timed interleaved in one step
 (fa4tune.harness.steps.measure_step), the list run twice with the order reversed; speedups from the mean medians.
 With --static (no GPU): the sm_120a static facts of each entry and its heads-first twin.
 
@@ -21,16 +21,25 @@ from fa4tune.harness.candidates import experiment_candidate, load_experiment  # 
 from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 
-NAMES = ("table", "heads first", "upstream")
+TWINS = {  # the table's backward entry, changed: a twin whose config fails the static rules is left out
+    "heads first": lambda b: replace(b, kernel="sm120_heads_first"),
+    "V in registers": lambda b: replace(b, kernel="sm120_vregs", V_in_regs=True),
+    "V in registers, 2 stages": lambda b: replace(b, kernel="sm120_vregs", V_in_regs=True, num_stages_Q=2, num_stages_dO=2),
+}
+NAMES = ("table", *TWINS, "upstream")
 
 
 def cases(experiment, suites):
+    from fa4tune.feasibility import check_backward
+    from fa4tune.targets import get_target
+
     for suite in suites:
         for p in load_suite(suite):
             if p.backward:
                 pc = p.problem_class
                 fwd, bwd = experiment.forward_config(pc), experiment.backward_config(pc)
-                yield p, {"table": (fwd, bwd), "heads first": (fwd, replace(bwd, kernel="sm120_heads_first")),
+                twins = {n: (fwd, twin(bwd)) for n, twin in TWINS.items()}
+                yield p, {"table": (fwd, bwd), **{n: c for n, c in twins.items() if check_backward(c[1], pc, get_target("sm120"))},
                           "upstream": (defaults.upstream_forward(pc), defaults.upstream_backward(pc))}
 
 
@@ -41,13 +50,12 @@ def static(experiment, suites):
     seen = {}
     for p, configs in cases(experiment, suites):
         seen.setdefault(p.problem_class, configs)
-    jobs = [StaticJob("bwd", configs[n][1], pc) for pc, configs in seen.items() for n in ("table", "heads first")]
-    facts = run_static(jobs, get_target("sm120"), EXPERIMENT_PATH)
-    print("| class | table entry: registers / spill stores B | heads first: registers / spill stores B | shared memory B |")
-    print("|---|---|---|---|")
-    for (pc, _), (a, b) in zip(seen.items(), zip(facts[0::2], facts[1::2])):
-        print(f"| {pc.name} | {a.registers} / {a.spill_store_bytes} | {b.registers} / {b.spill_store_bytes} | "
-              f"{a.dynamic_smem_bytes} / {b.dynamic_smem_bytes} |")
+    jobs = [(pc, n, StaticJob("bwd", c[1], pc)) for pc, configs in seen.items() for n, c in configs.items() if n != "upstream"]
+    facts = run_static([j for _, _, j in jobs], get_target("sm120"), EXPERIMENT_PATH)
+    print("| class | kernel | registers | spill stores B | shared memory B | status |")
+    print("|---|---|---|---|---|---|")
+    for (pc, n, _), f in zip(jobs, facts):
+        print(f"| {pc.name} | {n} | {f.registers} | {f.spill_store_bytes} | {f.dynamic_smem_bytes} | {f.status} {f.reason[:80]} |")
 
 
 def main() -> int:
@@ -74,7 +82,7 @@ def main() -> int:
     ms = {}
     for run in range(args.runs):
         for p, configs in todo:
-            names = NAMES if run % 2 == 0 else NAMES[::-1]
+            names = list(configs) if run % 2 == 0 else list(configs)[::-1]
             results = measure_step(p, "bwd", [experiment_candidate(experiment, *configs[n], name=n) for n in names],
                                    device=device, settings=settings, flusher=flusher)
             for n in names:
@@ -83,18 +91,20 @@ def main() -> int:
                 if r.status != "ok":
                     print(f"{p.label} {n}: {r.status} {r.reason[:200]}", flush=True)
     print(f"{torch.cuda.get_device_name(device)}, SM120 kernels emulated where not SM 12.0; gate seed {settings.gate_seed}")
-    print("| problem | table ms | heads first ms | upstream ms | heads first / table | heads first / upstream |")
-    print("|---|---|---|---|---|---|")
-    ratios = {"table": [], "upstream": []}
+    print("| problem | " + " | ".join(f"{n} ms" for n in NAMES) + " | " + " | ".join(f"{n} / table" for n in TWINS) + " |")
+    print("|---" * (len(NAMES) + len(TWINS)) + "|---|")
+    ratios = {n: [] for n in (*TWINS, "upstream")}
     for p, _ in todo:
-        t, h, u = (sum(ms[(p.label, n)]) / args.runs for n in NAMES)
-        ratios["table"].append(t / h)
-        ratios["upstream"].append(u / h)
-        print(f"| {p.label} | {t:.3f} | {h:.3f} | {u:.3f} | {t / h:.3f}x | {u / h:.3f}x |")
+        mean = {n: sum(ms[(p.label, n)]) / args.runs if (p.label, n) in ms else math.nan for n in NAMES}
+        for n in ratios:
+            ratios[n].append(mean["table"] / mean[n] if n != "upstream" else mean["upstream"] / mean["table"])
+        print(f"| {p.label} | " + " | ".join(f"{mean[n]:.3f}" for n in NAMES) + " | "
+              + " | ".join(f"{mean['table'] / mean[n]:.3f}x" for n in TWINS) + " |")
     for name, values in ratios.items():
         good = [v for v in values if v == v]
-        print(f"geomean speedup of heads first over {name}: {math.exp(sum(map(math.log, good)) / len(good)):.3f}x "
-              f"({len(good)} problems)")
+        what = f"table over {name}" if name == "upstream" else f"{name} over the table"
+        if good:
+            print(f"geomean speedup of {what}: {math.exp(sum(map(math.log, good)) / len(good)):.3f}x ({len(good)} problems)")
     return 0
 
 
