@@ -1,0 +1,57 @@
+"""experiment.py's V-in-registers backward (kernel "sm120_vregs", issue 44 item 3): upstream's V_in_regs lays Q over
+V's shared memory but its dP gemm reads V from there (every such config failed the gate); this class reads V from
+registers, so it is exempt from that one rule, its struct drops sV, and the static rules count the bytes it saves."""
+
+import pytest
+
+import experiment
+from fa4tune.config import BackwardConfig, ProblemClass
+from fa4tune.feasibility import GATE_RULES, check_backward
+from fa4tune.kernel_class import backward_kernels
+from fa4tune.static_check import StaticJob, run_static
+from fa4tune.targets import get_target
+from kernels.backward_sm120 import BackwardSm120
+from search.space import BACKWARD_DOMAIN, backward_space
+
+TARGET = get_target("sm120")
+D64 = ProblemClass(64, 64, False)
+D128 = ProblemClass(128, 128, False)
+BASE = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=2, AtomLayoutMSdP=2,
+                      AtomLayoutNdKV=2, AtomLayoutMdQ=2)
+OURS = BackwardConfig(**{**BASE.to_dict(), "kernel": "sm120_vregs", "V_in_regs": True})
+
+
+def test_the_wrong_gradients_rule_binds_upstream_s_class_and_not_ours():
+    upstream = check_backward(BackwardConfig(**{**BASE.to_dict(), "V_in_regs": True}), D64, TARGET)
+    assert not upstream.ok and upstream.rule == "V_in_regs_wrong_gradients"
+    assert check_backward(OURS, D64, TARGET).ok
+    assert experiment.RegistersVBackwardSm120.fixes <= GATE_RULES
+    assert experiment.kernel_class(OURS) is experiment.RegistersVBackwardSm120
+    assert backward_space(backward_kernels(experiment)).domain == BACKWARD_DOMAIN  # unmeasured: not searched
+
+
+def test_v_in_registers_frees_v_s_tile_and_opens_two_stages_at_d128_64x64():
+    saved = 64 * 128 * 2
+    total, breakdown = experiment.RegistersVBackwardSm120.smem_bytes(OURS, D128)
+    assert total == BackwardSm120.smem_bytes(BASE, D128)[0] - saved and "V in registers" in breakdown
+    assert experiment.RegistersVBackwardSm120.smem_bytes(BASE, D128) == BackwardSm120.smem_bytes(BASE, D128)
+    assert not check_backward(BASE, D128, TARGET).ok  # upstream's struct: 115,712 B
+    assert check_backward(OURS, D128, TARGET).ok and total <= TARGET.smem_per_block
+
+
+def test_a_class_that_names_an_unknown_rule_is_refused(monkeypatch):
+    monkeypatch.setattr(experiment.RegistersVBackwardSm120, "fixes", frozenset({"no_such_rule"}))
+    verdict = check_backward(OURS, D64, TARGET)
+    assert not verdict.ok and verdict.rule == "fixes_known" and "no_such_rule" in verdict.message
+
+
+@pytest.mark.compile
+def test_it_compiles_for_sm120a_with_the_shared_memory_its_formula_says(tmp_path):
+    without = BackwardConfig(**{**BASE.to_dict(), "kernel": "sm120_vregs"})
+    facts = run_static([StaticJob("bwd", c, D64) for c in (BASE, without, OURS)], TARGET, experiment.__file__,
+                       workers=3, cache_path=tmp_path / "facts.jsonl")
+    assert all(f.status == "ok" for f in facts), [f.reason for f in facts]
+    base, same, ours = facts
+    assert same.dynamic_smem_bytes == base.dynamic_smem_bytes == BackwardSm120.smem_bytes(BASE, D64)[0]
+    assert ours.dynamic_smem_bytes == experiment.RegistersVBackwardSm120.smem_bytes(OURS, D64)[0] < base.dynamic_smem_bytes
+    assert ours.spill_store_bytes == 0
