@@ -19,12 +19,15 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
+from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from flash_attn.cute import ampere_helpers
+from flash_attn.cute import ampere_helpers, flash_bwd
+from flash_attn.cute.mask import AttentionMask
 from flash_attn.cute.tile_scheduler import SingleTileScheduler
 
 from fa4tune import api
@@ -107,18 +110,61 @@ class RegistersVBackwardSm120(BackwardSm120):
     def compute_one_m_block(self, *args, mma_params, **kwargs):
         if not self.V_in_regs:
             return BackwardSm120.compute_one_m_block(self, *args, mma_params=mma_params, **kwargs)
-        gemm = ampere_helpers.gemm  # traced once per kernel, in one thread: swapped in for the trace only
+        gemm = ampere_helpers.gemm
 
         def gemm_v_from_registers(tiled_mma, acc, tCrA, tCrB, *rest, **options):
             if tCrB is mma_params.tdPrV:  # the dP gemm (a swapped gemm calls this again with V as A)
                 options["B_in_regs"] = True
             return gemm(tiled_mma, acc, tCrA, tCrB, *rest, **options)
 
-        ampere_helpers.gemm = gemm_v_from_registers
-        try:
+        with traced_with(ampere_helpers, "gemm", gemm_v_from_registers):
             return BackwardSm120.compute_one_m_block(self, *args, mma_params=mma_params, **kwargs)
-        finally:
-            ampere_helpers.gemm = gemm
+
+
+@contextmanager
+def traced_with(module, name, value):
+    """`module.name` is `value` while a kernel traces (one thread per process traces; restored after)."""
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+@dataclass(frozen=True)
+class CoordinateMask(AttentionMask):
+    """Upstream's mask, its causal part from each element's own row and column: upstream's R2P bit trick assumes a
+    thread's columns step by 8 (0, 1, 8, 9, ...), which holds only with every warp of the S/dP MMA along m."""
+
+    traced: ClassVar[list] = []  # one entry per causal trace (tests read it)
+
+    @cute.jit
+    def apply_mask(self, acc_S, batch_idx, head_idx, m_block, n_block, thr_mma, mask_seqlen, mask_causal,
+                   mask_local=False, **options):
+        if cutlass.const_expr(not mask_causal or self.swap_AB):
+            AttentionMask.apply_mask(self, acc_S, batch_idx, head_idx, m_block, n_block, thr_mma, mask_seqlen,
+                                     mask_causal, mask_local, **options)
+        else:
+            CoordinateMask.traced.append(thr_mma)
+            coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
+            for i in cutlass.range_constexpr(cute.size(acc_S)):
+                row, col = m_block * self.tile_m + coords[i][0], n_block * self.tile_n + coords[i][1]
+                keep = col <= row + self.seqlen_k - self.seqlen_q and col < self.seqlen_k
+                acc_S[i] = acc_S[i] if keep else -cutlass.Float32.inf
+
+
+class CausalAnyWarpsBackwardSm120(BackwardSm120):
+    """Upstream's backward with CoordinateMask: causal S/dP MMAs may put warps along n (upstream's failed the gate
+    on every such config), e.g. 8 warps on a 64x64 causal tile. Unmeasured: not searched."""
+
+    name = "sm120_cmask"
+    searched = False
+    fixes = frozenset({"causal_bwd_SdP_warps_along_m"})
+
+    def kernel(self, *args, **kwargs):
+        with traced_with(flash_bwd, "AttentionMask", CoordinateMask):
+            return BackwardSm120.kernel(self, *args, **kwargs)
 
 
 def kernel_class(config) -> type:

@@ -1,4 +1,5 @@
-"""experiment.py's backward classes (heads first: "sm120_heads_first"; V in registers: "sm120_vregs") as twins of
+"""experiment.py's backward classes (heads first: "sm120_heads_first"; V in registers: "sm120_vregs"; causal with
+warps along n: "sm120_cmask") as twins of
 the table's backward entries, against those entries and upstream's SM120 default: per backward problem of the suites, the three gated, then timed interleaved in one step
 (fa4tune.harness.steps.measure_step), the list run twice with the order reversed; speedups from the mean medians.
 With --static (no GPU): the sm_120a static facts of each entry and its heads-first twin.
@@ -21,10 +22,12 @@ from fa4tune.harness.candidates import experiment_candidate, load_experiment  # 
 from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 
-TWINS = {  # the table's backward entry, changed: a twin whose config fails the static rules is left out
-    "heads first": lambda b: replace(b, kernel="sm120_heads_first"),
-    "V in registers": lambda b: replace(b, kernel="sm120_vregs", V_in_regs=True),
-    "V in registers, 2 stages": lambda b: replace(b, kernel="sm120_vregs", V_in_regs=True, num_stages_Q=2, num_stages_dO=2),
+TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
+    "heads first": lambda b, pc: replace(b, kernel="sm120_heads_first"),
+    "V in registers": lambda b, pc: replace(b, kernel="sm120_vregs", V_in_regs=True),
+    "8 warps": lambda b, pc: replace(b, kernel="sm120_cmask", num_threads=256) if pc.causal else None,
+    "8 warps, 4x2": lambda b, pc: replace(b, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4, AtomLayoutNdKV=2,
+                                          AtomLayoutMdQ=2, dQ_swapAB=False) if pc.causal else None,
 }
 NAMES = ("table", *TWINS, "upstream")
 
@@ -38,8 +41,9 @@ def cases(experiment, suites):
             if p.backward:
                 pc = p.problem_class
                 fwd, bwd = experiment.forward_config(pc), experiment.backward_config(pc)
-                twins = {n: (fwd, twin(bwd)) for n, twin in TWINS.items()}
-                yield p, {"table": (fwd, bwd), **{n: c for n, c in twins.items() if check_backward(c[1], pc, get_target("sm120"))},
+                twins = {n: (fwd, twin(bwd, pc)) for n, twin in TWINS.items()}
+                yield p, {"table": (fwd, bwd), **{n: c for n, c in twins.items()
+                                                  if c[1] is not None and check_backward(c[1], pc, get_target("sm120"))},
                           "upstream": (defaults.upstream_forward(pc), defaults.upstream_backward(pc))}
 
 
