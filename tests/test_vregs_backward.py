@@ -55,3 +55,34 @@ def test_it_compiles_for_sm120a_with_the_shared_memory_its_formula_says(tmp_path
     assert same.dynamic_smem_bytes == base.dynamic_smem_bytes == BackwardSm120.smem_bytes(BASE, D64)[0]
     assert ours.dynamic_smem_bytes == experiment.RegistersVBackwardSm120.smem_bytes(OURS, D64)[0] < base.dynamic_smem_bytes
     assert ours.spill_store_bytes == 0
+
+
+def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask_s():
+    pc = ProblemClass(128, 128, True)
+    eight = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
+                           AtomLayoutNdKV=2, AtomLayoutMdQ=2)
+    upstream = check_backward(eight, pc, TARGET)
+    assert not upstream.ok and upstream.rule == "causal_bwd_SdP_warps_along_m"
+    assert check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), pc, TARGET).ok
+
+
+def test_traced_with_swaps_a_module_name_for_the_trace_only_even_when_it_raises():
+    from types import SimpleNamespace
+
+    module = SimpleNamespace(AttentionMask="upstream's")
+    with experiment.traced_with(module, "AttentionMask", "ours"):
+        assert module.AttentionMask == "ours"
+    with pytest.raises(RuntimeError), experiment.traced_with(module, "AttentionMask", "ours"):
+        raise RuntimeError("a trace that fails")
+    assert module.AttentionMask == "upstream's"
+
+
+@pytest.mark.compile
+def test_8_warps_on_a_d128_causal_tile_compile_without_spills(tmp_path):
+    pc = ProblemClass(128, 128, True)
+    eight = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
+                           AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_cmask")
+    [facts] = run_static([StaticJob("bwd", eight, pc)], TARGET, experiment.__file__, workers=1,
+                         cache_path=tmp_path / "facts.jsonl")
+    assert facts.status == "ok", facts.reason
+    assert facts.spill_store_bytes == 0 and facts.registers <= 255 and facts.num_threads == 256
