@@ -20,13 +20,14 @@ if __name__ == "__main__":
     raise SystemExit(experiment_main(__file__))
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from functools import partial
 from types import SimpleNamespace
 from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from flash_attn.cute import ampere_helpers, flash_bwd
+from flash_attn.cute import ampere_helpers
 from flash_attn.cute.mask import AttentionMask
 from flash_attn.cute.tile_scheduler import SingleTileScheduler
 
@@ -162,9 +163,12 @@ class CausalAnyWarpsBackwardSm120(BackwardSm120):
     searched = False
     fixes = frozenset({"causal_bwd_SdP_warps_along_m"})
 
-    def kernel(self, *args, **kwargs):
-        with traced_with(flash_bwd, "AttentionMask", CoordinateMask):
-            return BackwardSm120.kernel(self, *args, **kwargs)
+    def compute_one_m_block(self, *args, mask_fn=None, **kwargs):
+        if mask_fn is not None:  # partial(AttentionMask(...).apply_mask, ...): the same mask, our class
+            mask = mask_fn.func.__self__
+            ours = CoordinateMask(*(getattr(mask, f.name) for f in fields(mask)))
+            mask_fn = partial(ours.apply_mask, *mask_fn.args, **mask_fn.keywords)
+        return BackwardSm120.compute_one_m_block(self, *args, mask_fn=mask_fn, **kwargs)
 
 
 def kernel_class(config) -> type:

@@ -2,6 +2,10 @@
 V's shared memory but its dP gemm reads V from there (every such config failed the gate); this class reads V from
 registers, so it is exempt from that one rule, its struct drops sV, and the static rules count the bytes it saves."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 import experiment
@@ -86,3 +90,24 @@ def test_8_warps_on_a_d128_causal_tile_compile_without_spills(tmp_path):
                          cache_path=tmp_path / "facts.jsonl")
     assert facts.status == "ok", facts.reason
     assert facts.spill_store_bytes == 0 and facts.registers <= 255 and facts.num_threads == 256
+
+
+@pytest.mark.compile
+def test_a_causal_trace_of_the_class_runs_the_coordinate_mask():
+    # in a process of its own: the DSL fixes its arch on import
+    script = """
+import os, sys
+os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH="sm_120a", FLASH_ATTENTION_NUM_SMS="132")
+os.environ.pop("FA4TUNE_KERNEL_CACHE", None)
+sys.path.insert(0, ROOT)
+from fa4tune import fake_compile
+from fa4tune.config import BackwardConfig, Problem
+from fa4tune.harness.candidates import load_experiment
+exp = load_experiment(ROOT + "/experiment.py")
+config = BackwardConfig(m_block_size=64, n_block_size=64, num_threads=256, AtomLayoutMSdP=4, kernel="sm120_cmask")
+fake_compile.compile_shapes(exp, "bwd", config, [Problem(1, 256, 256, 2, 2, 128, 128, True)], read_facts=False)
+print("traced", len(exp.CoordinateMask.traced))
+""".replace("ROOT", repr(str(Path(experiment.__file__).parent)))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "traced 1" in done.stdout.splitlines()[-1], done.stdout[-500:]
