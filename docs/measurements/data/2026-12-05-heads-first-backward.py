@@ -67,6 +67,7 @@ def main() -> int:
     parser.add_argument("--static", action="store_true")
     parser.add_argument("--cmask", action="store_true", help="add the coordinate-mask 8-warp twin (fails the gate)")
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--only", default="", help="comma-separated substrings: the problems whose label has one")
     args = parser.parse_args()
     experiment = load_experiment(EXPERIMENT_PATH)
     suites = args.suites.split(",")
@@ -78,7 +79,7 @@ def main() -> int:
     from fa4tune.harness.steps import make_flusher, measure_step
 
     settings = Settings(gate_seed=new_gate_seed())
-    todo = list(cases(experiment, suites))
+    todo = [c for c in cases(experiment, suites) if not args.only or any(s in c[0].label for s in args.only.split(","))]
     compile_ahead([(k, c[i], p) for p, cs in todo for c in cs.values() for k, i in (("fwd", 0), ("bwd", 1))],
                   settings, default_compile_jobs())
     device = torch.device("cuda")
