@@ -19,7 +19,6 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
-from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from functools import partial
 from types import SimpleNamespace
@@ -118,19 +117,11 @@ class RegistersVBackwardSm120(BackwardSm120):
                 options["B_in_regs"] = True
             return gemm(tiled_mma, acc, tCrA, tCrB, *rest, **options)
 
-        with traced_with(ampere_helpers, "gemm", gemm_v_from_registers):
+        ampere_helpers.gemm = gemm_v_from_registers  # for this trace only (one thread of a process traces)
+        try:
             return BackwardSm120.compute_one_m_block(self, *args, mma_params=mma_params, **kwargs)
-
-
-@contextmanager
-def traced_with(module, name, value):
-    """`module.name` is `value` while a kernel traces (one thread per process traces; restored after)."""
-    saved = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, saved)
+        finally:
+            ampere_helpers.gemm = gemm
 
 
 @dataclass(frozen=True)

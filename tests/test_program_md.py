@@ -18,13 +18,16 @@ from fa4tune.targets import get_target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = (ROOT / "program.md").read_text()
+KERNEL_CLASSES = (ROOT / "docs" / "kernel-classes.md").read_text()  # program.md's guide to a kernel class
 
 
 def commands() -> list[str]:
-    """Every command line of program.md: its fenced code blocks, and inline code that starts like a command."""
-    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", PROGRAM, flags=re.S)
+    """Every command line of program.md and docs/kernel-classes.md: fenced code blocks, and inline code that starts like a
+    command."""
+    text = PROGRAM + KERNEL_CLASSES
+    blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines()]
-    inline = re.findall(r"(?<!`)`((?:uv run|git|grep|tail|timeout) [^`]+)`(?!`)", re.sub(r"```.*?```", "", PROGRAM, flags=re.S))
+    inline = re.findall(r"(?<!`)`((?:uv run|git|grep|tail|timeout) [^`]+)`(?!`)", re.sub(r"```.*?```", "", text, flags=re.S))
     return [line for line in lines + inline if line and not line.startswith("#")]
 
 
