@@ -2,13 +2,14 @@
 compare the folders. A kernel-class change whose PTX is byte-identical for every config it touches (a refactor)
 compiles to the same kernels, so it needs no new GPU gate; any difference does.
 
-    python3 bench/ptx_dump.py OUT_DIR [--arch sm_120a|sm_90a] [--configs NAME,...] [--dtype bf16|fp16]
+    python3 bench/ptx_dump.py OUT_DIR [--arch sm_120a|sm_90a] [--configs NAME,...] [--dtype bf16|fp16] [--ir]
     git stash && python3 bench/ptx_dump.py /tmp/before && git stash pop && python3 bench/ptx_dump.py /tmp/after
     diff -r /tmp/before /tmp/after && echo identical
 
 Each config runs through fa4tune.fake_compile.compile_shapes (the harness's host path) for the problem named beside
 it, without the kernel cache, so every kernel is traced and compiled here. The DSL fixes its arch on import: one
-arch per process (sm_90a is what an H200 emulating SM120 runs).
+arch per process (sm_90a is what an H200 emulating SM120 runs). `--ir` also writes the DSL's IR before lowering
+(`<name>.mlir`, after canonicalize and cse): where two dumps' PTX differ, whether their CuTe programs do.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--arch", default="sm_120a", help="the DSL's arch (default sm_120a)")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated names (default all: {','.join(CONFIGS)})")
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"), help="the inputs' dtype (default bf16)")
+    parser.add_argument("--ir", action="store_true", help="also write <name>.mlir, the DSL's IR before lowering")
     args = parser.parse_args(argv)
     names = [n for n in args.configs.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
         parser.error(f"--configs: unknown name(s) {unknown}; known: {sorted(CONFIGS)}")
     dump = Path(tempfile.mkdtemp(prefix="ptx-dump-"))
     os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH=args.arch, FLASH_ATTENTION_NUM_SMS="132",
-                      CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump), PYTHONWARNINGS="ignore")
+                      CUTE_DSL_KEEP="ir,ptx" if args.ir else "ptx", CUTE_DSL_DUMP_DIR=str(dump), PYTHONWARNINGS="ignore")
     os.environ.pop("FA4TUNE_KERNEL_CACHE", None)
     import warnings
 
@@ -72,6 +74,8 @@ def main(argv=None) -> int:
         fake_compile.compile_shapes(experiment, "fwd", config, [Problem(b, sq, sk, h, h_kv, d, d, causal, args.dtype)], read_facts=False)
         ptx = sorted(dump.glob("*.ptx"))  # a split config also compiles its combine kernel
         (args.out / f"{name}.ptx").write_text("".join(p.read_text() for p in ptx))
+        if args.ir:
+            (args.out / f"{name}.mlir").write_text("".join(p.read_text() for p in sorted(dump.glob("*.mlir"))))
         print(f"{name}: {len(ptx)} kernel(s), {sum(p.stat().st_size for p in ptx)} bytes of PTX", flush=True)
     return 0
 

@@ -37,3 +37,13 @@ def test_two_dumps_of_one_config_are_byte_identical(tmp_path):
     text = first.read_text()
     assert ".target sm_120a" in text and ".entry" in text and "mma.sync" in text
     assert first.read_bytes() == second.read_bytes()
+
+
+@pytest.mark.compile
+def test_with_ir_the_dsl_program_is_written_beside_the_ptx(tmp_path):
+    name = "sm120_128x64_causal"
+    done = subprocess.run([sys.executable, "bench/ptx_dump.py", str(tmp_path), "--configs", name, "--ir"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ir = (tmp_path / f"{name}.mlir").read_text()
+    assert "cuda.kernel @kernel" in ir and "!cute_nvgpu" in ir and (tmp_path / f"{name}.ptx").is_file()
