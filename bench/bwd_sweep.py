@@ -2,12 +2,14 @@
 and timed by `search run`'s evaluator (search.evaluating.protocol.make_evaluator("gpu"): compile-ahead, one step
 server), on one representative problem per class.
 
-    python3 bench/bwd_sweep.py --out DIR [--classes NAME ...] [--per-class N] [--time-budget S]
+    python3 bench/bwd_sweep.py --out DIR [--classes NAME ...] [--kernel NAME] [--per-class N] [--time-budget S]
     python3 bench/bwd_sweep.py --out DIR --merge TABLE     # add DIR's measurements to a replay table (JSON)
 
 Upstream's default comes first in each class, then the accepted configs in a seeded random order (N per class at
 most; 0: all), the classes taken in turn, so a run cut by --time-budget covers every class alike. Each measurement
 is appended to DIR/bwd-sweep.jsonl as it finishes, and configs already there are skipped: a sweep resumes.
+`--kernel` sweeps another backward class's accepted configs (upstream's default still first, the baseline), e.g. a
+class of experiment.py that is not searched yet.
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ def read_measurements(out: Path) -> list[dict]:
     return read_jsonl(out / SWEEP_FILE)
 
 
-def sweep_order(classes: list[str], per_class: int, seed: int, done: set) -> list[tuple[ProblemClass, BackwardConfig]]:
-    """(class, config) pairs to measure: per class upstream's default, then accepted configs at random; classes in turn."""
+def sweep_order(classes: list[str], per_class: int, seed: int, done: set,
+                kernel: str = "sm120") -> list[tuple[ProblemClass, BackwardConfig]]:
+    """(class, config) pairs to measure: per class upstream's default, then the kernel class's accepted configs at
+    random; classes in turn."""
     target, lanes = get_target("sm120"), []
     for name in classes:
         pc = ProblemClass.parse(name)
-        configs = list(feasible_backward(pc, target))
+        configs = list(feasible_backward(pc, target, kernel))
         random.Random(f"{seed}-{name}").shuffle(configs)
         default = defaults.upstream_backward(pc)
         configs = [default] + [c for c in configs if c != default]
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--classes", nargs="*", default=list(DEFAULT_CLASSES))
     parser.add_argument("--per-class", type=int, default=0, help="configs per class at most (0: every accepted one)")
+    parser.add_argument("--kernel", default="sm120", help="the backward kernel class swept (default upstream's, sm120)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=0, help="seconds after which no new config starts (0: none)")
     parser.add_argument("--compile-jobs", type=int, default=-1, help="compile processes (-1: every core but one)")
@@ -97,7 +102,7 @@ def main() -> None:
     from search.evaluating.protocol import make_evaluator
 
     done = {(m["problem_class"], BackwardConfig.from_dict(m["config"]).key()) for m in read_measurements(args.out)}
-    todo = sweep_order(args.classes, args.per_class, args.seed, done)
+    todo = sweep_order(args.classes, args.per_class, args.seed, done, args.kernel)
     problems = {name: representative(name) for name in args.classes}
     evaluator = make_evaluator("gpu", get_target("sm120"), compile_jobs=args.compile_jobs)
     print(f"{len(todo)} configs to measure ({len(done)} already in {args.out}), {evaluator.slots} in flight", flush=True)

@@ -83,9 +83,10 @@ def feasible_forward(pc: ProblemClass, target: Target) -> list[ForwardConfig]:
     return [cfg for cfg in forward_candidates(kernels) if check_forward(cfg, pc, target, kernels)]
 
 
-def feasible_backward(pc: ProblemClass, target: Target) -> Iterator[BackwardConfig]:
-    """Backward configs that pass every static rule (a generator: the product is large)."""
+def feasible_backward(pc: ProblemClass, target: Target, kernel: str = "sm120") -> Iterator[BackwardConfig]:
+    """Backward configs of one kernel class (upstream's by default) that pass every static rule (a generator: the
+    product is large); a class with knobs of its own is not swept here."""
     for values in _product(BACKWARD_DOMAIN):
-        cfg = BackwardConfig(**values)
+        cfg = BackwardConfig(**values, kernel=kernel)
         if check_backward(cfg, pc, target):
             yield cfg

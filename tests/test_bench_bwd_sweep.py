@@ -19,6 +19,17 @@ def test_sweep_order():
     assert len(again) == 5 and order[0] not in again
 
 
+def test_a_kernel_class_sweeps_its_own_accepted_configs_after_upstream_s_default():
+    from fa4tune.harness.candidates import load_default_experiment
+
+    load_default_experiment()  # experiment.py's classes (sm120_cmask) join the registry
+    order = bwd_sweep.sweep_order(CLASSES[:1], per_class=0, seed=0, done=set(), kernel="sm120_cmask")
+    assert order[0][1] == defaults.upstream_backward(ProblemClass.parse(CLASSES[0]))
+    rest = [c for _, c in order[1:]]
+    assert rest and all(c.kernel == "sm120_cmask" for c in rest)
+    assert any(c.num_threads == 256 for c in rest)  # 8 warps on a causal tile: refused for upstream's class
+
+
 def test_merge_keeps_forward_measurements(tmp_path):
     table = tmp_path / "table.json"
     table.write_text(json.dumps({"measurements": [{"kind": "fwd"}, {"kind": "bwd", "problem_class": "x"}], "problems": []}))
