@@ -142,8 +142,8 @@ class CoordinateMask(AttentionMask):
             coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
             for i in cutlass.range_constexpr(cute.size(acc_S)):
                 row, col = m_block * self.tile_m + coords[i][0], n_block * self.tile_n + coords[i][1]
-                keep = col <= row + self.seqlen_k - self.seqlen_q and col < self.seqlen_k
-                acc_S[i] = acc_S[i] if keep else -cutlass.Float32.inf
+                limit = cutlass.min(row + 1 + self.seqlen_k - self.seqlen_q, self.seqlen_k)  # causal, and in seqlen_k
+                acc_S[i] = acc_S[i] if col < limit else -cutlass.Float32.inf
 
 
 class CausalAnyWarpsBackwardSm120(BackwardSm120):
