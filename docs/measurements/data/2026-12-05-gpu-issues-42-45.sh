@@ -10,7 +10,8 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
-#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh headsfirst  # #44: the heads-first backward vs the table's entries and upstream
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh headsfirst  # #44: the backward twin classes vs the table's entries and upstream
+#                                                   (ONLY="gqa prefill,d64,d96" for the rest of the standard suite)
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -54,7 +55,8 @@ for step in "$@"; do
       timeout 420 python3 bench/gpu_twins.py --part timing --suites models --only fp16 --runs 2 > "$OUT/fp16twins.log" 2>&1
       echo "fp16twins rc $?"; tail -40 "$OUT/fp16twins.log" ;;
     headsfirst)
-      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard,generalization} > "$OUT/headsfirst.log" 2>&1
+      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard} --cmask \
+        --only "${ONLY:-b1 s8192 h16 d128,b2 s4096 h16 d128}" > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
