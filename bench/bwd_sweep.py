@@ -2,19 +2,20 @@
 and timed by `search run`'s evaluator (search.evaluating.protocol.make_evaluator("gpu"): compile-ahead, one step
 server), on one representative problem per class.
 
-    python3 bench/bwd_sweep.py --out DIR [--classes NAME ...] [--kernel NAME] [--per-class N] [--time-budget S]
+    python3 bench/bwd_sweep.py --out DIR [--classes NAME ...] [--kernel NAME [--opened]] [--per-class N] [--time-budget S]
     python3 bench/bwd_sweep.py --out DIR --merge TABLE     # add DIR's measurements to a replay table (JSON)
 
 Upstream's default comes first in each class, then the accepted configs in a seeded random order (N per class at
 most; 0: all), the classes taken in turn, so a run cut by --time-budget covers every class alike. Each measurement
 is appended to DIR/bwd-sweep.jsonl as it finishes, and configs already there are skipped: a sweep resumes.
 `--kernel` sweeps another backward class's accepted configs (upstream's default still first, the baseline), e.g. a
-class of experiment.py that is not searched yet.
+class of experiment.py that is not searched yet; `--opened`, only those upstream's class refuses.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from fa4tune import defaults  # noqa: E402
 from fa4tune.census import read_jsonl  # noqa: E402
 from fa4tune.config import BackwardConfig, ProblemClass  # noqa: E402
+from fa4tune.feasibility import check_backward  # noqa: E402
 from fa4tune.space import feasible_backward  # noqa: E402
 from fa4tune.suites import load_suite, problem_classes  # noqa: E402
 from fa4tune.targets import get_target  # noqa: E402
@@ -47,14 +49,16 @@ def read_measurements(out: Path) -> list[dict]:
     return read_jsonl(out / SWEEP_FILE)
 
 
-def sweep_order(classes: list[str], per_class: int, seed: int, done: set,
-                kernel: str = "sm120") -> list[tuple[ProblemClass, BackwardConfig]]:
+def sweep_order(classes: list[str], per_class: int, seed: int, done: set, kernel: str = "sm120",
+                opened: bool = False) -> list[tuple[ProblemClass, BackwardConfig]]:
     """(class, config) pairs to measure: per class upstream's default, then the kernel class's accepted configs at
-    random; classes in turn."""
+    random (`opened`: only those upstream's class refuses); classes in turn."""
     target, lanes = get_target("sm120"), []
     for name in classes:
         pc = ProblemClass.parse(name)
         configs = list(feasible_backward(pc, target, kernel))
+        if opened:
+            configs = [c for c in configs if not check_backward(dataclasses.replace(c, kernel="sm120"), pc, target)]
         random.Random(f"{seed}-{name}").shuffle(configs)
         default = defaults.upstream_backward(pc)
         configs = [default] + [c for c in configs if c != default]
@@ -85,6 +89,7 @@ def main() -> None:
     parser.add_argument("--classes", nargs="*", default=list(DEFAULT_CLASSES))
     parser.add_argument("--per-class", type=int, default=0, help="configs per class at most (0: every accepted one)")
     parser.add_argument("--kernel", default="sm120", help="the backward kernel class swept (default upstream's, sm120)")
+    parser.add_argument("--opened", action="store_true", help="with --kernel: only the configs upstream's class refuses")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--time-budget", type=float, default=0, help="seconds after which no new config starts (0: none)")
     parser.add_argument("--compile-jobs", type=int, default=-1, help="compile processes (-1: every core but one)")
@@ -102,7 +107,7 @@ def main() -> None:
     from search.evaluating.protocol import make_evaluator
 
     done = {(m["problem_class"], BackwardConfig.from_dict(m["config"]).key()) for m in read_measurements(args.out)}
-    todo = sweep_order(args.classes, args.per_class, args.seed, done, args.kernel)
+    todo = sweep_order(args.classes, args.per_class, args.seed, done, args.kernel, args.opened)
     problems = {name: representative(name) for name in args.classes}
     evaluator = make_evaluator("gpu", get_target("sm120"), compile_jobs=args.compile_jobs)
     print(f"{len(todo)} configs to measure ({len(done)} already in {args.out}), {evaluator.slots} in flight", flush=True)

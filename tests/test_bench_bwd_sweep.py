@@ -28,6 +28,9 @@ def test_a_kernel_class_sweeps_its_own_accepted_configs_after_upstream_s_default
     rest = [c for _, c in order[1:]]
     assert rest and all(c.kernel == "sm120_cmask" for c in rest)
     assert any(c.num_threads == 256 for c in rest)  # 8 warps on a causal tile: refused for upstream's class
+    opened = bwd_sweep.sweep_order(CLASSES[:1], per_class=0, seed=0, done=set(), kernel="sm120_cmask", opened=True)
+    assert opened[0] == order[0] and 0 < len(opened) < len(order)
+    assert all(c.AtomLayoutMSdP * 32 != c.num_threads for _, c in opened[1:])  # each puts warps along n
 
 
 def test_merge_keeps_forward_measurements(tmp_path):
