@@ -95,6 +95,8 @@ def main() -> None:
     parser.add_argument("--compile-jobs", type=int, default=-1, help="compile processes (-1: every core but one)")
     parser.add_argument("--merge", type=Path, help="add DIR's measurements to this replay table and stop")
     args = parser.parse_args()
+    if args.opened and args.kernel == "sm120":
+        parser.error("--opened: sweeps the configs another class adds to upstream's; name it with --kernel")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.merge:
         merge(args.out, args.merge)

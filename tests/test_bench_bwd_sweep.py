@@ -3,6 +3,8 @@
 
 import json
 
+import pytest
+
 from bench import bwd_sweep
 from fa4tune import defaults
 from fa4tune.config import BackwardConfig, ProblemClass
@@ -41,3 +43,10 @@ def test_merge_keeps_forward_measurements(tmp_path):
     bwd_sweep.merge(tmp_path, table)
     out = json.loads(table.read_text())
     assert out["measurements"] == [{"kind": "fwd"}, m] and len(out["problems"]) == 1
+
+
+def test_opened_without_another_class_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["bwd_sweep.py", "--out", str(tmp_path / "out"), "--opened"])
+    with pytest.raises(SystemExit) as done:
+        bwd_sweep.main()
+    assert done.value.code == 2 and "--opened" in capsys.readouterr().err and not (tmp_path / "out").exists()
