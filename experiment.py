@@ -216,14 +216,15 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
                      dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False)
 
+CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  # 8 warps, causal: 2026-12-06-h100-cmask-sweep.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
-    "d128-causal-bf16": replace(BWD, dQ_swapAB=True, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
+    "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True),
     "d96-noncausal-bf16": BWD,
     "d96-causal-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4),
     "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
     "d64-causal-bf16": replace(BWD, num_stages_dO=2, AtomLayoutMSdP=4),
-    "d128-causal-gqa4-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
+    "d128-causal-gqa4-bf16": CMASK8,
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from
