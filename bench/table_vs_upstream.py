@@ -20,6 +20,9 @@ upstream is not timed, since only a GPU that emulates SM120 has the memory to ru
 "upstream cannot run" with the rule, and the table's medians stand alone.
 Each row records its class's entry (`entry`: own, "fallback <class>" for a neighbour's under fa4tune/fallback.py's
 rule, upstream, wide); the summary gives the geomean per direction, regime and entry, and names each fallback class.
+With --fa2, the backward steps of problems without GQA time a third candidate in the same step: torch SDPA on its
+flash backend (FA2's mma.sync kernels, sdpa_kernel(FLASH_ATTENTION)), its gradients gated like the others; each such
+row adds FA2's medians and the table's speedup over FA2 (issue 44: FA2 side by side).
 Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
@@ -41,7 +44,7 @@ from fa4tune import defaults, emulated_occupancy  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
 
-TABLE, UPSTREAM = "table", "upstream"
+TABLE, UPSTREAM, FA2 = "table", "upstream", "fa2"
 NOT_RUN = "not run: the target's rules refuse it: "  # the reason of an upstream config an SM120 GPU cannot launch
 COLUMNS = ("suite", "problem", "dir", "class", "table kernel", "upstream ms", "table ms", "speedup", "spread", "verdict")
 
@@ -114,6 +117,10 @@ def spread(values: list[float]) -> float:
     return (max(values) - min(values)) / min(values) if len(values) > 1 else 0.0
 
 
+def average(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
 def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -130,7 +137,7 @@ def summarize(records: list[dict]) -> dict:
         row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
                                     "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
                                     "entry": r.get("entry", ""),
-                                    "ms": {TABLE: [], UPSTREAM: []}, "failures": [], "refused": "", "same_config": True})
+                                    "ms": {TABLE: [], UPSTREAM: [], FA2: []}, "failures": [], "refused": "", "same_config": True})
         row["same_config"] = row["same_config"] and bool(r.get("same_config"))
         if r["status"] == "ok":
             row["ms"][r["candidate"]].append(r["ms_median"])
@@ -152,6 +159,8 @@ def summarize(records: list[dict]) -> dict:
             if row["same_config"]:
                 verdict = "same config"
             row.update(speedup=speedup, spread=noise, verdict=verdict)
+        fa2_ms = row["ms"][FA2]
+        row["over_fa2"] = (average(fa2_ms) / average(table_ms)) if fa2_ms and table_ms and not row["failures"] else None
         out.append(row)
 
     def speedups(direction, decode=None):
@@ -170,10 +179,32 @@ def summarize(records: list[dict]) -> dict:
         "fwd_decode_geomean": geomean(speedups("fwd", decode=True)),
         "bwd_geomean": geomean(speedups("bwd")),
         "min_speedup": min((r["speedup"] for r in ok), default=None),
+        "over_fa2": {r["problem"]: r["over_fa2"] for r in out if r["over_fa2"] is not None},
         "losses": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"] == "loses"],
         "failures": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("failed")],
         "upstream_cannot_run": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("upstream cannot run")],
     }
+
+
+def takes_fa2(step: Step) -> bool:
+    """--fa2 times SDPA's flash backend on a step: a backward step of a problem without GQA."""
+    p = step.problem
+    return step.direction == "bwd" and p.num_heads == p.num_heads_kv
+
+
+def fa2_candidate():
+    """torch SDPA held to its flash backend (FA2's kernels; its backward is chosen with the forward)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from fa4tune.harness.candidates import Candidate, sdpa_candidate
+
+    sdpa = sdpa_candidate()
+
+    def forward(q, k, v, causal, **packed):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return sdpa.forward(q, k, v, causal, **packed)
+
+    return Candidate(FA2, forward, {"path": "torch SDPA, SDPBackend.FLASH_ATTENTION (FA2)"})
 
 
 def kernel_name(cfg) -> str:
@@ -198,6 +229,11 @@ def print_summary(summary: dict, label: str) -> None:
     print(f"upstream cannot run (not timed): {', '.join(summary['upstream_cannot_run']) or 'none'}", flush=True)
     for (direction, group, entry), (n, mean, low) in summary["by_entry"].items():
         print(f"entry {direction} {group} {entry}: {n} problems, geomean {mean:.3f}, min {low:.3f}")
+    for problem, ratio in summary.get("over_fa2", {}).items():
+        row = next(r for r in summary["rows"] if r["problem"] == problem and r["over_fa2"] is not None)
+        against_upstream = f", FA2 {average(row['ms'][UPSTREAM]) / average(row['ms'][FA2]):.3f}x upstream" if row["ms"][UPSTREAM] else ""
+        print(f"fa2 {problem} bwd: {' / '.join(f'{v:.4f}' for v in row['ms'][FA2])} ms, "
+              f"the table {ratio:.3f}x FA2{against_upstream}")
     fallbacks = sorted({(r["class"], r["direction"], r["entry"]) for r in summary["rows"] if r["entry"].startswith("fallback")})
     for cls, direction, entry in fallbacks:
         print(f"fallback {direction} {cls}: runs {entry.split(' ', 1)[1]}'s entry", flush=True)
@@ -212,6 +248,8 @@ def main(argv=None) -> int:
     parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
     parser.add_argument("--compile-jobs", type=int, default=default_compile_jobs(),
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
+    parser.add_argument("--fa2", action="store_true",
+                        help="also time torch SDPA's flash backend (FA2) on the backward steps of problems without GQA")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
@@ -252,6 +290,9 @@ def main(argv=None) -> int:
                 configs = {TABLE: s.table, UPSTREAM: s.upstream}
                 timed = [name for name in order(run) if not (name == UPSTREAM and s.upstream_refused)]
                 candidates = [experiment_candidate(experiment, *configs[name], name=name) for name in timed]
+                if args.fa2 and takes_fa2(s):
+                    timed.append(FA2)
+                    candidates.append(fa2_candidate())
                 try:
                     results = measure_step(s.problem, s.direction, candidates, device=device, settings=settings, flusher=flusher)
                 except StepContextLost as lost:
@@ -259,7 +300,7 @@ def main(argv=None) -> int:
                     return 1
                 if s.upstream_refused:
                     results[UPSTREAM] = ProblemResult(s.problem.label, s.direction, "infeasible", reason=s.upstream_refused)
-                for name in order(run):
+                for name in order(run) + ((FA2,) if FA2 in results else ()):
                     res = results[name]
                     cfg, upstream_cfg = (configs[c][0 if s.direction == "fwd" else 1] for c in (TABLE, UPSTREAM))
                     record = {"suite": s.suite, "problem": s.problem.label, "direction": s.direction,

@@ -175,3 +175,22 @@ def test_each_step_says_whether_its_class_runs_its_own_entry_or_a_neighbour_s_an
     printed = capsys.readouterr().out
     assert "entry fwd prefill fallback: 1 problems, geomean 1.100, min 1.100" in printed
     assert "fallback fwd c: runs x's entry" in printed  # _records names every class "c"
+
+
+def test_fa2_is_timed_beside_the_two_on_backward_steps_without_gqa_and_the_summary_compares_the_table_to_it(capsys):
+    bench = load_bench()
+    from fa4tune.config import BackwardConfig, ForwardConfig, Problem
+
+    configs = (ForwardConfig(), BackwardConfig())
+    mha = Problem(1, 128, 128, 2, 2, 64, 64, False, backward=True, name="mha")
+    gqa = Problem(1, 128, 128, 8, 2, 64, 64, False, backward=True, name="gqa")
+    assert bench.takes_fa2(bench.Step("s", mha, "bwd", configs, configs))
+    assert not bench.takes_fa2(bench.Step("s", mha, "fwd", configs, configs))
+    assert not bench.takes_fa2(bench.Step("s", gqa, "bwd", configs, configs))
+    assert bench.fa2_candidate().name == "fa2"
+    records = _records("e", "bwd", "prefill", [1.0, 1.0], [1.3, 1.3])
+    records += [{**records[0], "candidate": "fa2", "run": run, "ms_median": ms} for run, ms in ((1, 1.1), (2, 1.2))]
+    s = bench.summarize(records)
+    assert s["over_fa2"] == {"e": pytest.approx(1.15)} and s["rows"][0]["speedup"] == pytest.approx(1.3)
+    bench.print_summary(s, "fake")
+    assert "fa2 e bwd: 1.1000 / 1.2000 ms, the table 1.150x FA2, FA2 1.130x upstream" in capsys.readouterr().out
