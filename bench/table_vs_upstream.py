@@ -1,7 +1,7 @@
 """The shipped dispatch table (experiment.py) against upstream's SM120 defaults, per problem, in one GPU process.
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 bench/table_vs_upstream.py \\
-        [--suites standard,generalization] [--runs 2] [--only SUBSTRING] [--out results.jsonl]
+        [--suites standard,generalization] [--runs 2] [--only SUBSTRING[,...]] [--direction bwd] [--fa2] [--out results.jsonl]
 
 For every (problem, direction) of the suites: the table's configs (experiment.forward_config / backward_config of the
 problem's class) and upstream's defaults (fa4tune.defaults: what upstream's interface runs on SM120), both through
@@ -62,7 +62,7 @@ class Step:
     entry: str = ""  # where the table's config of this direction comes from: "own", "fallback <class>", "upstream", "wide"
 
 
-def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
+def plan(suites: list[str], experiment, only: str = "", directions: tuple = ("fwd", "bwd")) -> list[Step]:
     """Every (problem, direction) of the suites with the table's and upstream's configs of its class. Where upstream's
     configs fail the target's static rules (d256: its tiles need more than SM120's 99 KB), upstream is not timed: a
     GPU that emulates SM120 has the shared memory to run them, an SM120 GPU does not."""
@@ -73,12 +73,12 @@ def plan(suites: list[str], experiment, only: str = "") -> list[Step]:
     steps = []
     for suite in suites:
         for p in load_suite(suite):
-            if only not in p.label:
+            if not any(part in p.label for part in only.split(",")):
                 continue
             pc = p.problem_class
             table = (experiment.forward_config(pc), experiment.backward_config(pc))
             upstream = (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
-            for direction in ("fwd", "bwd") if p.backward else ("fwd",):
+            for direction in [d for d in (("fwd", "bwd") if p.backward else ("fwd",)) if d in directions]:
                 refused = feasibility_failure(direction, *upstream, p, target)
                 steps.append(Step(suite, p, direction, table, upstream, f"{NOT_RUN}{target.name}: {refused}" if refused else "",
                                   entry_of(experiment, direction, pc)))
@@ -243,7 +243,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", default="standard,generalization", help="comma-separated suite names or paths")
     parser.add_argument("--runs", type=int, default=2, help="times the whole list is timed (order swapped each run)")
-    parser.add_argument("--only", default="", help="only problems whose label contains this")
+    parser.add_argument("--only", default="", help="only problems whose label contains this (or one of these, comma-separated)")
+    parser.add_argument("--direction", choices=("fwd", "bwd"), help="only this direction's steps (default: both)")
     parser.add_argument("--out", default="table_vs_upstream.jsonl", help="JSON lines, one per (step, run, candidate)")
     parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
     parser.add_argument("--compile-jobs", type=int, default=default_compile_jobs(),
@@ -264,7 +265,7 @@ def main(argv=None) -> int:
 
     suites = [s for s in args.suites.split(",") if s]
     settings = Settings(gate_seed=new_gate_seed())
-    steps = plan(suites, load_experiment(EXPERIMENT_PATH), args.only)
+    steps = plan(suites, load_experiment(EXPERIMENT_PATH), args.only, (args.direction,) if args.direction else ("fwd", "bwd"))
     compile_ahead(compile_pairs(steps), settings, args.compile_jobs, name=kernel_name)
 
     import torch

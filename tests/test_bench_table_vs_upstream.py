@@ -33,6 +33,8 @@ def test_plan_takes_both_directions_where_a_problem_has_a_backward_and_the_table
         assert s.upstream == (defaults.upstream_forward(pc), defaults.upstream_backward(pc))
     assert {s.direction for s in steps if s.problem.problem_class.regime == "decode"} == {"fwd"}
     assert [s.problem.label for s in bench.plan(["standard"], experiment, only="wan")] == ["wan2.1 self-attn"] * 2
+    picked = bench.plan(["standard"], experiment, only="wan,gqa prefill 2k", directions=("bwd",))
+    assert [(s.problem.label, s.direction) for s in picked] == [("gqa prefill 2k", "bwd"), ("wan2.1 self-attn", "bwd")]
 
 
 def test_every_kernel_a_step_runs_is_compiled_ahead_and_jobs_group_by_config_and_shape_family():
@@ -69,7 +71,7 @@ def test_runs_alternate_the_candidates_order(tmp_path, monkeypatch):
         seen.append(tuple(c.name for c in candidates))
         return {c.name: ProblemResult(problem.label, direction, "ok", tflops=1.0, ms_median=1.0) for c in candidates}
 
-    monkeypatch.setattr(bench, "plan", lambda suites, experiment, only: [step])
+    monkeypatch.setattr(bench, "plan", lambda suites, experiment, only, directions: [step])
     monkeypatch.setattr(bench, "compile_ahead", lambda *args, **kwargs: None)
     monkeypatch.setattr(harness_candidates, "load_experiment", lambda path: experiment)
     monkeypatch.setattr(harness_candidates, "experiment_candidate", lambda module, fwd, bwd, name: harness_candidates.Candidate(name, None, {}))

@@ -12,7 +12,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh headsfirst  # #44: the backward twin classes vs the table's entries and upstream
 #                                                   (ONLY="gqa prefill,d64,d96" for the rest of the standard suite)
-#   ... table44     # #44: bench/table_vs_upstream.py on the standard suite, 2 runs, FA2 beside on the backward
+#   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
@@ -61,7 +61,7 @@ for step in "$@"; do
         --only "${ONLY:-b1 s8192 h16 d128,b2 s4096 h16 d128}" > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     table44)
-      timeout 540 python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --out "$OUT/table44.jsonl" \
+      timeout ${TABLE_TIMEOUT:-540} python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --direction bwd --only "${ONLY:-}" --out "$OUT/table44.jsonl" \
         > "$OUT/table44.log" 2>&1; echo "table44 rc $?"; grep -v -e Warning -e generate_mlir "$OUT/table44.log" | tail -60 ;;
     fp8check)
       timeout ${FP8_TIMEOUT:-300} python3 docs/measurements/data/2026-12-06-fp8/gpu_check.py > "$OUT/fp8check.log" 2>&1
