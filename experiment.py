@@ -148,7 +148,8 @@ class CoordinateMask(AttentionMask):
 
 class CausalAnyWarpsBackwardSm120(BackwardSm120):
     """Upstream's backward with CoordinateMask: causal S/dP MMAs may put warps along n (upstream's failed the gate
-    on every such config), e.g. 8 warps on a 64x64 causal tile. Unmeasured: not searched."""
+    on every such config), e.g. 8 warps on a 64x64 causal tile: the causal entries (2026-12-06-h100-cmask-sweep.md);
+    not searched yet (stored backward studies have no kernel knob): bench/bwd_sweep.py --kernel sm120_cmask."""
 
     name = "sm120_cmask"
     searched = False
