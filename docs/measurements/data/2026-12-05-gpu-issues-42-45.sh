@@ -13,6 +13,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh headsfirst  # #44: the backward twin classes vs the table's entries and upstream
 #                                                   (ONLY="gqa prefill,d64,d96" for the rest of the standard suite)
 #   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
+#   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
@@ -63,6 +64,13 @@ for step in "$@"; do
     table44)
       timeout ${TABLE_TIMEOUT:-540} python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --direction bwd --only "${ONLY:-}" --out "$OUT/table44.jsonl" \
         > "$OUT/table44.log" 2>&1; echo "table44 rc $?"; grep -v -e Warning -e generate_mlir "$OUT/table44.log" | tail -60 ;;
+    ncubwd)
+      for only in "b1 s8192 h16 d128 causal" "b1 s8192 h16 d128"; do
+        timeout 120 "$NCU" --clock-control none -k regex:BackwardSm120 --launch-skip 1 --launch-count 1 \
+          --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
+          python3 bench/gpu_ncu.py --suite standard --only "$only" --direction bwd --config dispatch > "$OUT/ncubwd-${only// /_}.log" 2>&1
+        echo "ncubwd $only rc $?"; grep -E "Duration|Throughput|Registers|Stall|Warp Cycles|Achieved Occ|Block Size|Local|Hit Rate" "$OUT/ncubwd-${only// /_}.log" | head -30
+      done ;;
     fp8check)
       timeout ${FP8_TIMEOUT:-300} python3 docs/measurements/data/2026-12-06-fp8/gpu_check.py > "$OUT/fp8check.log" 2>&1
       echo "fp8check rc $?"; grep -v -e Warning -e generate_mlir "$OUT/fp8check.log" | tail -40 ;;
