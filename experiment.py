@@ -28,7 +28,6 @@ import cutlass
 import cutlass.cute as cute
 from flash_attn.cute import ampere_helpers
 from flash_attn.cute.mask import AttentionMask
-from flash_attn.cute.tile_scheduler import SingleTileScheduler
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
@@ -44,31 +43,6 @@ from kernels.backward_sm120 import BackwardSm120
 # Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-class HeadsFirstScheduler(SingleTileScheduler):
-    """Upstream's one-tile scheduler, CTA L = x + X (y + Y z) on n block L // (Y Z), head and batch from L % (Y Z)."""
-
-    @staticmethod
-    def create(params, ctx=None, *, loc=None, ip=None):
-        (x, y, z), (num_x, num_y, num_z) = cute.arch.block_idx(), cute.arch.grid_dim()
-        block, rest = heads_first(x + num_x * (y + num_y * z), num_y, num_z)
-        return SingleTileScheduler(params, (block, rest % num_y, rest // num_y), loc=loc, ip=ip)
-
-
-def heads_first(linear, num_heads, num_batch):
-    return linear // (num_heads * num_batch), linear % (num_heads * num_batch)
-
-
-class HeadsFirstBackwardSm120(BackwardSm120):
-    """Upstream's backward, K/V blocks heads first (2026-12-05-heads-first-backward-static.md); unmeasured: not searched."""
-
-    name = "sm120_heads_first"
-    searched = False
-
-    def kernel(self, *args, **kwargs):
-        args = tuple(HeadsFirstScheduler if a is SingleTileScheduler else a for a in args)
-        return BackwardSm120.kernel(self, *args, **kwargs)
 
 
 class RegistersVBackwardSm120(BackwardSm120):

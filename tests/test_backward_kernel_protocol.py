@@ -75,8 +75,7 @@ def agent(tmp_path_factory):
 
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
     # experiment.py's own class is registered but not searched: the space keeps the stored studies' signature
-    assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_heads_first": experiment.HeadsFirstBackwardSm120,
-                                            "sm120_vregs": experiment.RegistersVBackwardSm120,
+    assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_vregs": experiment.RegistersVBackwardSm120,
                                             "sm120_cmask": experiment.CausalAnyWarpsBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
     plain = backward_space(backward_kernels(experiment))
@@ -85,8 +84,7 @@ def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_ha
 
 
 def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
-    assert backward_kernels() == {"sm120": BackwardSm120, "sm120_heads_first": agent.HeadsFirstBackwardSm120,
-                                  "sm120_vregs": agent.RegistersVBackwardSm120,
+    assert backward_kernels() == {"sm120": BackwardSm120, "sm120_vregs": agent.RegistersVBackwardSm120,
                                   "sm120_cmask": agent.CausalAnyWarpsBackwardSm120, "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")
