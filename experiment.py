@@ -33,6 +33,7 @@ from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.feasibility import BYTES_PER_ELEMENT, padded_head_dim
 from fa4tune.kernel_class import backward_kernel, forward_kernel
+from fa4tune.verdict import OK, Verdict
 from kernels.backward_sm120 import BackwardSm120
 
 # ---------------------------------------------------------------------------------------------
@@ -123,11 +124,17 @@ class CoordinateMask(AttentionMask):
 class CausalAnyWarpsBackwardSm120(BackwardSm120):
     """Upstream's backward with CoordinateMask: causal S/dP MMAs may put warps along n (upstream's failed the gate
     on every such config), e.g. 8 warps on a 64x64 causal tile: the causal entries (2026-12-06-h100-cmask-sweep.md);
-    not searched yet (stored backward studies have no kernel knob): bench/bwd_sweep.py --kernel sm120_cmask."""
+    searched on causal classes (a `kernel` knob in their backward studies)."""
 
     name = "sm120_cmask"
-    searched = False
     fixes = frozenset({"causal_bwd_SdP_warps_along_m"})
+
+    @classmethod
+    def can_implement(cls, config, problem_class, target):
+        if not problem_class.causal:  # the coordinate mask changes causal tiles only: the same kernel as upstream's
+            return Verdict(False, "cmask_causal_only", f"kernel={cls.name!r} differs from 'sm120' on causal problems "
+                           f"only, and {problem_class.name} is not causal: run kernel='sm120'")
+        return OK
 
     def compute_one_m_block(self, *args, mask_fn=None, **kwargs):
         if mask_fn is not None:  # partial(AttentionMask(...).apply_mask, ...): the same mask, our class

@@ -82,14 +82,20 @@ class Space:
         active = self.active(params)
         return self.config_class.from_dict({name: value for name, value in params.items() if name in active or name not in self.domain})
 
+    def values(self, config) -> dict[str, Any]:
+        """A config's knobs as this space names them: to_dict(), and `kernel` wherever the domain has it (a
+        BackwardConfig's to_dict leaves out upstream's "sm120", so that stored studies keep their records)."""
+        values = config.to_dict()
+        return {**values, "kernel": config.kernel} if "kernel" in self.domain else values
+
     def params(self, config) -> dict[str, Any]:
         """Trial params of a config: exactly the domain's knobs (another kernel class's at its first value)."""
-        values = config.to_dict()
+        values = self.values(config)
         return {name: values[name] if name in values else domain[0] for name, domain in self.domain.items()}
 
     def in_domain(self, config) -> str:
         """'' if every knob value that applies to the config lies in the domain, else which one does not."""
-        values = config.to_dict()
+        values = self.values(config)
         for name, domain in self.active(values).items():
             value = values[name]
             if not any(value == d and type(value) is type(d) for d in domain):
@@ -130,9 +136,11 @@ class Space:
             return self
         key = ("for_class", self.signature(target), problem_class.name)
         if key not in _FEASIBLE:
-            feasible = [c.to_dict() for c in self.feasible(problem_class, target)]
+            feasible = [self.values(c) for c in self.feasible(problem_class, target)]
             domain = {name: tuple(v for v in values if any(v == c.get(name) and type(v) is type(c.get(name)) for c in feasible))
                       for name, values in self.domain.items()}
+            if self.direction == "bwd" and domain.get("kernel") == (UPSTREAM_BACKWARD_KERNEL,):
+                del domain["kernel"]  # only upstream's class runs this class: the space of the studies stored before
             _FEASIBLE[key] = replace(self, domain=domain, per_class=False) if feasible else replace(self, per_class=False)
         return _FEASIBLE[key]
 

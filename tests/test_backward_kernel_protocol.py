@@ -74,12 +74,18 @@ def agent(tmp_path_factory):
 
 
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
-    # experiment.py's own class is registered but not searched: the space keeps the stored studies' signature
+    # experiment.py's classes are registered; the searched one (the 8-warp causal class) adds a `kernel` knob, which
+    # a class only upstream's class runs (non-causal) does not get: its studies keep the stored signature
     assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_vregs": experiment.RegistersVBackwardSm120,
                                             "sm120_cmask": experiment.CausalAnyWarpsBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
-    plain = backward_space(backward_kernels(experiment))
+    searched = backward_space(backward_kernels(experiment))
+    assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask")} and searched.kernel_knobs["sm120"] == ()
+    plain = backward_space({"sm120": BackwardSm120})
     assert plain.domain == BACKWARD_DOMAIN and plain.kernel_knobs == {}  # no `kernel` knob: the same signature as before
+    noncausal = searched.for_class(D64, TARGET)
+    assert noncausal.signature(TARGET) == plain.for_class(D64, TARGET).signature(TARGET)
+    assert searched.for_class(D64_CAUSAL, TARGET).domain["kernel"] == ("sm120", "sm120_cmask")
     assert upstream_class(BackwardSm120) is not None and export._is_upstream(BackwardConfig())
 
 
@@ -88,7 +94,7 @@ def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent)
                                   "sm120_cmask": agent.CausalAnyWarpsBackwardSm120, "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
     cut = _cut(space)
     own = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120_spare"]
