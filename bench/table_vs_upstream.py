@@ -143,6 +143,8 @@ def summarize(records: list[dict]) -> dict:
             row["ms"][r["candidate"]].append(r["ms_median"])
         elif r["candidate"] == UPSTREAM and r.get("reason", "").startswith(NOT_RUN):
             row["refused"] = r["reason"][len(NOT_RUN):]
+        elif r["candidate"] == FA2:  # a reference beside the two: its failure is said, not the row's verdict
+            row["fa2_failure"] = f"run {r['run']}: {r['status']}: {r.get('reason', '')[:120]}"
         else:
             row["failures"].append(f"{r['candidate']} run {r['run']}: {r['status']}: {r.get('reason', '')[:120]}")
     out = []
@@ -160,7 +162,8 @@ def summarize(records: list[dict]) -> dict:
                 verdict = "same config"
             row.update(speedup=speedup, spread=noise, verdict=verdict)
         fa2_ms = row["ms"][FA2]
-        row["over_fa2"] = (average(fa2_ms) / average(table_ms)) if fa2_ms and table_ms and not row["failures"] else None
+        row["over_fa2"] = (average(fa2_ms) / average(table_ms)) if fa2_ms and table_ms and not row["failures"] \
+            and not row.get("fa2_failure") else None
         out.append(row)
 
     def speedups(direction, decode=None):
@@ -229,6 +232,9 @@ def print_summary(summary: dict, label: str) -> None:
     print(f"upstream cannot run (not timed): {', '.join(summary['upstream_cannot_run']) or 'none'}", flush=True)
     for (direction, group, entry), (n, mean, low) in summary["by_entry"].items():
         print(f"entry {direction} {group} {entry}: {n} problems, geomean {mean:.3f}, min {low:.3f}")
+    for row in summary["rows"]:
+        if row.get("fa2_failure"):
+            print(f"fa2 {row['problem']} bwd: {row['fa2_failure']}")
     for problem, ratio in summary.get("over_fa2", {}).items():
         row = next(r for r in summary["rows"] if r["problem"] == problem and r["over_fa2"] is not None)
         against_upstream = f", FA2 {average(row['ms'][UPSTREAM]) / average(row['ms'][FA2]):.3f}x upstream" if row["ms"][UPSTREAM] else ""

@@ -196,3 +196,8 @@ def test_fa2_is_timed_beside_the_two_on_backward_steps_without_gqa_and_the_summa
     assert s["over_fa2"] == {"e": pytest.approx(1.15)} and s["rows"][0]["speedup"] == pytest.approx(1.3)
     bench.print_summary(s, "fake")
     assert "fa2 e bwd: 1.1000 / 1.2000 ms, the table 1.150x FA2, FA2 1.130x upstream" in capsys.readouterr().out
+    failed = records[:4] + [{**records[4], "status": "error", "reason": "no flash kernel"}, records[5]]
+    s = bench.summarize(failed)  # FA2 failing leaves the table's verdict alone and says so
+    assert s["rows"][0]["verdict"] == "wins" and s["over_fa2"] == {}
+    bench.print_summary(s, "fake")
+    assert "fa2 e bwd: run 1: error: no flash kernel" in capsys.readouterr().out
