@@ -67,7 +67,7 @@ def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask
     assert not upstream.ok and upstream.rule == "causal_bwd_SdP_warps_along_m"
     assert check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), pc, TARGET).ok
     # off causal problems the class is upstream's kernel under another name: refused, so a study never draws it twice
-    noncausal = check_backward(BackwardConfig(**{**BASE.to_dict(), "kernel": "sm120_cmask"}), D128, TARGET)
+    noncausal = check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), D128, TARGET)
     assert not noncausal.ok and noncausal.rule == "cmask_causal_only" and "d128-noncausal-bf16 is not causal" in noncausal.message
 
 
