@@ -5,7 +5,7 @@ code): quantizes random Q/K per tile (e4m3, scale = amax/448), runs the kernel, 
 reference on the dequantized Q/K (so only the kernel's own error is measured), and with the unquantized bf16
 reference (the quantization error, for information).
 
-    cd /work/main && uv run python /work/scratch/fp8/gpu_check.py
+    uv run python docs/measurements/data/2026-12-06-fp8/gpu_check.py   # from the repository root
 """
 
 import math

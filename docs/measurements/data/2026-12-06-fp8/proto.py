@@ -3,7 +3,7 @@
 Q, K: Float8E4M3FN (per-tile quantized; q_scale[b, h, m_blocks], k_scale[b, h_kv, n_blocks] fp32 dequant scales),
 V, O: bfloat16, LSE: fp32. S = Q K^T on mma.sync m16n8k32 e4m3 (MmaFP8Op), P @ V unchanged (bf16 m16n8k16).
 
-Run from /work/main:  uv run python /work/scratch/fp8/proto.py [--quick] [--ref]
+Run from the repository root:  uv run python docs/measurements/data/2026-12-06-fp8/proto.py [--quick] [--ref]
 It compiles every config below for sm_120a with fake tensors (no GPU) and prints registers, spills, shared
 memory and the SASS MMA census (QMMA = e4m3 MMA, HMMA = bf16 MMA) of each cubin; upstream's bf16 kernel is
 compiled beside each for comparison. `--ref` also runs the CPU quantization reference self-test.
@@ -19,7 +19,7 @@ if __name__ == "__main__":  # the DSL fixes its arch at import: name sm_120a bef
     _DUMP = tempfile.mkdtemp(prefix="fp8-proto-")
     os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH="sm_120a", CUTE_DSL_KEEP="cubin",
                       CUTE_DSL_DUMP_DIR=_DUMP, PYTHONWARNINGS="ignore")
-    sys.path.insert(0, "/work/main")  # fa4tune (cubin reader)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[os.pardir] * 4))  # fa4tune
 
 import math
 import warnings
