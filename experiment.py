@@ -26,12 +26,10 @@ from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from flash_attn.cute import ampere_helpers
 from flash_attn.cute.mask import AttentionMask
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
-from fa4tune.feasibility import BYTES_PER_ELEMENT, padded_head_dim
 from fa4tune.kernel_class import backward_kernel, forward_kernel
 from fa4tune.verdict import OK, Verdict
 from kernels.backward_sm120 import BackwardSm120
@@ -44,59 +42,6 @@ from kernels.backward_sm120 import BackwardSm120
 # Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-class RegistersVBackwardSm120(BackwardSm120):
-    """Upstream's backward with V_in_regs made to work: upstream lays Q over V's shared memory once V is in registers,
-    but its dP gemm reloads V from there (every V_in_regs config failed the gate); here the dP gemm takes V from the
-    registers, and the struct drops sV, so V_in_regs saves V's tile of shared memory. Unmeasured: not searched."""
-
-    name = "sm120_vregs"
-    searched = False
-    fixes = frozenset({"V_in_regs_wrong_gradients"})
-
-    @classmethod
-    def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
-        total, breakdown = BackwardSm120.smem_bytes(config, problem_class)
-        if not config.V_in_regs:
-            return total, breakdown
-        v = config.n_block_size * padded_head_dim(problem_class.head_dim_v) * BYTES_PER_ELEMENT
-        return total - -(-v // 1024) * 1024, breakdown.replace(f"V {v} + ", "") + ", V in registers"
-
-    def _get_shared_storage_cls(self):
-        if not self.share_QV_smem:
-            return BackwardSm120._get_shared_storage_cls(self)
-
-        def tile(cosize, align, dtype=self.dtype):
-            return cute.struct.Align[cute.struct.MemRange[dtype, cosize], align]
-
-        @cute.struct
-        class SharedStorageQOverV:  # upstream's SharedStorageSharedQV without its unused sV
-            sK: tile(cute.cosize(self.sK_layout), 1024)
-            sQ: tile(max(cute.cosize(self.sQ_layout), cute.cosize(self.sV_layout)), 1024)
-            sdO: tile(cute.cosize(self.sdO_layout), 1024)
-            sLSE: tile(cute.cosize(self.sLSE_layout), 128, cutlass.Float32)
-            sdPsum: tile(cute.cosize(self.sLSE_layout), 128, cutlass.Float32)
-            sP: tile(cute.cosize(self.sPdS_layout), 128)
-            sdS: tile(cute.cosize(self.sPdS_layout), 128)
-
-        return SharedStorageQOverV
-
-    def compute_one_m_block(self, *args, mma_params, **kwargs):
-        if not self.V_in_regs:
-            return BackwardSm120.compute_one_m_block(self, *args, mma_params=mma_params, **kwargs)
-        gemm = ampere_helpers.gemm
-
-        def gemm_v_from_registers(tiled_mma, acc, tCrA, tCrB, *rest, **options):
-            if tCrB is mma_params.tdPrV:  # the dP gemm (a swapped gemm calls this again with V as A)
-                options["B_in_regs"] = True
-            return gemm(tiled_mma, acc, tCrA, tCrB, *rest, **options)
-
-        ampere_helpers.gemm = gemm_v_from_registers  # for this trace only (one thread of a process traces)
-        try:
-            return BackwardSm120.compute_one_m_block(self, *args, mma_params=mma_params, **kwargs)
-        finally:
-            ampere_helpers.gemm = gemm
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,7 @@ def agent(tmp_path_factory):
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
     # experiment.py's classes are registered; the searched one (the 8-warp causal class) adds a `kernel` knob, which
     # a class only upstream's class runs (non-causal) does not get: its studies keep the stored signature
-    assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_vregs": experiment.RegistersVBackwardSm120,
-                                            "sm120_cmask": experiment.CausalAnyWarpsBackwardSm120}
+    assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_cmask": experiment.CausalAnyWarpsBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
     searched = backward_space(backward_kernels(experiment))
     assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask")} and searched.kernel_knobs["sm120"] == ()
@@ -90,8 +89,8 @@ def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_ha
 
 
 def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
-    assert backward_kernels() == {"sm120": BackwardSm120, "sm120_vregs": agent.RegistersVBackwardSm120,
-                                  "sm120_cmask": agent.CausalAnyWarpsBackwardSm120, "sm120_spare": agent.SpareBackwardSm120}
+    assert backward_kernels() == {"sm120": BackwardSm120, "sm120_cmask": agent.CausalAnyWarpsBackwardSm120,
+                                  "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")
     assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_spare") and space.domain["spare_kb"] == (1, 2)

@@ -1,6 +1,6 @@
-"""experiment.py's backward classes (V in registers: "sm120_vregs"; causal with warps along n: "sm120_cmask"; heads
-first, "sm120_heads_first", left the tree on 2026-12-06 as a measured loser: data/2026-12-06-heads-first-backward.patch)
-as twins of
+"""experiment.py's backward class (causal with warps along n: "sm120_cmask"; heads first, "sm120_heads_first", and V in
+registers, "sm120_vregs", left the tree on 2026-12-06 as measured losers: data/2026-12-06-heads-first-backward.patch,
+data/2026-12-06-vregs-backward.patch) as twins of
 the table's backward entries, against those entries and upstream's SM120 default: per backward problem of the suites, the three gated, then timed interleaved in one step
 (fa4tune.harness.steps.measure_step), the list run twice with the order reversed; speedups from the mean medians.
 With --static (no GPU): the sm_120a static facts of each entry and its heads-first twin.
@@ -24,7 +24,6 @@ from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  #
 from fa4tune.suites import load_suite  # noqa: E402
 
 TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
-    "V in registers": lambda b, pc: replace(b, kernel="sm120_vregs", V_in_regs=True),
     "8 warps": lambda b, pc: replace(b, kernel="sm120_cmask", num_threads=256) if pc.causal and CMASK else None,
 }
 NAMES = ("table", *TWINS, "upstream")

@@ -1,0 +1,61 @@
+"""experiment.py's backward class that fixes an upstream bug (issue 44 item 3). sm120_cmask: a causal mask by each
+element's coordinates, so causal S/dP MMAs may put warps along n (8 warps on a 64x64 tile); it is exempt from that
+one rule (`fixes`). (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
+docs/measurements/data/2026-12-06-vregs-backward.patch.)"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import experiment
+from fa4tune.config import BackwardConfig, ProblemClass
+from fa4tune.feasibility import GATE_RULES, check_backward
+from fa4tune.targets import get_target
+
+TARGET = get_target("sm120")
+D128 = ProblemClass(128, 128, False)
+D128_CAUSAL = ProblemClass(128, 128, True)
+EIGHT = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
+                       AtomLayoutNdKV=2, AtomLayoutMdQ=2)  # 8 warps, 4 along m and 2 along n
+
+
+def test_a_class_that_names_an_unknown_rule_is_refused(monkeypatch):
+    assert experiment.CausalAnyWarpsBackwardSm120.fixes <= GATE_RULES
+    monkeypatch.setattr(experiment.CausalAnyWarpsBackwardSm120, "fixes", frozenset({"no_such_rule"}))
+    verdict = check_backward(BackwardConfig(**{**EIGHT.to_dict(), "kernel": "sm120_cmask"}), D128_CAUSAL, TARGET)
+    assert not verdict.ok and verdict.rule == "fixes_known" and "no_such_rule" in verdict.message
+
+
+def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask_s():
+    pc, eight = D128_CAUSAL, EIGHT
+    upstream = check_backward(eight, pc, TARGET)
+    assert not upstream.ok and upstream.rule == "causal_bwd_SdP_warps_along_m"
+    assert check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), pc, TARGET).ok
+    # off causal problems the class is upstream's kernel under another name: refused, so a study never draws it twice
+    noncausal = check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), D128, TARGET)
+    assert not noncausal.ok and noncausal.rule == "cmask_causal_only" and "d128-noncausal-bf16 is not causal" in noncausal.message
+
+
+@pytest.mark.compile
+def test_a_causal_trace_runs_the_coordinate_mask_and_8_warps_spill_nothing():
+    # in a process of its own: the DSL fixes its arch on import
+    script = """
+import os, sys
+os.environ.update(FLASH_ATTENTION_ARCH="sm_120", CUTE_DSL_ARCH="sm_120a", FLASH_ATTENTION_NUM_SMS="132", CUTE_DSL_KEEP="cubin")
+os.environ.pop("FA4TUNE_KERNEL_CACHE", None)
+sys.path.insert(0, ROOT)
+from fa4tune import fake_compile
+from fa4tune.config import BackwardConfig, Problem
+from fa4tune.harness.candidates import load_experiment
+exp = load_experiment(ROOT + "/experiment.py")
+config = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
+                        AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_cmask")  # 8 warps on a d128 causal tile
+facts = fake_compile.compile_shapes(exp, "bwd", config, [Problem(1, 256, 256, 2, 2, 128, 128, True)])
+print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
+print("traced", exp.CoordinateMask.traces)
+""".replace("ROOT", repr(str(Path(experiment.__file__).parent)))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-2:] == ["spills 0 True read", "traced 1"], done.stdout[-500:]
