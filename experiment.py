@@ -138,19 +138,23 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-causal-gqa4-chunked-bf16": replace(TRIMMED, tile_m=64, tile_n=96, Q_in_regs=True),
     "d96-causal-chunked-bf16": TRIMMED,
     "d64-causal-chunked-bf16": replace(TRIMMED, Q_in_regs=True),
+    # fp16: faster than the bf16 entries on the models rows (GQA 4, 5, 7; twin probe): 2026-12-06-h200-table44-and-twins.md
+    "d128-causal-gqa4-fp16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
+    "d64-noncausal-fp16": replace(PREFILL, tile_n=128, kernel="sm120_tma"),
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
                      dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False)
 
 CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  # 8 warps, causal: 2026-12-06-h100-cmask-sweep.md
+CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps along n, causal: 2026-12-06-h200-table44-and-twins.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
     "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True),
     "d96-noncausal-bf16": BWD,
-    "d96-causal-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4),
+    "d96-causal-bf16": CMASK4,
     "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
-    "d64-causal-bf16": replace(BWD, num_stages_dO=2, AtomLayoutMSdP=4),
+    "d64-causal-bf16": CMASK4,
     "d128-causal-gqa4-bf16": CMASK8,
 }
 

@@ -197,7 +197,9 @@ def takes_fa2(step: Step) -> bool:
 
 def fa2_candidate():
     """torch SDPA held to its flash backend (FA2's kernels; its backward is chosen with the forward)."""
+    import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
 
     from fa4tune.harness.candidates import Candidate, sdpa_candidate
 
@@ -205,7 +207,14 @@ def fa2_candidate():
 
     def forward(q, k, v, causal, **packed):
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            return sdpa.forward(q, k, v, causal, **packed)
+            seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+            if not causal or seqlen_q == seqlen_k or packed:
+                return sdpa.forward(q, k, v, causal, **packed)
+            # the gate's causal cases with seqlen_q != seqlen_k: a materialized mask has no flash kernel ("No available
+            # kernel"), SDPA's lower-right causal bias runs FA2's (bottom-right, as FlashAttention's causal)
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                 attn_mask=causal_lower_right(seqlen_q, seqlen_k))
+            return out.transpose(1, 2), None
 
     return Candidate(FA2, forward, {"path": "torch SDPA, SDPBackend.FLASH_ATTENTION (FA2)"})
 

@@ -162,7 +162,9 @@ def test_each_step_says_whether_its_class_runs_its_own_entry_or_a_neighbour_s_an
     bench = load_bench()
     steps = {(s.problem.label, s.direction): s for s in bench.plan(["models"], experiment)}
     assert steps[("llama3-8b prefill 4k bf16", "fwd")].entry == "own"
-    assert steps[("llama3-8b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa4-bf16"  # fp16 <-> bf16
+    assert steps[("llama3-8b prefill 4k fp16", "fwd")].entry == "own"
+    assert steps[("phi3-mini prefill 2k x2 fp16", "fwd")].entry == "fallback d96-causal-bf16"  # fp16 <-> bf16
+    assert steps[("qwen2.5-7b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa4-fp16"  # GQA 7: same dtype
     assert steps[("gemma2-27b prefill 4k bf16", "fwd")].entry.startswith("fallback ")  # GQA 2: the nearest ratio's
     assert {s.entry.split(" ")[0] for s in steps.values()} <= {"own", "fallback", "upstream", "wide"}
     records = [dict(r, entry=e) for rows, e in ((_records("a", "fwd", "prefill", [1.0, 1.0], [1.2, 1.2]), "own"),
@@ -201,3 +203,25 @@ def test_fa2_is_timed_beside_the_two_on_backward_steps_without_gqa_and_the_summa
     assert s["rows"][0]["verdict"] == "wins" and s["over_fa2"] == {}
     bench.print_summary(s, "fake")
     assert "fa2 e bwd: run 1: error: no flash kernel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(5, 9), (64, 64), (1, 33)])
+def test_fa2_runs_the_gate_s_causal_cases_with_fewer_queries_than_keys_bottom_right_aligned(seqlen_q, seqlen_k):
+    """The gate's causal cases with seqlen_q < seqlen_k crashed FA2 on the GPU ("No available kernel": a materialized
+    mask has no CUDA flash kernel; CPU's takes one, so this checks the lower-right causal bias that replaced it: FA's
+    alignment and the gradients)."""
+    import torch
+
+    from fa4tune.harness.gate import causal_mask
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, n, 2, 64, requires_grad=True) for n in (seqlen_q, seqlen_k, seqlen_k))
+    out, lse = load_bench().fa2_candidate().forward(q, k, v, True)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / 8
+    scores = scores.masked_fill(causal_mask(torch.arange(seqlen_q), seqlen_q, seqlen_k, seqlen_k), float("-inf"))
+    expected = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, dim=-1), v)
+    assert lse is None and out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    (dq,) = torch.autograd.grad(out.sum(), q)  # the backward is what --fa2 times
+    (dq_expected,) = torch.autograd.grad(expected.sum(), q)
+    torch.testing.assert_close(dq, dq_expected, atol=1e-4, rtol=1e-4)

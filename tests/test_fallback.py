@@ -89,9 +89,9 @@ def test_the_call_path_passes_over_a_neighbour_whose_config_the_static_rules_ref
 
 
 def test_the_shipped_table_serves_fp16_and_other_gqa_ratios_from_its_bf16_entries():
-    for name, source in [("d128-causal-gqa4-fp16", "d128-causal-gqa4-bf16"), ("d128-causal-gqa7-bf16", "d128-causal-gqa4-bf16"),
+    for name, source in [("d128-causal-fp16", "d128-causal-bf16"), ("d128-causal-gqa7-bf16", "d128-causal-gqa4-bf16"),
                          ("d128-causal-gqa6-decode-bf16", "d128-causal-gqa8-decode-bf16"),
-                         ("d96-causal-chunked-fp16", "d96-causal-chunked-bf16"), ("d64-noncausal-gqa2-fp16", "d64-noncausal-bf16")]:
+                         ("d96-causal-chunked-fp16", "d96-causal-chunked-bf16"), ("d64-noncausal-gqa2-fp16", "d64-noncausal-fp16")]:
         pc = ProblemClass.parse(name)
         assert experiment.TABLES.resolution("fwd", pc).source == source, name
         assert experiment.forward_config(pc) is experiment.FORWARD_DISPATCH[source]
@@ -119,7 +119,7 @@ def test_experiment_py_s_run_says_which_classes_run_a_fallback():
     lines = fallback_lines(experiment, load_suite("models"))
     assert "fallback fwd: d128-causal-gqa7-bf16 runs d128-causal-gqa4-bf16's entry (nearest GQA ratio 4)" in lines
     assert "fallback bwd: d128-causal-gqa7-bf16 runs d128-causal-gqa4-bf16's entry (nearest GQA ratio 4)" in lines
-    assert "fallback fwd: d64-noncausal-fp16 runs d64-noncausal-bf16's entry (bf16 for fp16)" in lines
+    assert "fallback fwd: d96-causal-fp16 runs d96-causal-bf16's entry (bf16 for fp16)" in lines
     assert all(line.startswith(("fallback fwd: ", "fallback bwd: ", "wide fwd: d256-")) for line in lines)
     chunked = fallback_lines(experiment, load_suite("chunked"))
     assert "fallback bwd: d128-causal-chunked-bf16 runs d128-causal-bf16's entry (prefill class)" in chunked

@@ -797,7 +797,7 @@ def reference_attention(q, k, v, softmax_scale, causal, qh_per_kvh=1):
     s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * softmax_scale
     if causal:  # bottom-right aligned, as FA
         sq, sk = q.shape[1], k.shape[1]
-        mask = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(diagonal=sk - sq)
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
     out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), v.float())
