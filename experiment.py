@@ -19,14 +19,11 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
-from dataclasses import dataclass, fields, replace
-from functools import partial
+from dataclasses import replace
 from types import SimpleNamespace
-from typing import ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from flash_attn.cute.mask import AttentionMask
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
@@ -42,51 +39,6 @@ from kernels.backward_sm120 import BackwardSm120
 # Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CoordinateMask(AttentionMask):
-    """Upstream's mask, its causal part from each element's own row and column: upstream's R2P bit trick assumes a
-    thread's columns step by 8 (0, 1, 8, 9, ...), which holds only with every warp of the S/dP MMA along m."""
-
-    traces: ClassVar[int] = 0  # causal traces in this process (tests read it)
-
-    @cute.jit
-    def apply_mask(self, acc_S, batch_idx, head_idx, m_block, n_block, thr_mma, mask_seqlen, mask_causal,
-                   mask_local=False, **options):
-        if cutlass.const_expr(not mask_causal or self.swap_AB):
-            AttentionMask.apply_mask(self, acc_S, batch_idx, head_idx, m_block, n_block, thr_mma, mask_seqlen,
-                                     mask_causal, mask_local, **options)
-        else:
-            CoordinateMask.traces += 1
-            coords = thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-            for i in cutlass.range_constexpr(cute.size(acc_S)):
-                row, col = m_block * self.tile_m + coords[i][0], n_block * self.tile_n + coords[i][1]
-                limit = cutlass.min(row + 1 + self.seqlen_k - self.seqlen_q, self.seqlen_k)  # causal, and in seqlen_k
-                acc_S[i] = acc_S[i] if col < limit else -cutlass.Float32.inf
-
-
-class CausalAnyWarpsBackwardSm120(BackwardSm120):
-    """Upstream's backward with CoordinateMask: causal S/dP MMAs may put warps along n (upstream's failed the gate
-    on every such config), e.g. 8 warps on a 64x64 causal tile: the causal entries (2026-12-06-h100-cmask-sweep.md);
-    searched on causal classes (a `kernel` knob in their backward studies)."""
-
-    name = "sm120_cmask"
-    fixes = frozenset({"causal_bwd_SdP_warps_along_m"})
-
-    @classmethod
-    def can_implement(cls, config, problem_class, target):
-        if not problem_class.causal:  # the coordinate mask changes causal tiles only: the same kernel as upstream's
-            return Verdict(False, "cmask_causal_only", f"kernel={cls.name!r} differs from 'sm120' on causal problems "
-                           f"only, and {problem_class.name} is not causal: run kernel='sm120'")
-        return OK
-
-    def compute_one_m_block(self, *args, mask_fn=None, **kwargs):
-        if mask_fn is not None:  # partial(AttentionMask(...).apply_mask, ...): the same mask, our class
-            mask = mask_fn.func.__self__
-            ours = CoordinateMask(*(getattr(mask, f.name) for f in fields(mask)))
-            mask_fn = partial(ours.apply_mask, *mask_fn.args, **mask_fn.keywords)
-        return BackwardSm120.compute_one_m_block(self, *args, mask_fn=mask_fn, **kwargs)
 
 
 def kernel_class(config) -> type:

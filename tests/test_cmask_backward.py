@@ -1,6 +1,6 @@
-"""experiment.py's backward class that fixes an upstream bug (issue 44 item 3). sm120_cmask: a causal mask by each
-element's coordinates, so causal S/dP MMAs may put warps along n (8 warps on a 64x64 tile); it is exempt from that
-one rule (`fixes`). (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
+"""The backward class that fixes an upstream bug (issue 44 item 3; kernels/cmask_backward_sm120.py). sm120_cmask: a
+causal mask by each element's coordinates, so causal S/dP MMAs may put warps along n (8 warps on a 64x64 tile); it is
+exempt from that one rule (`fixes`). (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
 docs/measurements/data/2026-12-06-vregs-backward.patch.)"""
 
 import subprocess
@@ -13,6 +13,7 @@ import experiment
 from fa4tune.config import BackwardConfig, ProblemClass
 from fa4tune.feasibility import GATE_RULES, check_backward
 from fa4tune.targets import get_target
+from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 
 TARGET = get_target("sm120")
 D128 = ProblemClass(128, 128, False)
@@ -22,8 +23,8 @@ EIGHT = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_thr
 
 
 def test_a_class_that_names_an_unknown_rule_is_refused(monkeypatch):
-    assert experiment.CausalAnyWarpsBackwardSm120.fixes <= GATE_RULES
-    monkeypatch.setattr(experiment.CausalAnyWarpsBackwardSm120, "fixes", frozenset({"no_such_rule"}))
+    assert CausalAnyWarpsBackwardSm120.fixes <= GATE_RULES
+    monkeypatch.setattr(CausalAnyWarpsBackwardSm120, "fixes", frozenset({"no_such_rule"}))
     verdict = check_backward(BackwardConfig(**{**EIGHT.to_dict(), "kernel": "sm120_cmask"}), D128_CAUSAL, TARGET)
     assert not verdict.ok and verdict.rule == "fixes_known" and "no_such_rule" in verdict.message
 
@@ -54,7 +55,8 @@ config = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_th
                         AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_cmask")  # 8 warps on a d128 causal tile
 facts = fake_compile.compile_shapes(exp, "bwd", config, [Problem(1, 256, 256, 2, 2, 128, 128, True)])
 print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
-print("traced", exp.CoordinateMask.traces)
+from kernels.cmask_backward_sm120 import CoordinateMask
+print("traced", CoordinateMask.traces)
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
