@@ -50,6 +50,18 @@ def counting_compile(*args, **kwargs):
 
 interface.cute.compile = counting_compile
 
+from flash_attn.cute import mask as mask_module  # noqa: E402
+
+r2p_verdicts = []  # what the fixed mask's column check answered while the kernels traced (a patch with the fix)
+if hasattr(mask_module, "r2p_columns_ordered"):
+    _ordered = mask_module.r2p_columns_ordered
+
+    def recording_ordered(t0ScS_mn):
+        r2p_verdicts.append(_ordered(t0ScS_mn))
+        return r2p_verdicts[-1]
+
+    mask_module.r2p_columns_ordered = recording_ordered
+
 report = []
 for job in json.loads(sys.stdin.read()):
     s, hd, gqa = 512, job["head_dim"], job["qhead_per_kvhead"]
@@ -66,7 +78,7 @@ for job in json.loads(sys.stdin.read()):
         cfg = interface._tile_size_bwd_sm120(hd, hd, job["causal"], False, gqa)
         report.append({"job": job, "config": {n: getattr(cfg, n) for n in BWD_ATTRS}})
         continue
-    before, compiled_before = len(postprocess), len(compiled)
+    before, compiled_before, verdicts_before = len(postprocess), len(compiled), len(r2p_verdicts)
     with FakeTensorMode():
         q = torch.empty(1, s, 2 * gqa, hd, dtype=torch.bfloat16, device="cuda")
         kv = torch.empty(1, s, 2, hd, dtype=torch.bfloat16, device="cuda")
@@ -78,7 +90,8 @@ for job in json.loads(sys.stdin.read()):
             interface._flash_attn_bwd(q, kv, kv, q, q, lse, causal=job["causal"])
             names = BWD_ATTRS
     kernel = built[-1]
-    entry = {"job": job, "kernel": {n: getattr(kernel, n) for n in names if hasattr(kernel, n)}, "compiled": compiled[compiled_before:]}
+    entry = {"job": job, "kernel": {n: getattr(kernel, n) for n in names if hasattr(kernel, n)}, "compiled": compiled[compiled_before:],
+             "r2p_columns_ordered": r2p_verdicts[verdicts_before:]}
     if job["kind"] == "bwd":
         entry["postprocess_threads"] = sorted({p.num_threads for p in postprocess[before:]})
     report.append(entry)

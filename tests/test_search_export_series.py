@@ -30,12 +30,14 @@ SERIES = ["0001-sm120-configs", "0002-sm120-splitkv-decode", "0003-sm120-tma-for
 CHROMIUM = any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome"))  # .ci/run installs chromium
 
 
-STORAGES = ("2026-12-01-standard-study", "2026-12-03-decode-classes-study", "2026-12-03-decode-causal-study")
+STORAGES = ("2026-12-01-standard-study", "2026-12-06-h200-bwd-cmask", "2026-12-03-decode-classes-study",
+            "2026-12-03-decode-causal-study")
 
 
 def shipped_storages(tmp: Path) -> list[str]:
-    """The standard study's storage, then the decode-classes and decode-causal studies' (a later storage's study
-    replaces the standard study's decode studies of the same name)."""
+    """The standard study's storage, then the causal d128 backward study that drew the coordinate-mask class, the
+    decode-classes and decode-causal studies' (a later storage's study replaces the standard study's of the same
+    name), as docs/measurements/data/2026-12-06-upstream-series-make.sh reads them."""
     urls = []
     for name in STORAGES:
         db = tmp / f"{name}.db"
@@ -93,10 +95,16 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
         done = _apply(checkout, out / f"{stem}.patch")
         assert done.returncode == 0, (stem, done.stderr)
     for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_splitkv.py", "flash_attn/cute/flash_fwd_sm120_tma.py",
-                 "tests/cute/test_flash_attn_sm120_splitkv.py", "tests/cute/test_flash_attn_sm120_tma.py"):
+                 "tests/cute/test_flash_attn_sm120_splitkv.py", "tests/cute/test_flash_attn_sm120_tma.py",
+                 "flash_attn/cute/mask.py", "tests/cute/test_mask_r2p_columns.py"):
         compile((checkout / path).read_text(), path, "exec")
     interface = (checkout / "flash_attn/cute/interface.py").read_text()
     assert "(FlashAttentionForwardSm120SplitKV if use_split_kv else (FlashAttentionForwardSm120Tma if use_tma else" in interface
+    # the causal d128 backward winner runs the coordinate-mask class: patch 1 carries upstream's mask fixed for it
+    patch1 = (out / f"{SERIES[0]}.patch").read_text()
+    assert "diff --git a/flash_attn/cute/mask.py b/flash_attn/cute/mask.py" in patch1 and "Fixed: flash_attn/cute/mask.py." in patch1
+    assert "num_stages_Q=2, num_stages_dO=1, num_threads=256," in patch1
+    assert "flash_attn/cute/mask.py" not in (out / f"{SERIES[1]}.patch").read_text() + (out / f"{SERIES[2]}.patch").read_text()
     # the carried split-KV file is our class's source, cut as the TMA class's is
     assert (checkout / carry.SPLITKV.upstream_path).read_text() == carry.upstream_source(carry.SPLITKV)
 

@@ -32,6 +32,7 @@ from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
                                      _replace_once, bwd_knobs_from, fwd_constructor)
 from fa4tune.targets import TARGETS
+from search.reviewing import mask_fix
 from search.reviewing.carry import SPLITKV, CarriedClass, carried, upstream_source, upstream_test
 from search.reviewing.evidence import StudyEvidence, load_studies, mode_sentence
 from search.space import get_space
@@ -147,7 +148,9 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r}; "
                                       "--upstream-kernels-only exports the best trial of upstream's kernel instead")
         forward = isinstance(config, ForwardConfig)
-        if not forward or (carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode")):
+        if not forward and config.kernel == mask_fix.KERNEL:
+            pass  # upstream's backward once mask.py is fixed: the patch carries the fix (mask_fix.files)
+        elif not forward or (carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode")):
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
                                       f"({_where(config)}), fa4-tune's own class, which the patch cannot carry")
     if w.evaluator == "replay" and not allow_replay:
@@ -678,6 +681,19 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
             f"up to 1024 B) to the shared memory and states its rules. {c.test_path} checks can_implement anywhere "
             f"and the outputs against attention_ref on SM120. Entries that use it: {users}."
         )
+    if mask_fix.needed(winners):
+        users = ", ".join(w.study.problem_class.name for w in winners if w.changed and w.config.kernel == mask_fix.KERNEL)
+        lines += [""] + _wrap(
+            f"Fixed: {mask_fix.PATH}. AttentionMask.apply_mask masks a row with the R2P trick, whose bit index "
+            "(sm90_col_to_r2p_idx) assumes a thread's accumulator columns at 0, 1, 8, 9, 16, 17, ...: true with one "
+            f"warp of the MMA along n. The backward entries of {users} put the S/dP MMA's warps along n "
+            "(AtomLayoutMSdP below the warp count), where the columns step by 8 x warps along n and the causal mask "
+            "cut the wrong ones (every such causal config failed the gate on dQ: 187 of 187 in fa4-tune's sweep). "
+            "R2P now applies only where thread 0's columns are in that order (r2p_columns_ordered, known when the "
+            "kernel is traced), else the masks traverse the columns as the code beside it already did; every config "
+            f"upstream ran before keeps R2P. {mask_fix.TEST_PATH} checks the order for tiled MMAs with warps along m "
+            "and along n. (fa4-tune measured these entries with a coordinate mask of its own, the same rule.)"
+        )
     lines += ["", "Base", ""] + _wrap(
         f"Made against flash-attn-4 {PINNED_FLASH_ATTN_VERSION} (tag {UPSTREAM_TAG}"
         + (f", commit {UPSTREAM_COMMIT}" if UPSTREAM_COMMIT else "")
@@ -786,5 +802,5 @@ def patch_files(winners: list[Winner], old_interface: str) -> list[tuple[str, st
     files = [(UPSTREAM_PATH, old_interface, patch_interface(old_interface, winners))]
     for c in carried_classes(winners):
         files += [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
-    return files
+    return files + mask_fix.files(winners)
 

@@ -5,6 +5,7 @@ The data flows one way: this module reads export's winners and patch, export nev
 from __future__ import annotations
 
 from search.reviewing import export as exporter
+from search.reviewing import mask_fix
 from search.reviewing.export import (Winner, _class_of, _evidence_table, _gate_summary, _knobs, _measured, carried_classes,
                                      caveat)
 
@@ -115,6 +116,10 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
             lines.append(f"- `{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
                          "(`_tile_size_fwd_sm120`, `Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed "
                          "to the kernels and into the compile key; the backward postprocess uses the main kernel's threads.")
+        elif path == mask_fix.PATH:
+            lines.append(f"- {mask_fix.CHANGE}")
+        elif path == mask_fix.TEST_PATH:
+            lines.append(f"- {mask_fix.TEST_CHANGE}")
         elif old is None and path.startswith("tests/"):
             lines.append(f"- `{path}` (new): `can_implement` cases anywhere, outputs against `attention_ref` on SM120.")
         elif old is None:

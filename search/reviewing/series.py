@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from fa4tune.config import DECODE_MAX_SEQLEN_Q, ConfigError
 from fa4tune.sm120_interface import UpstreamMismatch, _replace_once, fwd_constructor
 from search.reviewing import export as exporter
+from search.reviewing import mask_fix
 from search.reviewing.carry import SPLITKV, TMA, upstream_source, upstream_test
 from search.reviewing.export import Winner, is_split_kv
 
@@ -150,10 +151,11 @@ def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
         stage3 = _apply(stage3, split_kv_edits(decode, tma=bool(tma)))
     path = exporter.UPSTREAM_PATH
     patches = [SeriesPatch(
-        "sm120-configs", SUBJECTS["configs"], configs, [(path, pristine, stage1)], [], [
+        "sm120-configs", SUBJECTS["configs"], configs, [(path, pristine, stage1)] + mask_fix.files(configs), [], [
             f"`{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) (`_tile_size_fwd_sm120`, "
             "`Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed to the kernels and into the compile key; "
-            "the backward postprocess uses the main kernel's threads."])]
+            "the backward postprocess uses the main kernel's threads."]
+        + ([mask_fix.CHANGE, mask_fix.TEST_CHANGE] if mask_fix.needed(configs) else []))]
     if decode:
         patches.append(SeriesPatch(
             "sm120-splitkv-decode", SUBJECTS["splitkv"], decode,
