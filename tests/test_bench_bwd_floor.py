@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
+
+import pytest
 
 from bench import bwd_floor
 from fa4tune.config import Problem
@@ -58,3 +61,49 @@ def test_the_table_reads_a_table_run_and_puts_each_time_against_its_floor(capsys
     assert abs(float(cells[8].split("(")[1].rstrip("x)")) - table_ms / floor_ms) < 0.01
     backward = [p.name for p in load_suite("standard") if p.backward]
     assert [line.split(" | ")[0].lstrip("| ") for line in out if line.startswith("| ") and "problem" not in line] == backward
+
+
+def test_a_gemm_s_shared_reads_are_the_distinct_elements_its_warps_fragments_hold():
+    """The formula against the CuTe DSL's own tiled MMAs (tests/mma_fragments_probe.py traces them on the CPU)."""
+    import json
+    import subprocess
+    import sys
+
+    cases = [[64, 64, 16, 4, 1], [64, 64, 16, 2, 2], [64, 64, 16, 4, 2], [32, 64, 16, 2, 4], [64, 32, 16, 4, 2]]
+    done = subprocess.run([sys.executable, str(ROOT / "tests/mma_fragments_probe.py"), json.dumps(cases)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    traced = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("FRAGMENTS "))[len("FRAGMENTS "):])
+    assert traced == [bwd_floor.gemm_shared_reads(*case) for case in cases]
+
+
+def test_shared_reads_per_pair_for_upstream_s_config_and_the_table_s():
+    from fa4tune.config import BackwardConfig, ProblemClass
+    from fa4tune.defaults import upstream_backward
+
+    kb = 1024
+    # upstream's d128: S and dP 4 x 1 warps (80 KB each), dV, dK, dQ 4 x 1 (72 KB each)
+    assert bwd_floor.shared_reads(upstream_backward(ProblemClass(128, 128, True)), 128, 128) == 376 * kb
+    eight = BackwardConfig(num_threads=256, AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, dQ_swapAB=True)
+    assert bwd_floor.shared_reads(eight, 128, 128) == 384 * kb  # 4 x 2 warps: more warps, as many bytes
+    two_by_two = BackwardConfig(AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2)
+    assert bwd_floor.shared_reads(two_by_two, 64, 64) == 160 * kb  # 2 x 2 warps at d64 (the CMASK4 entries)
+    # upstream keeps P and dS in registers for dV and dK only with swapped S/dP, 1 x 4 warps and dKV 4 x 1
+    rs = BackwardConfig(SdP_swapAB=True, AtomLayoutMSdP=1, AtomLayoutNdKV=4)
+    # dV and dK each skip reading their A operand (P^T, dS^T: 64 x 64, one slice per warp)
+    assert bwd_floor.shared_reads(rs, 128, 128) == bwd_floor.shared_reads(replace(rs, SdP_swapAB=False), 128, 128) - 2 * 64 * 64 * 2
+    with pytest.raises(ValueError, match="mma_tile"):
+        bwd_floor.gemm_shared_reads(64, 32, 16, 1, 4)
+
+
+def test_the_shared_table_puts_each_problem_s_config_against_its_floors(capsys):
+    log = ROOT / "docs/measurements/logs/2026-12-06-h200-table44-d128-8k.log"
+    assert bwd_floor.main(["--shared", "--table", "--measured", str(log)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("# backward shared-memory floors on h200: 132 SMs x 128 B/clock at 1.98 GHz")
+    row = next(line for line in out if line.startswith("| b1 s8192 h16 d128 causal |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "sm120_cmask 64x64 t256 4/2/2" and cells[2] == "384"
+    pairs = 16 * 128 * 129 // 2
+    assert float(cells[4]) == pytest.approx(pairs * 384 * 1024 / (132 * 128 * 1.98e9) * 1e3, abs=1e-3)
+    assert cells[6].startswith("2.58")  # the log's median table time, 2.5805 and 2.5869 ms
