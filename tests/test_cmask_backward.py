@@ -39,6 +39,18 @@ def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask
     assert not noncausal.ok and noncausal.rule == "cmask_causal_only" and "d128-noncausal-bf16 is not causal" in noncausal.message
 
 
+def test_the_k_in_registers_twin_routes_only_the_dq_gemm_and_restores_upstream_s_helpers():
+    from flash_attn.cute import ampere_helpers, flash_bwd
+
+    calls = []
+    helpers = type("Helpers", (), {"gemm": lambda self, *a, **k: calls.append((a[3], k)), "other": 7})()
+    proxy = experiment._DQFromRegisters(helpers, tdQrK="K fragment", first=True)
+    proxy.gemm("mma", "acc", "dS", "Q fragment", "sA", "sB", "copyA", "copyB", swap_AB=True)
+    assert calls == [("Q fragment", {"A_in_regs": False, "B_in_regs": False, "swap_AB": True})] and proxy.other == 7
+    assert experiment.KRegsBackwardSm120.searched is False and flash_bwd.sm80_utils is ampere_helpers
+    assert check_backward(BackwardConfig(**{**EIGHT.to_dict(), "kernel": "sm120_cmask_kregs"}), D128_CAUSAL, TARGET).ok
+
+
 @pytest.mark.compile
 def test_a_causal_trace_runs_the_coordinate_mask_and_8_warps_spill_nothing():
     # in a process of its own: the DSL fixes its arch on import
@@ -53,11 +65,13 @@ from fa4tune.harness.candidates import load_experiment
 exp = load_experiment(ROOT + "/experiment.py")
 config = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
                         AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_cmask")  # 8 warps on a d128 causal tile
-facts = fake_compile.compile_shapes(exp, "bwd", config, [Problem(1, 256, 256, 2, 2, 128, 128, True)])
-print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
+from dataclasses import replace
+for kernel in ("sm120_cmask", "sm120_cmask_kregs"):  # the second keeps K in registers for dQ: one gemm routed
+    facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
+    print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
 from kernels.cmask_backward_sm120 import CoordinateMask
-print("traced", CoordinateMask.traces)
+print("traced", CoordinateMask.traces, "routed", exp._DQFromRegisters.routed)
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-2:] == ["spills 0 True read", "traced 1"], done.stdout[-500:]
+    assert done.stdout.splitlines()[-3:] == ["spills 0 True read"] * 2 + ["traced 2 routed 1"], done.stdout[-500:]

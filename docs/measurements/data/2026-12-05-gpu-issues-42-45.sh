@@ -10,8 +10,8 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
-#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin classes vs the table's entries and upstream
-#                                                   (ONLY="gqa prefill,d64,d96" for the rest of the standard suite)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin class (K in registers for dQ)
+#                                                   vs the table's coordinate-mask entries and upstream, the causal problems
 #   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
@@ -58,8 +58,8 @@ for step in "$@"; do
       timeout 420 python3 bench/gpu_twins.py --part timing --suites models --only fp16 --runs 2 > "$OUT/fp16twins.log" 2>&1
       echo "fp16twins rc $?"; tail -40 "$OUT/fp16twins.log" ;;
     twins|headsfirst)
-      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard} --cmask \
-        --only "${ONLY:-b1 s8192 h16 d128,b2 s4096 h16 d128}" > "$OUT/headsfirst.log" 2>&1
+      timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard} \
+        --only "${ONLY:-causal,gqa prefill}" > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     table44)
       timeout ${TABLE_TIMEOUT:-540} python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --direction bwd --only "${ONLY:-}" --out "$OUT/table44.jsonl" \

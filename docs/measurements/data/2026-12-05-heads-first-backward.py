@@ -1,9 +1,10 @@
-"""experiment.py's backward class (causal with warps along n: "sm120_cmask"; heads first, "sm120_heads_first", and V in
-registers, "sm120_vregs", left the tree on 2026-12-06 as measured losers: data/2026-12-06-heads-first-backward.patch,
-data/2026-12-06-vregs-backward.patch) as twins of
-the table's backward entries, against those entries and upstream's SM120 default: per backward problem of the suites, the three gated, then timed interleaved in one step
-(fa4tune.harness.steps.measure_step), the list run twice with the order reversed; speedups from the mean medians.
-With --static (no GPU): the sm_120a static facts of each entry and its heads-first twin.
+"""experiment.py's backward twin classes against the table's backward entries and upstream's SM120 default: per backward
+problem of the suites, the three gated, then timed interleaved in one step (fa4tune.harness.steps.measure_step), the
+list run twice with the order reversed; speedups from the mean medians. With --static (no GPU): the sm_120a static
+facts of each entry and its twin. The twin since 2026-12-06: K kept in registers for the dQ gemm
+("sm120_cmask_kregs"), a twin of each coordinate-mask entry. Earlier twins, measured losers that left the tree: heads
+first (data/2026-12-06-heads-first-backward.patch), V in registers (data/2026-12-06-vregs-backward.patch); the
+8-warp coordinate-mask twin became the causal d128 entries.
 
     uv run python docs/measurements/data/2026-12-05-heads-first-backward.py --static
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 docs/measurements/data/2026-12-05-heads-first-backward.py
@@ -24,10 +25,9 @@ from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  #
 from fa4tune.suites import load_suite  # noqa: E402
 
 TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
-    "8 warps": lambda b, pc: replace(b, kernel="sm120_cmask", num_threads=256) if pc.causal and CMASK else None,
+    "K in registers": lambda b, pc: replace(b, kernel="sm120_cmask_kregs") if b.kernel == "sm120_cmask" else None,
 }
 NAMES = ("table", *TWINS, "upstream")
-CMASK = "--cmask" in sys.argv  # the coordinate-mask twin failed the gate on dQ (2026-12-05 H100 run): opt-in
 
 
 def cases(experiment, suites):
@@ -64,7 +64,6 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--suites", default="standard,generalization")
     parser.add_argument("--static", action="store_true")
-    parser.add_argument("--cmask", action="store_true", help="add the coordinate-mask 8-warp twin (fails the gate)")
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--only", default="", help="comma-separated substrings: the problems whose label has one")
     args = parser.parse_args()
