@@ -40,7 +40,8 @@ from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 # `name` (the config's `kernel` value that selects it), `knobs` (its own constructor knobs and their domains),
 # `limits`, `smem_bytes` and `can_implement`. Forward: subclass kernels.tuned_forward_sm120.TunedForwardSm120
 # (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or kernels.splitkv_forward_sm120.SplitKvForwardSm120.
-# Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120"). Override what you change; every
+# Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120") or kernels.cmask_backward_sm120
+# .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n allowed). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
 
@@ -155,7 +156,7 @@ BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stage
                      dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False)
 
 CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  # 8 warps, causal: 2026-12-06-h100-cmask-sweep.md
-CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps along n, causal: 2026-12-06-h200-table44-and-twins.md
+CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps 2 x 2, causal: 2026-12-06-h200-table44-and-twins.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
     "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True),
