@@ -145,6 +145,13 @@ def measured_times(log: Path) -> dict[str, tuple[float, float]]:
     return {name: (statistics.median(t), statistics.median(u)) for name, (t, u) in found.items()}
 
 
+def _header(suite: str, head: str):
+    """Prints a markdown table's head; yields the suite's backward problems."""
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    yield from (p for p in load_suite(suite) if p.backward)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="standard")
@@ -161,14 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     times = {k: v for log in args.measured or [] for k, v in measured_times(log).items()}
     print(f"# backward floors on {args.device}: {tflops:g} TFLOPS mma.sync, {bandwidth:g} TB/s ({source}); "
           f"blocks {args.m_block}x{args.n_block}")
-    head = "| problem | GFLOP | tile pairs | HBM MB | L2 loads MB | fp32 atomics M | tensor floor ms | HBM floor ms |"
-    if times:
-        head += " table ms (x floor) | upstream ms (x floor) |"
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for problem in load_suite(args.suite):
-        if not problem.backward:
-            continue
+    for problem in _header(args.suite, "| problem | GFLOP | tile pairs | HBM MB | L2 loads MB | fp32 atomics M | tensor floor ms | "
+                           "HBM floor ms |" + (" table ms (x floor) | upstream ms (x floor) |" if times else "")):
         f = floor(problem, args.m_block, args.n_block)
         row = (f"| {problem.name} | {f.flops / 1e9:.0f} | {f.pairs} | {f.hbm_bytes / 1e6:.0f} | {f.l2_load_bytes / 1e6:.0f} | "
                f"{f.atomics / 1e6:.1f} | {f.tensor_ms(tflops):.3f} | {f.hbm_ms(bandwidth):.3f} |")
@@ -193,14 +194,8 @@ def shared_table(args) -> int:
     sms, ghz = SHARED[args.device]
     print(f"# backward shared-memory floors on {args.device}: {sms} SMs x {SHARED_BYTES_PER_CLOCK} B/clock at {ghz:g} GHz; "
           f"tensor floor at {tflops:g} TFLOPS; configs: {'the dispatch table' if table else 'upstream defaults'}")
-    head = "| problem | config | shared KB per pair | B per kFLOP | shared floor ms | tensor floor ms |"
-    if times:
-        head += " log's ms (x shared floor) |"
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for problem in load_suite(args.suite):
-        if not problem.backward:
-            continue
+    for problem in _header(args.suite, "| problem | config | shared KB per pair | B per kFLOP | shared floor ms | tensor floor ms |"
+                           + (" log's ms (x shared floor) |" if times else "")):
         pc = problem.problem_class
         config = table.backward_config(pc) if table else upstream_backward(pc)
         per_pair = shared_reads(config, problem.head_dim, problem.head_dim_v)
