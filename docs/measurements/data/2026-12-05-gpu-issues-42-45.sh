@@ -59,7 +59,7 @@ for step in "$@"; do
       echo "fp16twins rc $?"; tail -40 "$OUT/fp16twins.log" ;;
     twins|headsfirst)
       timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard} \
-        --only "${ONLY:-causal,gqa prefill 2k,gqa prefill 8k}" > "$OUT/headsfirst.log" 2>        --only "${ONLY:-causal,gqa prefill}" > "$OUT/headsfirst.log" 2>&11
+        --only "${ONLY:-causal,gqa prefill 2k,gqa prefill 8k}" > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
     table44)
       timeout ${TABLE_TIMEOUT:-540} python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --direction bwd --only "${ONLY:-}" --out "$OUT/table44.jsonl" \
