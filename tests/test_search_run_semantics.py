@@ -245,3 +245,33 @@ def test_a_fault_a_hang_and_a_wrong_result_are_recorded_with_their_reasons_and_n
     assert len(evaluator.faulted) == 3
     rows = results_tsv.read_rows(path).rows
     assert len(rows) == len(trials) and {row.status for row in rows} >= {"crash", "timeout", "incorrect", "ok"}
+
+
+class _RefusedSampler(optuna.samplers.BaseSampler):
+    """A sampler stuck on one config the rules refuse (each knob's largest value): TPE did this on the causal
+    backward spaces, where most of the space is refused (2026-12-06-h100-models-twins-varlen.md)."""
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, name, distribution):
+        return distribution.choices[-1] if hasattr(distribution, "choices") else distribution.high
+
+
+def test_a_sampler_stuck_on_refused_configs_gives_way_to_exploring_and_the_budget_is_spent(tmp_path):
+    s = spec()
+    study = open_study(optuna.storages.InMemoryStorage(), s, _RefusedSampler())
+    loop = StudyLoop(study, s, ReplayEvaluator(load_table(str(write_table(tmp_path)))), "tpe", [], FixedRatio({"tpe": 1.0}),
+                     LoopSettings(n_trials=8, confirmations=0, max_stall=12, results_path=None), Recorder(), StopFlag())
+    refused = loop.space.config({n: _RefusedSampler().sample_independent(None, None, n, d) for n, d in loop.distributions.items()})
+    assert not loop.space.check(refused, s.problem_class, s.target)  # the stuck sampler's config is infeasible
+    outcome = loop.run()
+    history = records(loop.study)
+    assert outcome.evaluated == 8 == evaluated_count(history)  # not stopped by the stall rule
+    proposers = [r.proposer for r in history if r.evaluated]
+    assert "explore" in proposers and all(p in ("baseline", "explore", "tpe", "transfer", "incumbent") for p in proposers)
+    infeasible_runs = max(len(run) for run in "".join("x" if r.status == "infeasible" else "." for r in history).split("."))
+    assert infeasible_runs <= 2  # at most max_repeats refused proposals before an explore turn

@@ -116,3 +116,25 @@ def test_each_sequence_s_reference_is_cached_on_its_own_and_served_again():
         result = gate.gate_forward(per_sequence, q, k, v, True, seed=2, references=cache, lengths=LENGTHS)
         assert result.passed, result.reason
         assert len(cache) == len(LENGTHS)  # one entry per sequence, the second pass served from them
+
+
+def test_the_sdpa_baseline_reads_a_packed_calls_offsets_to_the_host_once():
+    # each timed call's device-to-host copy made the timing refuse the SDPA varlen rows (and the upstream rows
+    # interleaved with them): 2026-12-06-h100-models-twins-varlen.md
+    from torch.overrides import TorchFunctionMode
+
+    class Reads(TorchFunctionMode):
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            Reads.count += getattr(func, "__name__", "") == "tolist"
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = gate.random_inputs(PACKED, 1, "cpu", count=3)
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    forward = candidates.sdpa_candidate().forward
+    with Reads():
+        first = forward(q, k, v, True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(LENGTHS), max_seqlen_k=max(LENGTHS))
+        for _ in range(3):
+            again = forward(q, k, v, True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(LENGTHS), max_seqlen_k=max(LENGTHS))
+    assert Reads.count == 1 and torch.equal(first[0], again[0])

@@ -80,7 +80,7 @@ class LoopSettings:
     tolerance: float = 0.05  # a confirmation may be this much slower than the original and still confirm
     baseline: bool = True  # measure upstream's default config first
     max_stall: int = 60  # stop after this many trials in a row that measured nothing new
-    max_repeats: int = 2  # after this many sampler proposals in a row of measured configs, explore instead
+    max_repeats: int = 2  # after this many sampler proposals in a row of measured or infeasible configs, explore
     pass_cooldown: int = 2  # trials a proposer sits out after passing a turn
     prune_factor: float = DEFAULT_FACTOR  # a config this much slower than the best is pruned (0: never)
     results_path: str | None = None  # results.tsv; None: no rows
@@ -152,7 +152,7 @@ class StudyLoop:
         self.storage = study._storage
         self.cooldown_until: dict[str, int] = {}
         self.trials_run = 0
-        self.repeats = 0  # sampler proposals in a row that were already measured
+        self.repeats = 0  # sampler proposals in a row that were already measured or infeasible
         self.exhausted = False
         self.announces = True  # says the study's stop (run_study: the first slot only)
         self.rng = random.Random(f"{spec.name}:{len(study.trials)}:{worker_id}")
@@ -271,7 +271,11 @@ class StudyLoop:
             if r is None:
                 continue
             stall = 0 if r.evaluated else stall + 1
-            self.repeats = self.repeats + 1 if r.duplicate_of is not None and r.proposer == self.sampler_name else 0
+            # a sampler proposal that measured nothing (a copy, or a config the rules refuse) counts toward exploring:
+            # TPE on a space mostly refused by the rules re-proposed refused configs until the stall stop
+            # (2026-12-06-h100-models-twins-varlen.md: 5 configs evaluated of 30 in a causal backward study)
+            wasted = r.duplicate_of is not None or r.status == "infeasible"
+            self.repeats = self.repeats + 1 if wasted and r.proposer == self.sampler_name else 0
 
     # -- turns -------------------------------------------------------------------------------
 
@@ -341,7 +345,8 @@ class StudyLoop:
         if config is None:
             self.exhausted = True
         else:
-            why = f"{self.sampler_name} proposed {self.repeats} measured configs in a row: a random unmeasured feasible config instead"
+            why = (f"{self.sampler_name} proposed {self.repeats} measured or infeasible configs in a row: a random unmeasured "
+                   "feasible config instead")
             self.study.enqueue_trial(self.space.params(config), user_attrs={schema.PROPOSER: EXPLORE, schema.RATIONALE: why})
         self.repeats = 0
 

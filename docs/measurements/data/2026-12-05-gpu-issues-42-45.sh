@@ -50,7 +50,7 @@ for step in "$@"; do
     varlen)
       timeout 300 python3 bench/varlen.py --rounds 40 > "$OUT/varlen.log" 2>&1; echo "varlen rc $?"; tail -40 "$OUT/varlen.log" ;;
     varlensuite)
-      timeout 280 python3 prepare.py --suite varlen --description "issue 42: varlen through the harness" > "$OUT/varlensuite.log" 2>&1
+      timeout 280 python3 prepare.py --experiment experiment.py --suite varlen --description "issue 42: varlen through the harness" > "$OUT/varlensuite.log" 2>&1
       echo "varlensuite rc $?"; tail -25 "$OUT/varlensuite.log"
       timeout 280 python3 prepare.py --baseline --suite varlen > "$OUT/varlensuite-baseline.log" 2>&1
       echo "varlensuite baseline rc $?"; tail -30 "$OUT/varlensuite-baseline.log" ;;
