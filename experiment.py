@@ -21,12 +21,6 @@ if __name__ == "__main__":
 
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import ClassVar
-
-import cutlass
-import cutlass.cute as cute
-from flash_attn.cute import flash_bwd
-from flash_attn.cute.block_info import BlockInfo
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
@@ -44,58 +38,6 @@ from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 # .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n allowed). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-@cute.jit
-def _copy_when(cond: cutlass.Boolean, copy, src: cute.Tensor, dst: cute.Tensor):
-    """Each k-slice of `src` (shared memory) into `dst` (registers) through `copy`, where `cond` holds."""
-    if cond:
-        for k in cutlass.range_constexpr(cute.size(src.shape[2])):
-            cute.copy(copy, src[None, None, k], dst[None, None, k])
-
-
-class _DQFromRegisters:
-    """flash_bwd's `sm80_utils` while one query block traces: its dQ gemm (the one whose B fragment is `tdQrK`) reads
-    K from registers, loaded from shared memory where `first` holds; every other call is ampere_helpers' own."""
-
-    routed: ClassVar[int] = 0  # dQ gemms traced from registers in this process (tests read it)
-
-    def __init__(self, helpers, tdQrK, first):
-        self._helpers, self._tdQrK, self._first = helpers, tdQrK, first
-
-    def __getattr__(self, name):
-        return getattr(self._helpers, name)
-
-    def gemm(self, tiled_mma, acc, tCrA, tCrB, tCsA, tCsB, copy_A, copy_B, hook_fn=None, A_in_regs=False,
-             B_in_regs=False, swap_AB=False):
-        if tCrB is self._tdQrK:
-            _DQFromRegisters.routed += 1
-            _copy_when(self._first, copy_B, tCsB, copy_B.retile(tCrB))
-            B_in_regs = True
-        self._helpers.gemm(tiled_mma, acc, tCrA, tCrB, tCsA, tCsB, copy_A, copy_B, hook_fn, A_in_regs=A_in_regs,
-                           B_in_regs=B_in_regs, swap_AB=swap_AB)
-
-
-class KRegsBackwardSm120(CausalAnyWarpsBackwardSm120):
-    """The coordinate-mask backward whose dQ gemm keeps each warp's slice of K in registers over the CTA's query
-    blocks (K does not change there): loaded on the first, read from registers after. At d128 on 8 warps that is 8.3 %
-    fewer shared-memory reads a tile pair, the H200's binding floor (2026-12-06-backward-shared-floor.md), for the
-    registers of the slice. Not searched until timed against the table (the gpu-runs row)."""
-
-    name = "sm120_cmask_kregs"
-    searched = False
-
-    def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
-        mask = mask_fn.func.__self__
-        info = BlockInfo(self.m_block_size, self.n_block_size, self.is_causal, self.is_local, False,
-                         mask.window_size_left, mask.window_size_right)
-        first = m_block == info.get_m_block_min_max(mask.seqlen_info, mask_fn.keywords["n_block"])[0]
-        helpers = flash_bwd.sm80_utils
-        flash_bwd.sm80_utils = _DQFromRegisters(helpers, kwargs["mma_params"].tdQrK, first)
-        try:
-            return super().compute_one_m_block(m_block, *args, mask_fn=mask_fn, **kwargs)
-        finally:
-            flash_bwd.sm80_utils = helpers
 
 
 def kernel_class(config) -> type:
@@ -157,14 +99,15 @@ BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stage
 
 CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  # 8 warps, causal: 2026-12-06-h100-cmask-sweep.md
 CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps 2 x 2, causal: 2026-12-06-h200-table44-and-twins.md
+KREGS = "sm120_cmask_kregs"  # K in registers for dQ, 1.007-1.025x the coordinate-mask entries: 2026-12-06-h100-models-twins-varlen.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
-    "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True),
+    "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True, kernel=KREGS),
     "d96-noncausal-bf16": BWD,
     "d96-causal-bf16": CMASK4,
     "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
-    "d64-causal-bf16": CMASK4,
-    "d128-causal-gqa4-bf16": CMASK8,
+    "d64-causal-bf16": replace(CMASK4, kernel=KREGS),
+    "d128-causal-gqa4-bf16": replace(CMASK8, kernel=KREGS),
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

@@ -16,6 +16,7 @@ from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
 from kernels.backward_sm120 import BackwardSm120
 from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
+from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
 from search.reviewing import export
 from search.space import backward_space, get_space
 from test_kernel_protocol import ROOT, load_agent
@@ -78,7 +79,7 @@ def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_ha
     # experiment.py's classes are registered; the searched one (the 8-warp causal class) adds a `kernel` knob, which
     # a class only upstream's class runs (non-causal) does not get: its studies keep the stored signature
     assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
-                                            "sm120_cmask_kregs": experiment.KRegsBackwardSm120}
+                                            "sm120_cmask_kregs": KRegsBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
     searched = backward_space(backward_kernels(experiment))
     assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask")} and searched.kernel_knobs["sm120"] == ()
@@ -92,7 +93,7 @@ def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_ha
 
 def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     assert backward_kernels() == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
-                                  "sm120_cmask_kregs": agent.KRegsBackwardSm120,
+                                  "sm120_cmask_kregs": KRegsBackwardSm120,
                                   "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")

@@ -14,6 +14,7 @@ from fa4tune.config import BackwardConfig, ProblemClass
 from fa4tune.feasibility import GATE_RULES, check_backward
 from fa4tune.targets import get_target
 from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
+from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120, _DQFromRegisters
 
 TARGET = get_target("sm120")
 D128 = ProblemClass(128, 128, False)
@@ -44,11 +45,35 @@ def test_the_k_in_registers_twin_routes_only_the_dq_gemm_and_restores_upstream_s
 
     calls = []
     helpers = type("Helpers", (), {"gemm": lambda self, *a, **k: calls.append((a[3], k)), "other": 7})()
-    proxy = experiment._DQFromRegisters(helpers, tdQrK="K fragment", first=True)
+    proxy = _DQFromRegisters(helpers, tdQrK="K fragment", first=True)
     proxy.gemm("mma", "acc", "dS", "Q fragment", "sA", "sB", "copyA", "copyB", swap_AB=True)
     assert calls == [("Q fragment", {"A_in_regs": False, "B_in_regs": False, "swap_AB": True})] and proxy.other == 7
-    assert experiment.KRegsBackwardSm120.searched is False and flash_bwd.sm80_utils is ampere_helpers
+    assert KRegsBackwardSm120.searched is False and flash_bwd.sm80_utils is ampere_helpers
     assert check_backward(BackwardConfig(**{**EIGHT.to_dict(), "kernel": "sm120_cmask_kregs"}), D128_CAUSAL, TARGET).ok
+
+
+def test_a_packed_trace_of_the_k_in_registers_class_is_the_coordinate_mask_body_unchanged(monkeypatch):
+    # packed batches gated the coordinate-mask body (2026-12-06-h100-models-twins-varlen.md), not the routed one
+    from functools import partial
+    from types import SimpleNamespace
+
+    from flash_attn.cute import ampere_helpers, flash_bwd
+
+    seen = []
+    monkeypatch.setattr(CausalAnyWarpsBackwardSm120, "compute_one_m_block",
+                        lambda self, m_block, *a, **k: seen.append(flash_bwd.sm80_utils) or "body")
+    class Mask:  # what the body's mask_fn is bound to: upstream's AttentionMask
+        def __init__(self, info):
+            self.seqlen_info = info
+
+        def apply(self, *a, **k):
+            pass
+
+    kernel = object.__new__(KRegsBackwardSm120)
+    for packed_q, packed_k in ((True, False), (False, True)):
+        mask = Mask(SimpleNamespace(has_cu_seqlens_q=packed_q, has_cu_seqlens_k=packed_k))
+        assert kernel.compute_one_m_block(0, mask_fn=partial(mask.apply, n_block=0), mma_params=None) == "body"
+    assert seen == [ampere_helpers, ampere_helpers]  # upstream's helpers: no gemm routed through registers
 
 
 @pytest.mark.compile
@@ -70,7 +95,8 @@ for kernel in ("sm120_cmask", "sm120_cmask_kregs"):  # the second keeps K in reg
     facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
     print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
 from kernels.cmask_backward_sm120 import CoordinateMask
-print("traced", CoordinateMask.traces, "routed", exp._DQFromRegisters.routed)
+from kernels.cmask_kregs_backward_sm120 import _DQFromRegisters
+print("traced", CoordinateMask.traces, "routed", _DQFromRegisters.routed)
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
