@@ -1,0 +1,107 @@
+"""The FP8 accuracy gate (fa4tune/harness/fp8_gate.py, issue 45) on the CPU: the reference quantizer passes it on
+normal and outlier inputs, a wrong scale, a scaled output, a wrong LSE and a NaN fail it naming the rule, the worst
+value and the head; the quantizer's error is e4m3's; the outlier inputs are FlashAttention-3's."""
+
+import math
+
+import pytest
+import torch
+
+from fa4tune.config import Problem
+from fa4tune.harness import fp8_gate, gate
+
+torch.set_num_threads(1)
+
+
+def _case(causal: bool, outliers: bool, seed: int = 0, d: int = 64):
+    shapes = [(1, 384, 4, d), (1, 384, 2, d), (1, 384, 2, d)]  # GQA 2, partial last tiles (384 = 3 x 128 = 6 x 64)
+    generator = torch.Generator().manual_seed(seed)
+    if outliers:
+        q, k, v = fp8_gate.outlier_inputs(shapes, torch.bfloat16, generator)
+    else:
+        q, k, v = (torch.randn(s, generator=generator).to(torch.bfloat16) for s in shapes)
+    ref = gate.reference_attention(q, k, v, causal)
+    qq, qs = fp8_gate.quantize_per_tile(q, 128)
+    kq, ks = fp8_gate.quantize_per_tile(k, 64)
+    return q, k, v, ref, (qq, qs), (kq, ks)
+
+
+def _fp8_attention(q8, k8, v, causal, k_scale_change=None):
+    (qq, qs), (kq, ks) = q8, k8
+    if k_scale_change is not None:
+        ks = k_scale_change(ks.clone())
+    return gate.reference_attention(fp8_gate.dequantize_per_tile(qq, qs, 128), fp8_gate.dequantize_per_tile(kq, ks, 64), v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("outliers", [False, True])
+def test_the_reference_quantizer_passes_the_gate(causal, outliers):
+    q, k, v, ref, q8, k8 = _case(causal, outliers)
+    fp8 = _fp8_attention(q8, k8, v, causal)
+    result = fp8_gate.check(fp8.out, fp8.lse, ref.out, ref.lse)
+    assert result.passed, result.reason
+    assert 0.005 < result.rel_l2 < fp8_gate.REL_L2_MAX and fp8_gate.COS_MIN < result.cos < 0.99999  # e4m3's error, not 0
+
+
+def test_a_wrong_k_scale_fails_naming_the_rule_the_value_and_the_head():
+    q, k, v, ref, q8, k8 = _case(True, False)
+
+    def double_one_tile(ks):
+        ks[0, 1, 2] *= 2  # batch 0, KV head 1 (query heads 2 and 3), keys 128-191
+        return ks
+
+    wrong = _fp8_attention(q8, k8, v, True, double_one_tile)
+    result = fp8_gate.check(wrong.out, wrong.lse, ref.out, ref.lse)
+    assert not result.passed and result.rel_l2 > 0.3
+    assert "relative L2 error" in result.reason and f"> {fp8_gate.REL_L2_MAX}" in result.reason
+    assert "(batch 0, head 2)" in result.reason or "(batch 0, head 3)" in result.reason
+
+
+def test_an_output_off_by_25_percent_a_wrong_lse_and_a_nan_fail():
+    q, k, v, ref, q8, k8 = _case(False, False)
+    fp8 = _fp8_attention(q8, k8, v, False)
+    scaled = fp8_gate.check(fp8.out * 1.25, fp8.lse, ref.out, ref.lse)
+    assert not scaled.passed and "relative L2 error" in scaled.reason
+    shifted = fp8_gate.check(fp8.out, fp8.lse + 0.1 * fp8.lse.abs().mean(), ref.out, ref.lse)
+    assert not shifted.passed and "LSE relative L2 error" in shifted.reason
+    poisoned = fp8.out.clone()
+    poisoned[0, 5, 1, 3] = math.nan
+    assert fp8_gate.check(poisoned, fp8.lse, ref.out, ref.lse).reason == "NaN in the output"
+    # what the gate cannot see: an FP8 output 5 % off is inside e4m3's own error (documented, not a silent pass)
+    assert fp8_gate.check(fp8.out * 1.05, fp8.lse, ref.out, ref.lse).passed
+
+
+def test_the_quantizer_keeps_e4m3_precision_per_tile_and_zero_tiles():
+    x = torch.randn(2, 200, 3, 64, generator=torch.Generator().manual_seed(3))
+    x[1, 128:, 2] = 0  # a tile of zeros: scale 1, values 0
+    values, scale = fp8_gate.quantize_per_tile(x, 128)
+    assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape and scale.shape == (2, 3, 2)
+    assert scale[1, 2, 1] == 1 and torch.all(values[1, 128:, 2].float() == 0)
+    back = fp8_gate.dequantize_per_tile(values, scale, 128)
+    normal = x.abs() > scale.permute(0, 2, 1).repeat_interleave(128, 1)[:, :200, :, None] * 2.0**-6  # e4m3 normal range
+    rel = ((back - x).abs() / x.abs())[normal]
+    assert rel.max() <= 2.0**-4 + 1e-6  # round to nearest with 3 mantissa bits
+    tile_amax = x[0, :128, 0].abs().max()
+    assert torch.isclose(scale[0, 0, 0], tile_amax / fp8_gate.FP8_MAX)
+
+
+def test_the_outlier_inputs_are_flashattention_3s():
+    (x,) = fp8_gate.outlier_inputs([(1, 4096, 8, 128)], torch.float32, torch.Generator().manual_seed(0))
+    base = torch.randn(1, 4096, 8, 128, generator=torch.Generator().manual_seed(0))
+    hits = (x - base).abs() > 0
+    assert 0.0007 < hits.float().mean().item() < 0.0013  # 0.1 % of the entries
+    assert 7 < (x - base)[hits].std().item() < 13  # N(0, 10^2) added there
+
+
+def test_the_accuracy_table_runs_on_a_small_suite(tmp_path, capsys):
+    import json
+
+    from bench import fp8_accuracy
+
+    suite = tmp_path / "tiny.json"
+    rows = [Problem(1, 320, 320, 4, 1, 64, 64, True, name="tiny gqa4 causal"), Problem(1, 8, 320, 4, 4, 64, 64, False, name="a decode")]
+    suite.write_text(json.dumps({"problems": [{**p.to_dict(), "name": p.name} for p in rows]}))
+    assert fp8_accuracy.main(["--suites", str(suite), "--heads", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny gqa4 causal | normal | 4 |" in out and "| tiny gqa4 causal | outliers | 4 |" in out
+    assert "a decode" not in out and "2 of 2 pass the FP8 gate" in out
