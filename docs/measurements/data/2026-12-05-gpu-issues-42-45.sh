@@ -15,6 +15,8 @@
 #   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
+#   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
+#   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -74,6 +76,21 @@ for step in "$@"; do
     fp8check)
       timeout ${FP8_TIMEOUT:-300} python3 docs/measurements/data/2026-12-06-fp8/gpu_check.py > "$OUT/fp8check.log" 2>&1
       echo "fp8check rc $?"; grep -v -e Warning -e generate_mlir "$OUT/fp8check.log" | tail -40 ;;
+    studies44)
+      for pc in d128-causal-gqa4-bf16 d96-causal-bf16 d64-causal-bf16; do
+        timeout ${STUDY_TIMEOUT:-170} python3 -m search run --suite standard --problem-class $pc --direction bwd --n-trials 30 \
+          --storage sqlite:///$OUT/bwd-cmask.db > "$OUT/study-$pc.log" 2>&1; echo "study $pc rc $?"
+      done
+      python3 -m search report --storage sqlite:///$OUT/bwd-cmask.db 2>&1 | tail -40 ;;
+    fp16gqa4)
+      timeout 200 python3 bench/table_vs_upstream.py --suites models --only fp16 --runs 2 --out "$OUT/fp16-before.jsonl" \
+        > "$OUT/fp16-before.log" 2>&1; echo "before rc $?"; grep -E "^models|geomean" "$OUT/fp16-before.log"
+      cp experiment.py /tmp/experiment.py.orig
+      xz -dc docs/measurements/data/2026-12-06-h100-models-gqa4-fp16.db.xz > /tmp/fp16.db
+      python3 -m search apply --storage sqlite:////tmp/fp16.db > "$OUT/fp16-apply.log" 2>&1; echo "apply rc $?"
+      timeout 200 python3 bench/table_vs_upstream.py --suites models --only fp16 --runs 2 --out "$OUT/fp16-after.jsonl" \
+        > "$OUT/fp16-after.log" 2>&1; echo "after rc $?"; grep -E "^models|geomean" "$OUT/fp16-after.log"
+      cp /tmp/experiment.py.orig experiment.py ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
       timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 "${more[@]}" \
