@@ -8,8 +8,8 @@ fragment (`tdQrK`) is routed; every other gemm is upstream's. Measured twin of t
 (docs/measurements/2026-12-06-h100-models-twins-varlen.md, SM120 kernels emulated on NVIDIA H100): 1.007-1.025x on
 the d128, GQA 4 and d64 causal entries, 0.869x at d96 (56 B of spills there, whose entry stays `sm120_cmask`).
 Packed (varlen) calls trace the coordinate-mask body unchanged: the packed batches gated that one.
-Not searched: the causal classes' stored backward studies have no such kernel choice (a study that draws it needs a
-new storage, docs/kernel-classes.md).
+Searched (inherited) since 2026-12-06: the causal classes' backward studies draw it beside `sm120_cmask` (their
+space changed: a new storage, docs/kernel-classes.md), so `search apply` may replace its entries.
 """
 
 from typing import ClassVar
@@ -57,7 +57,6 @@ class KRegsBackwardSm120(CausalAnyWarpsBackwardSm120):
     blocks (the module's docstring says why and what it measured)."""
 
     name = "sm120_cmask_kregs"
-    searched = False
 
     def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
         mask = mask_fn.func.__self__

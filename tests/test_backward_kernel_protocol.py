@@ -82,12 +82,12 @@ def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_ha
                                             "sm120_cmask_kregs": KRegsBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
     searched = backward_space(backward_kernels(experiment))
-    assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask")} and searched.kernel_knobs["sm120"] == ()
+    assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask", "sm120_cmask_kregs")} and searched.kernel_knobs["sm120"] == ()
     plain = backward_space({"sm120": BackwardSm120})
     assert plain.domain == BACKWARD_DOMAIN and plain.kernel_knobs == {}  # no `kernel` knob: the same signature as before
     noncausal = searched.for_class(D64, TARGET)
     assert noncausal.signature(TARGET) == plain.for_class(D64, TARGET).signature(TARGET)
-    assert searched.for_class(D64_CAUSAL, TARGET).domain["kernel"] == ("sm120", "sm120_cmask")
+    assert searched.for_class(D64_CAUSAL, TARGET).domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs")
     assert upstream_class(BackwardSm120) is not None and export._is_upstream(BackwardConfig())
 
 
@@ -97,7 +97,7 @@ def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent)
                                   "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
     cut = _cut(space)
     own = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120_spare"]

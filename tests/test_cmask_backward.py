@@ -48,7 +48,7 @@ def test_the_k_in_registers_twin_routes_only_the_dq_gemm_and_restores_upstream_s
     proxy = _DQFromRegisters(helpers, tdQrK="K fragment", first=True)
     proxy.gemm("mma", "acc", "dS", "Q fragment", "sA", "sB", "copyA", "copyB", swap_AB=True)
     assert calls == [("Q fragment", {"A_in_regs": False, "B_in_regs": False, "swap_AB": True})] and proxy.other == 7
-    assert KRegsBackwardSm120.searched is False and flash_bwd.sm80_utils is ampere_helpers
+    assert KRegsBackwardSm120.searched is True and flash_bwd.sm80_utils is ampere_helpers
     assert check_backward(BackwardConfig(**{**EIGHT.to_dict(), "kernel": "sm120_cmask_kregs"}), D128_CAUSAL, TARGET).ok
 
 

@@ -50,8 +50,8 @@ def test_a_backward_study_searches_only_its_class_feasible_knob_values():
     assert math.prod(map(len, cut.domain.values())) < math.prod(map(len, full.domain.values())) / 40
     assert cut.domain["V_in_regs"] == (False,)
     # 8 warps on a causal tile only through the coordinate-mask class, and that class only on causal problems
-    assert cut.domain["num_threads"] == (128, 256) and cut.domain["kernel"] == ("sm120", "sm120_cmask")
-    assert {c.kernel for c in feasible if c.num_threads == 256} == {"sm120_cmask"}
+    assert cut.domain["num_threads"] == (128, 256) and cut.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs")
+    assert {c.kernel for c in feasible if c.num_threads == 256} == {"sm120_cmask", "sm120_cmask_kregs"}
     noncausal = StudySpec("bwd", ProblemClass(128, 128, False), (), TARGET).space
     assert "kernel" not in noncausal.domain  # upstream's class alone: the space of the studies stored before
     assert all(cut.in_domain(c) == "" for c in feasible)
