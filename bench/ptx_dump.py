@@ -31,6 +31,7 @@ CONFIGS = {
     "tma_256x64_t256_causal": (("sm120_tma", 256, 64, 256, 1, False), (1, 1024, 1024, 16, 16, 128, True)),
     "tma_lpt_64x96_qr_chunked_gqa4": (("sm120_tma_lpt", 64, 96, 128, 1, True), CHUNKED_GQA),
     "tma_lpt_64x64_qr_prefill_gqa4": (("sm120_tma_lpt", 64, 64, 128, 1, True), (1, 4096, 4096, 32, 8, 128, True)),
+    "tma_trimmed_64x64_qr_prefill_gqa4": (("sm120_tma_trimmed", 64, 64, 128, 1, True), (1, 4096, 4096, 32, 8, 128, True)),
     "tma_paired_64x96_qr_chunked_gqa4": (("sm120_tma_paired", 64, 96, 128, 1, True), CHUNKED_GQA),
     "tma_trimmed_64x96_qr_chunked_gqa4": (("sm120_tma_trimmed", 64, 96, 128, 1, True), CHUNKED_GQA),
     "sm120_128x64_causal": (("sm120", 128, 64, 128, 1, False), (1, 1024, 1024, 16, 16, 128, True)),

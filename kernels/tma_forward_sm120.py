@@ -16,6 +16,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.cute.nvgpu import cpasync, warp, warpgroup
 from flash_attn.cute import ampere_helpers as sm80_utils
 from flash_attn.cute import utils
@@ -48,6 +50,17 @@ def visible_keys(n_block, m_block, warp_last_row, tile_m, tile_n, qhead_packed, 
         col_end = cutlass.min(col_end, last_query + 1 + seqlen_k - seqlen_q)
     return col_end - n_block * tile_n
 
+
+
+@dsl_user_op
+def opaque_i32(x: Int32, *, loc=None, ip=None) -> Int32:
+    """x through an inline-asm move, which the compiler cannot see through: values computed from it before the
+    mainloop stay computed. In fp16 the DSL's lowering otherwise reads %tid.x again in the mainloop and rebuilds the
+    K tile's shared-memory address from it before every block (6 reads, +6 % loop instructions against bf16, whose
+    PTX reads it once: docs/measurements/2026-12-06-fp16-sass-address-remat.md)."""
+    return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.u32 $0, $1;", "=r,r",
+                                 has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+                                 loc=loc, ip=ip))
 
 class TmaForwardSm120(TunedForwardSm120):
     """SM120 forward whose Q, K and V tiles arrive by TMA (bulk tensor copies completing on mbarriers).
@@ -304,6 +317,8 @@ class TmaForwardSm120(TunedForwardSm120):
         fastdiv_mods=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        if const_expr(self.dtype == cutlass.Float16):
+            tidx = opaque_i32(tidx)  # bf16's kernels are traced as before
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for tma_atom in (tma_atom_Q, tma_atom_K, tma_atom_V):

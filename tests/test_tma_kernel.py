@@ -4,6 +4,7 @@ Correctness on a GPU is bench/gpu_twins.py's job (H200, SM120 kernels emulated);
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -176,3 +177,16 @@ def test_unknown_kernel_class_rejected():
 def test_q_in_regs_keeps_one_stage_for_tma():
     verdict = check_forward(tma(num_stages=2, Q_in_regs=True), D128, TARGET)
     assert verdict.rule == "Q_in_regs_one_stage"
+
+
+def test_the_fp16_entrys_kernel_reads_the_thread_index_once(tmp_path):
+    # the lowering re-read %tid.x in fp16's mainloop and rebuilt the K tile's address from it before every block
+    # (3 reads in this kernel, 6 in the longest-first one; bf16: 1): docs/measurements/2026-12-06-fp16-sass-address-remat.md.
+    # bf16 traces as before (its PTX is byte-identical, by bench/ptx_dump.py's diff in that record)
+    name = "tma_trimmed_64x64_qr_prefill_gqa4"  # the fp16 GQA 4 entry on its models-suite shape
+    done = subprocess.run([sys.executable, "bench/ptx_dump.py", str(tmp_path), "--configs", name, "--dtype", "fp16"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ptx = (tmp_path / f"{name}.ptx").read_text()
+    assert ptx.count("%tid.x") == 1
+    assert re.search(r"// begin inline asm\n\s*mov.u32 %r\d+, %r\d+;", ptx)  # the index through opaque_i32
