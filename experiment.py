@@ -99,15 +99,15 @@ BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stage
 
 CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  # 8 warps, causal: 2026-12-06-h100-cmask-sweep.md
 CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps 2 x 2, causal: 2026-12-06-h200-table44-and-twins.md
-KREGS = "sm120_cmask_kregs"  # K in registers for dQ, 1.007-1.025x the coordinate-mask entries: 2026-12-06-h100-models-twins-varlen.md
+# K in registers for dQ (d128, GQA 4, d64 causal), 1.007-1.025x the coordinate-mask entries: 2026-12-06-h100-models-twins-varlen.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
-    "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True, kernel=KREGS),
+    "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True, kernel="sm120_cmask_kregs"),
     "d96-noncausal-bf16": BWD,
     "d96-causal-bf16": CMASK4,
     "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
-    "d64-causal-bf16": replace(CMASK4, kernel=KREGS),
-    "d128-causal-gqa4-bf16": replace(CMASK8, kernel=KREGS),
+    "d64-causal-bf16": replace(CMASK4, kernel="sm120_cmask_kregs"),
+    "d128-causal-gqa4-bf16": replace(CMASK8, kernel="sm120_cmask_kregs"),
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

@@ -101,27 +101,29 @@ def floor(problem: Problem, m_block: int = 64, n_block: int = 64) -> Floor:
     return Floor(problem, problem_flops(problem, "bwd"), pairs, hbm, l2, atomics)
 
 
-def gemm_shared_reads(m: int, n: int, k: int, warps_m: int, warps_n: int, a_in_registers: bool = False) -> int:
+def gemm_shared_reads(m: int, n: int, k: int, warps_m: int, warps_n: int, a_in_registers: bool = False,
+                      b_in_registers: bool = False) -> int:
     """Bytes (bf16) the warps of one SM80 tiled MMA read from shared memory for an m x n x k gemm: each of the
     warps_m x warps_n warps loads its m/warps_m rows of A and n/warps_n columns of B over all of k. The tiles must
     hold whole 16 x 16 warp tiles (the static rules' *_mma_tile)."""
     if m % (16 * warps_m) or n % (16 * warps_n):
         raise ValueError(f"mma_tile: a {m} x {n} tile does not hold {warps_m} x {warps_n} warp tiles of 16 x 16")
-    return ((0 if a_in_registers else warps_n * m) + warps_m * n) * k * BF16
+    return ((0 if a_in_registers else warps_n * m) + (0 if b_in_registers else warps_m * n)) * k * BF16
 
 
 def shared_reads(config: BackwardConfig, head_dim: int, head_dim_v: int) -> int:
     """Bytes one (query block, key block) pair's five gemms read from shared memory, as upstream's backward lays its
     warps (flash_bwd.py `_get_tiled_mma`; a swapped gemm reads the same bytes): S = QK^T and dP = dO V^T on the
     (AtomLayoutMSdP, warps / AtomLayoutMSdP) layout, dV = P^T dO and dK = dS^T Q on (AtomLayoutNdKV, ...) with P and
-    dS from shared memory unless upstream keeps them in registers (Mma_dKV_is_RS), dQ = dS K on (AtomLayoutMdQ, ...)."""
+    dS from shared memory unless upstream keeps them in registers (Mma_dKV_is_RS), dQ = dS K on (AtomLayoutMdQ, ...),
+    its K from registers in `sm120_cmask_kregs` (loaded once a CTA: not a pair's)."""
     c, w = config, config.num_threads // 32
     m, n, d, dv = c.m_block_size, c.n_block_size, head_dim, head_dim_v
     a_sdp, a_dkv, a_dq = c.AtomLayoutMSdP, c.AtomLayoutNdKV, c.AtomLayoutMdQ
     rs = a_sdp == 1 and a_dkv == w and c.SdP_swapAB and not c.dKV_swapAB
     return (gemm_shared_reads(m, n, d, a_sdp, w // a_sdp) + gemm_shared_reads(m, n, dv, a_sdp, w // a_sdp)
             + gemm_shared_reads(n, dv, m, a_dkv, w // a_dkv, rs) + gemm_shared_reads(n, d, m, a_dkv, w // a_dkv, rs)
-            + gemm_shared_reads(m, d, n, a_dq, w // a_dq))
+            + gemm_shared_reads(m, d, n, a_dq, w // a_dq, b_in_registers=c.kernel == "sm120_cmask_kregs"))
 
 
 def shared_ms(problem: Problem, config: BackwardConfig, device: str) -> float:
