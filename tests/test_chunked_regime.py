@@ -73,3 +73,23 @@ def test_apply_refuses_a_chunked_winner_whose_study_never_measured_the_prefill_e
     assert refused.config is None and refused.refusal.startswith(f"unmeasured_table_entry: fwd:{CHUNKED.name}:sm120: ")
     accepted = _check_incumbent(decision, SOURCE, [_measured(ForwardConfig(**winner)), _measured(ENTRY)])
     assert accepted == decision
+
+
+def test_a_knob_written_through_a_module_level_name_reads_as_its_literal():
+    # search reads experiment.py's text: `kernel=KREGS` read as no entry made the class fall back in the search's
+    # view while dispatch ran the entry (tests/test_fallback.py caught it on 2026-12-06)
+    source = '''
+from dataclasses import replace
+KREGS = "sm120_cmask_kregs"
+BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_threads=256, AtomLayoutMSdP=4, kernel="sm120_cmask")
+FORWARD_DISPATCH: dict = {}
+BACKWARD_DISPATCH: dict = {
+    "d128-causal-bf16": replace(BWD, kernel=KREGS),
+    "d64-causal-bf16": replace(BWD, kernel=unknown_name),
+}
+'''
+    from search.storing.dispatch_table import entries
+
+    read = entries(source, "bwd")
+    assert read["d128-causal-bf16"]["kernel"] == "sm120_cmask_kregs" and read["d128-causal-bf16"]["num_threads"] == 256
+    assert read["d64-causal-bf16"] is None  # not a literal: no entry in the search's reading, as documented

@@ -99,7 +99,8 @@ def _static_rules(direction: str):
 def entry_config(source: str, direction: str, key: str) -> dict | None:
     """The knob values written in a dispatch entry, read back from the source (None if absent or not a literal
     config: ForwardConfig(...) / BackwardConfig(...) with literal knobs, a module-level name bound to one (DECODE),
-    or `replace(<one of those>, knob=literal, ...)`; not e.g. `defaults.upstream_backward(...)`)."""
+    or `replace(<one of those>, knob=literal, ...)`, a knob's literal also through a module-level name bound to it;
+    not e.g. `defaults.upstream_backward(...)`)."""
     return entries(source, direction).get(key)
 
 
@@ -132,7 +133,7 @@ def _knobs(node, names: dict, depth: int) -> dict | None:
     if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
         return None
     try:
-        keywords = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+        keywords = {kw.arg: _literal_value(kw.value, names) for kw in node.keywords}
     except ValueError:
         return None
     if None in keywords:  # **kwargs
@@ -143,3 +144,11 @@ def _knobs(node, names: dict, depth: int) -> dict | None:
         base = _knobs(node.args[0], names, depth + 1)
         return None if base is None else {**base, **keywords}
     return None
+
+
+def _literal_value(node, names: dict):
+    """A keyword's literal value, or that of a module-level name bound to a literal (`kernel=KREGS` where
+    `KREGS = "sm120_cmask_kregs"`); ValueError otherwise."""
+    if isinstance(node, ast.Name) and node.id in names:
+        node = names[node.id]
+    return ast.literal_eval(node)
