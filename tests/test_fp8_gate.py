@@ -1,12 +1,14 @@
-"""The FP8 accuracy gate (fa4tune/harness/fp8_gate.py, issue 45) on the CPU: the reference quantizer passes it on
-normal and outlier inputs, a wrong scale, a scaled output, a wrong LSE and a NaN fail it naming the rule, the worst
-value and the head; the quantizer's error is e4m3's; the outlier inputs are FlashAttention-3's."""
+"""The FP8 accuracy gate (fa4tune/harness/fp8_gate.py, issue 45) on the CPU: the reference quantizer (fa4tune/fp8.py)
+passes it on normal and outlier inputs, and on large-magnitude channels only with K smoothed; a wrong scale, a scaled
+output, a wrong LSE and a NaN fail it naming the rule, the worst value and the head; the quantizer's error is e4m3's;
+smoothing K changes no output and its LSE correction is exact; the outlier inputs are FlashAttention-3's."""
 
 import math
 
 import pytest
 import torch
 
+from fa4tune import fp8
 from fa4tune.config import Problem
 from fa4tune.harness import fp8_gate, gate
 
@@ -21,8 +23,8 @@ def _case(causal: bool, outliers: bool, seed: int = 0, d: int = 64):
     else:
         q, k, v = (torch.randn(s, generator=generator).to(torch.bfloat16) for s in shapes)
     ref = gate.reference_attention(q, k, v, causal)
-    qq, qs = fp8_gate.quantize_per_tile(q, 128)
-    kq, ks = fp8_gate.quantize_per_tile(k, 64)
+    qq, qs = fp8.quantize_per_tile(q, 128)
+    kq, ks = fp8.quantize_per_tile(k, 64)
     return q, k, v, ref, (qq, qs), (kq, ks)
 
 
@@ -30,7 +32,7 @@ def _fp8_attention(q8, k8, v, causal, k_scale_change=None):
     (qq, qs), (kq, ks) = q8, k8
     if k_scale_change is not None:
         ks = k_scale_change(ks.clone())
-    return gate.reference_attention(fp8_gate.dequantize_per_tile(qq, qs, 128), fp8_gate.dequantize_per_tile(kq, ks, 64), v, causal)
+    return gate.reference_attention(fp8.dequantize_per_tile(qq, qs, 128), fp8.dequantize_per_tile(kq, ks, 64), v, causal)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -74,15 +76,32 @@ def test_an_output_off_by_25_percent_a_wrong_lse_and_a_nan_fail():
 def test_the_quantizer_keeps_e4m3_precision_per_tile_and_zero_tiles():
     x = torch.randn(2, 200, 3, 64, generator=torch.Generator().manual_seed(3))
     x[1, 128:, 2] = 0  # a tile of zeros: scale 1, values 0
-    values, scale = fp8_gate.quantize_per_tile(x, 128)
+    values, scale = fp8.quantize_per_tile(x, 128)
     assert values.dtype == torch.float8_e4m3fn and values.shape == x.shape and scale.shape == (2, 3, 2)
     assert scale[1, 2, 1] == 1 and torch.all(values[1, 128:, 2].float() == 0)
-    back = fp8_gate.dequantize_per_tile(values, scale, 128)
+    back = fp8.dequantize_per_tile(values, scale, 128)
     normal = x.abs() > scale.permute(0, 2, 1).repeat_interleave(128, 1)[:, :200, :, None] * 2.0**-6  # e4m3 normal range
     rel = ((back - x).abs() / x.abs())[normal]
     assert rel.max() <= 2.0**-4 + 1e-6  # round to nearest with 3 mantissa bits
     tile_amax = x[0, :128, 0].abs().max()
-    assert torch.isclose(scale[0, 0, 0], tile_amax / fp8_gate.FP8_MAX)
+    assert torch.isclose(scale[0, 0, 0], tile_amax / fp8.FP8_MAX)
+
+
+def test_large_channels_pass_only_with_k_smoothed_and_smoothing_is_exact_in_fp32():
+    shapes = [(1, 384, 4, 64), (1, 384, 2, 64), (1, 384, 2, 64)]
+    q, k, v = fp8_gate.channel_outlier_inputs(*shapes, torch.bfloat16, torch.Generator().manual_seed(0))
+    ref = gate.reference_attention(q, k, v, True)
+    smoothed, mean = fp8.smooth_k(k)
+    assert mean.shape == (1, 2, 64) and mean.abs().max() > 5  # the channels' offsets
+    exact = gate.reference_attention(q.float(), smoothed, v, True)  # no quantization: out the same, LSE shifted
+    assert torch.allclose(exact.out, ref.out, atol=2e-5)
+    assert torch.allclose(exact.lse + fp8.lse_correction(q, mean, 1 / 8), ref.lse, atol=1e-3)
+    qd = fp8.dequantize_per_tile(*fp8.quantize_per_tile(q, 128), 128)
+    for k_in, lse_shift, passes in ((k, 0, False), (smoothed, fp8.lse_correction(q, mean, 1 / 8), True)):
+        kd = fp8.dequantize_per_tile(*fp8.quantize_per_tile(k_in, 64), 64)
+        got = gate.reference_attention(qd, kd, v, True)
+        result = fp8_gate.check(got.out, got.lse + lse_shift, ref.out, ref.lse)
+        assert result.passed is passes, result
 
 
 def test_the_outlier_inputs_are_flashattention_3s():
@@ -104,4 +123,12 @@ def test_the_accuracy_table_runs_on_a_small_suite(tmp_path, capsys):
     assert fp8_accuracy.main(["--suites", str(suite), "--heads", "4"]) == 0
     out = capsys.readouterr().out
     assert "| tiny gqa4 causal | normal | 4 |" in out and "| tiny gqa4 causal | outliers | 4 |" in out
-    assert "a decode" not in out and "2 of 2 pass the FP8 gate" in out
+    assert "a decode" not in out and "3 of 3 pass the FP8 gate" in out and "| tiny gqa4 causal | channels | 4 |" in out
+
+
+def test_the_accuracy_table_refuses_an_unknown_input_kind_naming_the_known_ones(capsys):
+    from bench import fp8_accuracy
+
+    with pytest.raises(SystemExit) as done:
+        fp8_accuracy.main(["--inputs", "normal,spiky"])
+    assert done.value.code == 2 and "--inputs: each of normal, outliers, channels, got 'normal,spiky'" in capsys.readouterr().err
