@@ -15,6 +15,8 @@
 #   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
+#   ... fp8std      # #45: the FP8 prototype gated on the standard prefill shapes (3 input kinds, K smoothed), timed
+#                     against the bf16 table; then bench/mma_rate.py (the H200/H100's e4m3 and bf16 mma.sync rates)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
@@ -76,6 +78,10 @@ for step in "$@"; do
     fp8check)
       timeout ${FP8_TIMEOUT:-300} python3 docs/measurements/data/2026-12-06-fp8/gpu_check.py > "$OUT/fp8check.log" 2>&1
       echo "fp8check rc $?"; grep -v -e Warning -e generate_mlir "$OUT/fp8check.log" | tail -40 ;;
+    fp8std)
+      timeout ${FP8_TIMEOUT:-420} python3 docs/measurements/data/2026-12-06-fp8/gpu_standard.py > "$OUT/fp8std.log" 2>&1
+      echo "fp8std rc $?"; grep -v -e Warning -e generate_mlir "$OUT/fp8std.log" | tail -50
+      timeout 90 python3 bench/mma_rate.py > "$OUT/mma_rate.log" 2>&1; echo "mma_rate rc $?"; tail -15 "$OUT/mma_rate.log" ;;
     studies44)
       for pc in d128-causal-gqa4-bf16 d96-causal-bf16 d64-causal-bf16; do
         timeout ${STUDY_TIMEOUT:-170} python3 -m search run --suite standard --problem-class $pc --direction bwd --n-trials 30 \
