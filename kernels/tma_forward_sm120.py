@@ -51,7 +51,6 @@ def visible_keys(n_block, m_block, warp_last_row, tile_m, tile_n, qhead_packed, 
     return col_end - n_block * tile_n
 
 
-
 @dsl_user_op
 def opaque_i32(x: Int32, *, loc=None, ip=None) -> Int32:
     """x through an inline-asm move, which the compiler cannot see through: values computed from it before the
@@ -61,6 +60,7 @@ def opaque_i32(x: Int32, *, loc=None, ip=None) -> Int32:
     return Int32(llvm.inline_asm(T.i32(), [Int32(x).ir_value(loc=loc, ip=ip)], "mov.u32 $0, $1;", "=r,r",
                                  has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
                                  loc=loc, ip=ip))
+
 
 class TmaForwardSm120(TunedForwardSm120):
     """SM120 forward whose Q, K and V tiles arrive by TMA (bulk tensor copies completing on mbarriers).
