@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fa4tune.config import ConfigError
+from fa4tune.sm120_interface import UpstreamMismatch, _replace_once
 from fa4tune.kernel_class import ROOT
 
 TEMPLATES = Path(__file__).resolve().parent / "upstream_files"
@@ -266,3 +267,14 @@ SPLITKV = CarriedClass(
     header=SPLITKV_HEADER,
     module_cut=("ctas_per_sm", "STATIC_SHAPES"),
 )
+
+
+def apply_edits(source: str, edits) -> str:
+    """An upstream file's source with each (old, new, what) edit applied, each checked to match exactly once: a
+    mismatch (another upstream version) is one `upstream_source` error naming the edit."""
+    for old, new, what in edits:
+        try:
+            source = _replace_once(source, old, new, what)
+        except UpstreamMismatch as err:
+            raise ConfigError("upstream_source", str(err))
+    return source

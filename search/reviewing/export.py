@@ -29,11 +29,11 @@ from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
-from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, UpstreamMismatch,
-                                     _replace_once, bwd_knobs_from, fwd_constructor)
+from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, bwd_knobs_from,
+                                     fwd_constructor)
 from fa4tune.targets import TARGETS
 from search.reviewing import mask_fix
-from search.reviewing.carry import SPLITKV, CarriedClass, carried, upstream_source, upstream_test
+from search.reviewing.carry import SPLITKV, CarriedClass, apply_edits, carried, upstream_source, upstream_test
 from search.reviewing.evidence import StudyEvidence, load_studies, mode_sentence
 from search.space import get_space
 from search.storing import schema
@@ -512,12 +512,7 @@ def pristine_interface() -> str:
 
 def patch_interface(source: str, winners: list[Winner]) -> str:
     """interface.py with every edit applied (each checked to match exactly once)."""
-    for old, new, what in _edits(winners):
-        try:
-            source = _replace_once(source, old, new, what)
-        except UpstreamMismatch as err:
-            raise ConfigError("upstream_source", str(err))
-    return source
+    return apply_edits(source, _edits(winners))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from __future__ import annotations
 from importlib.util import find_spec
 from pathlib import Path
 
-from fa4tune.config import BackwardConfig, ConfigError
-from fa4tune.sm120_interface import UpstreamMismatch, _replace_once
+from fa4tune.config import BackwardConfig
+from search.reviewing.carry import apply_edits
 
 KERNEL = "sm120_cmask"  # the class whose winners need the fix (its `name`)
 PATH = "flash_attn/cute/mask.py"
@@ -70,12 +70,7 @@ def pristine_mask() -> str:
 
 def patch_mask(source: str) -> str:
     """mask.py with the fix (each edit checked to match exactly once)."""
-    for old, new, what in EDITS:
-        try:
-            source = _replace_once(source, old, new, what)
-        except UpstreamMismatch as err:
-            raise ConfigError("upstream_source", str(err))
-    return source
+    return apply_edits(source, EDITS)
 
 
 def files(winners) -> list[tuple[str, str | None, str]]:

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fa4tune.config import DECODE_MAX_SEQLEN_Q, ConfigError
-from fa4tune.sm120_interface import UpstreamMismatch, _replace_once, fwd_constructor
+from fa4tune.sm120_interface import fwd_constructor
 from search.reviewing import export as exporter
 from search.reviewing import mask_fix
-from search.reviewing.carry import SPLITKV, TMA, upstream_source, upstream_test
+from search.reviewing.carry import SPLITKV, TMA, apply_edits, upstream_source, upstream_test
 from search.reviewing.export import Winner, is_split_kv
 
 SUBJECTS = {
@@ -116,15 +116,6 @@ def split_kv_edits(decode: list[Winner], tma: bool) -> list[tuple[str, str, str]
     ]
 
 
-def _apply(source: str, edits) -> str:
-    for old, new, what in edits:
-        try:
-            source = _replace_once(source, old, new, what)
-        except UpstreamMismatch as err:
-            raise ConfigError("upstream_source", str(err))
-    return source
-
-
 def _carried_files(c) -> list[tuple[str, None, str]]:
     return [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
 
@@ -145,10 +136,10 @@ def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
         raise ConfigError("series_no_configs", "the series' patch 1 (configs) needs a prefill study won by upstream's kernels "
                           f"(found {len(prefill)} prefill winners, {len(tma)} of them TMA): export with --problem-class instead")
     stage1 = exporter.patch_interface(pristine, configs)
-    stage2 = _apply(stage1, split_kv_edits(decode, tma=False)) if decode else stage1
+    stage2 = apply_edits(stage1, split_kv_edits(decode, tma=False)) if decode else stage1
     stage3 = exporter.patch_interface(pristine, prefill)
     if decode:
-        stage3 = _apply(stage3, split_kv_edits(decode, tma=bool(tma)))
+        stage3 = apply_edits(stage3, split_kv_edits(decode, tma=bool(tma)))
     path = exporter.UPSTREAM_PATH
     patches = [SeriesPatch(
         "sm120-configs", SUBJECTS["configs"], configs, [(path, pristine, stage1)] + mask_fix.files(configs), [], [
