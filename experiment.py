@@ -92,6 +92,15 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     # fp16: faster than the bf16 entries on the models rows (GQA 4, 5, 7; twin probe): 2026-12-06-h200-table44-and-twins.md
     "d128-causal-gqa4-fp16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
     "d64-noncausal-fp16": replace(PREFILL, tile_n=128, kernel="sm120_tma"),
+    # models rows, entry against its TMA twins, 2 runs: 2026-12-06-h100-fp16-fix-studies-fp8.md section 2
+    "d128-causal-gqa2-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_paired"),  # 1.16x the GQA 1 entry
+    "d128-causal-gqa5-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # 1.04x the GQA 4 entry
+    "d128-causal-gqa7-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # 1.02-1.05x the GQA 4 entry
+    "d128-causal-gqa8-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_lpt"),  # trimmed: 0.85x
+    "d128-causal-gqa8-fp16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # the GQA 4 fp16 entry's, as before
+    "d256-causal-gqa2-bf16": ForwardConfig(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False,
+                                           kernel="sm120_tma_lpt"),  # 1.28x the sm120_tma default for d256
+    "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,

@@ -9,8 +9,9 @@ the static check (what it compiles) all use:
 2. Else the entry of a neighbour: a class with the same head dims (q/k and v), the same mask (causal or not) and the
    same regime, a chunked class counting prefill classes as neighbours too (its rows are a causal prefill's).
    Neighbours are tried nearest first, by these keys, in order:
-   a. the distance between GQA ratios, |g - g'| (the packed query rows a tile holds change with the ratio);
-   b. the same regime before a chunked class's prefill neighbour;
+   a. the same regime before a chunked class's prefill neighbour (a chunked problem's short query over a long key
+      runs best on the tiles measured on chunked problems: the chunked entries are not the prefill ones);
+   b. the distance between GQA ratios, |g - g'| (the packed query rows a tile holds change with the ratio);
    c. the same dtype before the other (fp16 <-> bf16 run the same kernels, tiles and registers);
    d. the larger GQA ratio on a tie of (a).
    A neighbour's config is taken only where it is feasible for this class (`feasible`: the static rules and the
@@ -90,7 +91,7 @@ def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
         if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal)
                 == (pc.head_dim, pc.head_dim_v, pc.causal)):
             found.append(other)
-    return sorted(found, key=lambda o: (abs(o.qhead_per_kvhead - pc.qhead_per_kvhead), o.regime != pc.regime,
+    return sorted(found, key=lambda o: (o.regime != pc.regime, abs(o.qhead_per_kvhead - pc.qhead_per_kvhead),
                                         o.dtype != pc.dtype, -o.qhead_per_kvhead))
 
 

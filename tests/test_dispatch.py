@@ -83,7 +83,7 @@ def test_table_keys_are_problem_class_names_and_values_configs():
         assert ProblemClass.parse(name).name == name and isinstance(cfg, BackwardConfig)
 
 
-def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_upstream_defaults():
+def test_a_chunked_class_without_an_entry_takes_a_chunked_entry_then_its_prefill_class_entry_then_upstream():
     from fa4tune.config import Problem
 
     chunked = Problem(2, 1024, 4096, 16, 16, 128, 128, True).problem_class
@@ -94,6 +94,10 @@ def test_a_chunked_class_without_an_entry_takes_its_prefill_class_entry_then_ups
     try:
         experiment.FORWARD_DISPATCH.pop(chunked.name, None)
         experiment.TABLES._resolved.clear()  # the tables memoize what each class runs
+        gqa4_chunked = ProblemClass(128, 128, True, 4, regime="chunked").name  # a chunked entry before a prefill one
+        assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[gqa4_chunked]
+        experiment.FORWARD_DISPATCH.pop(gqa4_chunked)
+        experiment.TABLES._resolved.clear()
         assert experiment.forward_config(chunked) is experiment.FORWARD_DISPATCH[ProblemClass(128, 128, True).name]
         unlisted = ProblemClass(80, 80, True, 2, "fp16", "chunked")
         assert experiment.forward_config(unlisted) == upstream_forward(unlisted)
