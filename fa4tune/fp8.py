@@ -44,3 +44,105 @@ def lse_correction(q: torch.Tensor, mean: torch.Tensor, softmax_scale: float) ->
     repeating the K heads' means."""
     group = q.shape[2] // mean.shape[1]
     return torch.einsum("bshd,bhd->bhs", q.float(), mean.repeat_interleave(group, dim=1)) * softmax_scale
+
+
+# -- the host path of the FP8 forward (kernels/fp8_forward_sm120.py, kernel "sm120_fp8") ---------------------------
+
+_COMPILED: dict[tuple, object] = {}  # (config, head dims, GQA ratio, causal) -> the compiled kernel
+
+
+def default_config(head_dim: int):
+    """The prototype's tiles, gated on an H100 (36/36 under the FP8 gate): 128 x 64 past d64, 128 x 128 up to it; one
+    stage, 128 threads (docs/measurements/2026-12-06-h100-fp16-fix-studies-fp8.md section 4)."""
+    from fa4tune.config import ForwardConfig
+
+    return ForwardConfig(tile_m=128, tile_n=64 if head_dim > 64 else 128, num_threads=128, num_stages=1,
+                         Q_in_regs=False, kernel="sm120_fp8")
+
+
+def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config, target=None):
+    """One ConfigError naming the rule and the value where the FP8 forward cannot run this call; else its problem
+    class (the bf16 inputs' head dims, mask and GQA ratio)."""
+    from fa4tune.config import ConfigError, ProblemClass
+    from fa4tune.targets import get_target
+    from kernels.fp8_forward_sm120 import check_opted_in
+
+    if not all(t.dim() == 4 for t in (q, k, v)):
+        raise ConfigError("fp8_shapes", f"q, k, v must be (batch, seqlen, heads, head_dim), got {[tuple(t.shape) for t in (q, k, v)]}")
+    if not all(t.dtype == torch.bfloat16 for t in (q, k, v)):
+        raise ConfigError("fp8_inputs_bf16", f"the FP8 forward takes bf16 q, k, v (V and O stay bf16), got {[str(t.dtype) for t in (q, k, v)]}")
+    if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
+        raise ConfigError("fp8_heads", f"q's heads must be a multiple of k's, v's equal to k's, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
+    pc = ProblemClass(q.shape[3], v.shape[3], causal, q.shape[2] // k.shape[2], "bf16")
+    verdict = check_opted_in(config, pc, get_target(target))
+    if not verdict:
+        raise ConfigError(verdict.rule, f"sm120_fp8: {verdict.message}")
+    return pc
+
+
+def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale: float):
+    """The kernel for these (quantized) operands, compiled once per (config, head dims, GQA ratio, causal); returns
+    (compiled function, the kernel object that traced it: its `smem_bytes_traced` is the launched struct's size)."""
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float32
+    from flash_attn.cute.cute_dsl_utils import to_cute_tensor
+    from flash_attn.cute.utils import AuxData
+
+    from kernels.fp8_forward_sm120 import Fp8ForwardSm120
+
+    key = (config, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], causal)
+    if key not in _COMPILED:
+        kernel = Fp8ForwardSm120(cutlass.BFloat16, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], is_causal=causal,
+                                 pack_gqa=False, tile_m=config.tile_m, tile_n=config.tile_n, num_stages=config.num_stages,
+                                 num_threads=config.num_threads)
+        tensors = [to_cute_tensor(t) for t in (qq, kq, v, out)]
+        scales = [to_cute_tensor(t, assumed_align=4) for t in (qs, ks)]
+        # positional, as flash_attn.cute.interface calls the forward: softmax_scale, cu_seqlens q/k, seqused q/k,
+        # page_table, window left/right, learnable_sink, block sparsity, aux_data, cu_total_m, cu_total_splits, then ours
+        fn = cute.compile(kernel, *tensors, to_cute_tensor(lse, assumed_align=4), Float32(softmax_scale), None, None, None,
+                          None, None, None, None, None, None, AuxData(None, None), None, None, *scales,
+                          cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
+        _COMPILED[key] = (fn, kernel)
+    return _COMPILED[key]
+
+
+def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
+    """What the FP8 kernel takes, from bf16 q and k: (e4m3 Q, Q's scales, e4m3 smoothed K, K's scales, the LSE
+    correction (batch, heads, seqlen_q) that the smoothing needs)."""
+    k_smoothed, mean = smooth_k(k)
+    (qq, qs), (kq, ks) = quantize_per_tile(q, config.tile_m), quantize_per_tile(k_smoothed, config.tile_n)
+    return qq, qs, kq, ks, lse_correction(q, mean, softmax_scale)
+
+
+def attention_fp8_quantized(quantized: tuple, v: torch.Tensor, causal: bool, softmax_scale: float, config) -> tuple:
+    """The FP8 kernel on inputs `quantize_inputs` made with the same config and scale: (bf16 output, fp32 LSE)."""
+    qq, qs, kq, ks, correction = quantized
+    b, s, h, _ = qq.shape
+    out = torch.empty(b, s, h, v.shape[3], device=v.device, dtype=torch.bfloat16)
+    lse = torch.empty(b, h, s, device=v.device, dtype=torch.float32)
+    fn, _ = compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, softmax_scale)
+    fn(qq.view(torch.uint8), kq.view(torch.uint8), v, out, lse, softmax_scale, None, None, None, None, None, None, None, None,
+       None, _aux_none(), None, None, qs, ks)
+    return out, lse + correction
+
+
+def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, softmax_scale: float | None = None,
+                  config=None, return_lse: bool = False):
+    """Opt-in FP8 attention forward on SM120 (kernel "sm120_fp8"; issue 45): K smoothed, Q and K quantized per tile
+    to e4m3 here (their cost is this call's), S = Q K^T on e4m3 mma.sync, the softmax in fp32, P V and the output
+    in bf16, the LSE corrected for the smoothing. q (batch, seqlen_q, heads, head_dim), k and v (batch, seqlen_k,
+    kv heads, ...), bf16 on the GPU; no backward. Its accuracy is the FP8 gate's (fa4tune/harness/fp8_gate.py), not
+    bf16's: call it only where that is wanted. `config`: a ForwardConfig with kernel "sm120_fp8" (default_config).
+    Inputs quantized once for several calls: quantize_inputs, then attention_fp8_quantized."""
+    config = default_config(q.shape[-1]) if config is None else config
+    check_call(q, k, v, causal, config)
+    scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+    out, lse = attention_fp8_quantized(quantize_inputs(q, k, config, scale), v, causal, scale, config)
+    return (out, lse) if return_lse else out
+
+
+def _aux_none():
+    from flash_attn.cute.utils import AuxData
+
+    return AuxData(None, None)

@@ -50,14 +50,14 @@ def test_forward_rules_agree_with_upstream_can_implement(pc):
             # or a kernel of our own's declared head dims (its Limits: sm120_splitkv runs 64 to 128)
             # (or, for a kernel that is not upstream's code at all, a rule of its own)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rule = own_kernel and ours.rule == "head_dim_domain"
+            own_rule = own_kernel and ours.rule in ("head_dim_domain", "fp8_opt_in")
             assert own_rule or ours.rule in UPSTREAM_FWD_RULES | {"tile_n_domain", "num_threads_domain", "tile_m_domain", "num_stages_domain"}, (cfg, ours)
         elif not ours:
             # upstream has no rule here: ours must name a rule upstream lacks, or be the shared-memory formula of
             # a kernel of our own (the TMA kernel's mbarriers come on top of upstream's tiles)
             # the head dims a kernel of our own declares it runs (its Limits: sm120_splitkv runs 64 to 128)
             own_kernel = upstream_class(forward_kernel(cfg.kernel)) is None
-            own_rules = ("smem_capacity", "head_dim_domain")
+            own_rules = ("smem_capacity", "head_dim_domain", "fp8_opt_in")  # sm120_fp8 serves no bf16 / fp16 class
             assert ours.rule in OUR_EXTRA_FWD_RULES or (own_kernel and ours.rule in own_rules), (cfg, ours)
 
 
@@ -110,6 +110,9 @@ def test_feasible_space_size_is_sane():
         for kernel in forward_domain()["kernel"]:
             variants = math.prod(len(values) for values in forward_kernel(kernel).knobs.values())
             n = sum(cfg.kernel == kernel for cfg in feasible)
+            if kernel == "sm120_fp8":  # opt-in (fa4tune.fp8.attention_fp8): feasible for no bf16 / fp16 class
+                assert n == 0, (pc.name, n)
+                continue
             assert 30 * variants <= n <= 100 * variants, (pc.name, kernel, n, variants)
     assert feasible_forward(ProblemClass(256, 256, False), TARGET) == [
         cfg for cfg in feasible_forward(ProblemClass(256, 256, False), TARGET) if forward_smem_bytes(cfg, ProblemClass(256, 256, False))[0] <= 101376

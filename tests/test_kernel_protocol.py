@@ -14,6 +14,7 @@ from fa4tune.harness import candidates, guards
 from fa4tune.kernel_class import Limits, forward_kernels, upstream_class
 from fa4tune.static_check import StaticJob, facts_from_compile, run_static
 from fa4tune.targets import get_target
+from kernels.fp8_forward_sm120 import Fp8ForwardSm120
 from kernels.splitkv_forward_sm120 import SplitKvForwardSm120
 from kernels.tma_forward_sm120 import TmaForwardSm120
 from kernels.tma_lpt_forward_sm120 import TmaLptForwardSm120
@@ -107,9 +108,10 @@ def test_ours_are_registered_from_kernels_and_experiment_py_adds_its_own(agent):
                                            "sm120_tma_lpt": TmaLptForwardSm120,
                                            "sm120_tma_paired": TmaPairedForwardSm120,
                                            "sm120_tma_trimmed": TmaTrimmedForwardSm120,
-                                           "sm120_splitkv": SplitKvForwardSm120}
+                                           "sm120_splitkv": SplitKvForwardSm120,
+                                           "sm120_fp8": Fp8ForwardSm120}
     registry = forward_kernels()  # the module loaded as `experiment`: the agent's copy
-    assert list(registry) == ["sm120", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired", "sm120_tma_trimmed",
+    assert list(registry) == ["sm120", "sm120_fp8", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired", "sm120_tma_trimmed",
                               "sm120_spare"]
     assert registry["sm120_spare"] is agent.SpareForwardSm120
     assert guards.check_module(agent) == []  # experiment.py may import the protocol and our classes
@@ -199,7 +201,7 @@ def _module(*classes: dict) -> types.ModuleType:
 
 def test_the_registry_takes_classes_by_their_own_name_and_refuses_a_taken_one():
     helper = _module({"cls": "Helper"}, {"cls": "Mine", "name": "sm120_mine"})
-    assert list(forward_kernels(helper)) == ["sm120", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
+    assert list(forward_kernels(helper)) == ["sm120", "sm120_fp8", "sm120_splitkv", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired",
                                              "sm120_tma_trimmed", "sm120_mine"]  # Helper declares no name: a base
     with pytest.raises(ConfigError) as err:
         forward_kernels(_module({"cls": "FasterTma", "bases": (TmaForwardSm120,), "name": "sm120_tma"}))

@@ -19,6 +19,8 @@
 #                     against the bf16 table; then bench/mma_rate.py (the H200/H100's e4m3 and bf16 mma.sync rates)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
+#   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
+#                     tilings gated under the FP8 gate on the standard prefill shapes, timed against the bf16 table
 # Several names in one call run in order. Logs go to $OUT (or ./out). SM120 kernels emulated at SM120's CTAs per SM.
 set -u
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -97,6 +99,9 @@ for step in "$@"; do
       timeout 200 python3 bench/table_vs_upstream.py --suites models --only fp16 --runs 2 --out "$OUT/fp16-after.jsonl" \
         > "$OUT/fp16-after.log" 2>&1; echo "after rc $?"; grep -E "^models|geomean" "$OUT/fp16-after.log"
       cp /tmp/experiment.py.orig experiment.py ;;
+    fp8class)
+      timeout 560 python3 bench/fp8_forward.py --configs default,64x64s1,64x64s2 > "$OUT/fp8class.log" 2>&1
+      echo "fp8class rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8class.log" ;;
     ut03|ut12)
       if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
       timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 "${more[@]}" \
