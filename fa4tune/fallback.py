@@ -13,7 +13,7 @@ the static check (what it compiles) all use:
       runs best on the tiles measured on chunked problems: the chunked entries are not the prefill ones);
    b. the distance between GQA ratios, |g - g'| (the packed query rows a tile holds change with the ratio);
    c. the same dtype before the other (fp16 <-> bf16 run the same kernels, tiles and registers);
-   d. the larger GQA ratio on a tie of (a).
+   d. the larger GQA ratio on a tie of (b).
    A neighbour's config is taken only where it is feasible for this class (`feasible`: the static rules and the
    kernel class's can_implement for the class's shortest problem, as for any entry); an infeasible one is passed over.
 3. Else upstream's default, where it is feasible for the class.
