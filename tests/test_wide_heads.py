@@ -26,7 +26,7 @@ def _resolved(direction: str, name: str):
 
 
 def test_d256_runs_ours_because_upstreams_tiles_need_more_than_99_kb_and_says_so():
-    pc = ProblemClass.parse("d256-causal-gqa2-bf16")
+    pc = ProblemClass.parse("d256-noncausal-bf16")  # the causal GQA 2 class has an entry of its own since 2026-12-06
     fwd = _resolved("fwd", pc.name)
     assert fwd.rule == "wide" and fwd.config == defaults.wide_forward(pc) == experiment.forward_config(pc)
     assert "upstream's default refused by smem_capacity: needs 131072 B of shared memory (Q 65536 + K 32768 + V 32768)" in fwd.describe()
@@ -70,8 +70,10 @@ def test_the_wide_suite_cites_each_row_and_its_run_says_which_classes_run_ours()
     assert {(p.head_dim, p.head_dim_v) for p in problems} == {(256, 256), (192, 128)}
     assert not any(p.backward and p.causal and p.head_dim == 256 for p in problems)  # refused, as above
     lines = fallback_lines(experiment, problems)
-    wide = {pc.name for pc in problem_classes(problems) if pc.head_dim == 256}
-    assert {line.split(": ")[1].split(" runs")[0] for line in lines if line.startswith("wide fwd: ")} == wide
+    wide = {pc.name for pc in problem_classes(problems) if pc.head_dim == 256 and
+            experiment.TABLES.resolution("fwd", pc).rule == "wide"}  # d256 classes with no entry of their own or a neighbour's
+    assert wide and {line.split(": ")[1].split(" runs")[0] for line in lines if line.startswith("wide fwd: ")} == wide
+    assert "fallback fwd: d256-causal-gqa2-fp16 runs d256-causal-gqa2-bf16's entry (bf16 for fp16)" in lines
     assert "wide bwd: d256-noncausal-bf16 runs ours for wide heads" in "\n".join(lines)
 
 
