@@ -160,7 +160,8 @@ def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, **packed):
     """softmax(q k^T * scale) v through the SM120 kernels (fa4tune.api; `packed`: a varlen call's cu_seqlens and max
-    seqlens); configs default to this file's dispatch entries, gradients flow through the tuned backward kernel."""
+    seqlens, or fp8=True for the opt-in FP8 forward); configs default to this file's dispatch entries, gradients flow
+    through the tuned backward kernel."""
     tables = SimpleNamespace(forward_config=forward_config, backward_config=backward_config, kernel_class=kernel_class,
                              varlen_forward_config=varlen_forward_config, preprocess_threads=preprocess_threads)
     return api.attention(q, k, v, causal, softmax_scale, fwd_config, bwd_config, return_lse, tables=tables, **packed)

@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import torch
 
 from fa4tune import defaults, fallback
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass, regime_of
+from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig, ProblemClass, regime_of
 from fa4tune.sm120_interface import build
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -215,7 +215,7 @@ class _Attention(torch.autograd.Function):
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, *,
-              tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+              tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, fp8=False):
     """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
 
     Configs default to `tables`' entries for the problem class; gradients flow through the tuned backward kernel.
@@ -224,9 +224,13 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     `max_seqlen_q` / `max_seqlen_k` (read from the offsets when not given: one device-to-host copy). The class is
     the longest sequences'; its varlen entry runs, else its entry where its kernel class runs packed batches, else
     upstream's default (`DispatchTables.varlen_forward_config`).
+    FP8 is opt-in: `fp8=True` (bf16 q, k, v) runs the "fp8" class's entry, and a config whose kernel class quantizes
+    (sm120_fp8) runs through fa4tune.fp8 (K smoothed, Q and K in e4m3 per tile; forward only, no packed batches).
     """
     packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else ()))
+    if fp8 or (fwd_config is not None and getattr(tables.kernel_class(fwd_config), "quantizes", False)):
+        return _fp8_attention(q, k, v, causal, softmax_scale, fwd_config, return_lse, replace(pc, dtype=FP8), tables, packed)
     if packed is not None and fwd_config is None:
         fwd_config = tables.varlen_forward_config(pc)
     fwd_config = fwd_config or tables.forward_config(pc)
@@ -237,4 +241,17 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
                                 tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed)
+    return (out, lse) if return_lse else out
+
+
+def _fp8_attention(q, k, v, causal, softmax_scale, fwd_config, return_lse, pc: ProblemClass, tables, packed):
+    """The opt-in FP8 forward (fa4tune.fp8) with the fp8 class's config; one error for what it does not run."""
+    from fa4tune import fp8
+
+    if packed is not None:
+        raise ConfigError("fp8_varlen", "the FP8 forward takes (batch, seqlen, heads, head_dim) tensors, not packed batches")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ConfigError("fp8_forward_only", f"the FP8 path has no backward ({pc.name}): call it under torch.no_grad(), "
+                                              "or train in bf16 / fp16")
+    out, lse = fp8.attention_fp8(q, k, v, causal, softmax_scale, fwd_config or tables.forward_config(pc), return_lse=True)
     return (out, lse) if return_lse else out

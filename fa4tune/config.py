@@ -11,7 +11,10 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "fp8")
+# "fp8" is opt-in (issue 45): bf16 inputs and output, S = Q K^T on e4m3 tiles (K smoothed, per-tile scales) by a kernel
+# class that quantizes (`quantizes`: kernels/fp8_forward_sm120.py), under the FP8 gate (fa4tune/harness/fp8_gate.py).
+FP8 = "fp8"
 # A problem with at most this many query tokens per sequence is a decode (one token, or a speculative draft's few):
 # its class is the decode regime's. Issue #13's matrix gates split-KV at 1, 2 and 8 tokens; at 64 and more the
 # query tiles alone fill the GPU and the prefill classes' configs apply.

@@ -12,7 +12,7 @@ spills at d256, GQA 1 and 2, bf16 and fp16; upstream's class spills 40 B at d256
 32x32 blocks with two Q stages, no spills at d256 non-causal.
 """
 
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.config import FP8, BackwardConfig, ForwardConfig, ProblemClass
 
 UPSTREAM_KERNEL = "sm120"  # the kernel class that runs upstream's SM120 forward code (kernels/tuned_forward_sm120.py)
 
@@ -50,8 +50,20 @@ def wide_backward(pc: ProblemClass) -> BackwardConfig:
     )
 
 
+def fp8_forward(pc: ProblemClass) -> ForwardConfig:
+    """The FP8 forward's tiles where an fp8 class has no entry (upstream has no FP8 path on SM120): the prototype's,
+    gated on an H100 (36/36 under the FP8 gate, docs/measurements/2026-12-06-h100-fp16-fix-studies-fp8.md section 4):
+    128 x 64 past d64, 128 x 128 up to it; one stage, 128 threads."""
+    return ForwardConfig(tile_m=128, tile_n=64 if pc.head_dim > 64 else 128, num_threads=128, num_stages=1,
+                         Q_in_regs=False, kernel="sm120_fp8")
+
+
 def fallback_configs(direction: str, pc: ProblemClass) -> tuple:
-    """Steps 3 and 4 of the fallback rule (fa4tune.fallback) for 'fwd' or 'bwd': (rule, config), in the order tried."""
+    """Steps 3 and 4 of the fallback rule (fa4tune.fallback) for 'fwd' or 'bwd': (rule, config), in the order tried;
+    an fp8 class has the FP8 forward's default and no backward."""
+    if pc.dtype == FP8:
+        # no backward: upstream's, refused for the class by the static rules (fp8_forward_only), says so
+        return (("fp8", fp8_forward(pc)),) if direction == "fwd" else (("upstream", upstream_backward(pc)),)
     if direction == "fwd":
         return (("upstream", upstream_forward(pc)), ("wide", wide_forward(pc)))
     return (("upstream", upstream_backward(pc)), ("wide", wide_backward(pc)))

@@ -112,6 +112,10 @@ def compile_shapes(experiment, kind: str, config, shapes: list[Problem], read_fa
         raise ValueError("compile_shapes needs at least one shape, got none")
     host = build(experiment.kernel_class)
     cache = host.fwd_cache if kind == "fwd" else host.bwd_cache
+    if kind == "fwd" and getattr(experiment.kernel_class(config), "quantizes", False):
+        from fa4tune import fp8
+
+        cache = fp8.COMPILED  # the FP8 forward's host path (fa4tune.fp8) compiles outside upstream's host
     pc = shapes[0].problem_class
     fwd_config, bwd_config = (config, experiment.backward_config(pc)) if kind == "fwd" else (experiment.forward_config(pc), config)
     sizes: list[int] = []

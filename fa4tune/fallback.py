@@ -21,6 +21,9 @@ the static check (what it compiles) all use:
    wide_backward: head dims past 128), where that is feasible.
 5. Else no config runs the class: the resolution says which rule refused each candidate, with the bytes
    (`refusal`); the call path raises it as one error (a forward at once, a backward when a gradient is asked for).
+An "fp8" class (opt-in FP8, fa4tune.config) is a world apart: its neighbours are fp8 classes only, no bf16 / fp16
+class has an fp8 one, and in place of steps 3 and 4 it runs the FP8 forward's default (fa4tune.defaults.fp8_forward);
+it has no backward.
 
 Like every entry, what a fallback runs passes the correctness gate of whatever run measures it (prepare.py gates
 each problem with the config dispatch gives it).
@@ -31,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 
-from fa4tune.config import ConfigError, ProblemClass
+from fa4tune.config import FP8, ConfigError, ProblemClass
 
 C = TypeVar("C")
-DEFAULT_NAMES = {"upstream": "upstream's default", "wide": "ours for wide heads"}  # steps 3 and 4, in messages
+DEFAULT_NAMES = {"upstream": "upstream's default", "wide": "ours for wide heads", "fp8": "the FP8 default"}  # steps 3 and 4, in messages
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class Resolution(Generic[C]):
             return f"{self.problem_class.name} runs its own entry"
         if self.rule == "upstream":
             return f"{self.problem_class.name} runs upstream's default (no feasible entry of its own or of a neighbour)"
+        if self.rule == "fp8":
+            return f"{self.problem_class.name} runs the FP8 default (no fp8 entry of its own or of a neighbour)"
         if self.rule == "wide":
             return f"{self.problem_class.name} runs ours for wide heads ({self.refusal})"
         if self.rule == "none":
@@ -89,7 +94,7 @@ def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
         except ConfigError:
             continue
         if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal)
-                == (pc.head_dim, pc.head_dim_v, pc.causal)):
+                == (pc.head_dim, pc.head_dim_v, pc.causal) and (other.dtype == FP8) == (pc.dtype == FP8)):
             found.append(other)
     return sorted(found, key=lambda o: (o.regime != pc.regime, abs(o.qhead_per_kvhead - pc.qhead_per_kvhead),
                                         o.dtype != pc.dtype, -o.qhead_per_kvhead))

@@ -10,7 +10,7 @@ has a rule.
 
 from __future__ import annotations
 
-from fa4tune.config import BackwardConfig, ForwardConfig, Problem, ProblemClass
+from fa4tune.config import FP8, BackwardConfig, ForwardConfig, Problem, ProblemClass
 from fa4tune.kernel_class import backward_kernel, backward_kernels, forward_kernel, forward_kernels, runs_varlen
 from fa4tune.targets import Target
 from fa4tune.verdict import OK, Verdict  # noqa: F401  (named here: a rule's answer, ok or failing)
@@ -64,6 +64,8 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target, kernels:
         return _fail("kernel_known", f"kernel {cfg.kernel!r} is not one of {', '.join(kernels)} (the kernel classes of kernels/ and experiment.py)")
     if not (verdict := _kernel_knobs(cfg, cls)):
         return verdict
+    if not (verdict := _fp8_opt_in(cfg, pc, cls)):
+        return verdict
     if not (verdict := _sizes(cfg, "tile_m", "tile_n")):
         return verdict
     if not (verdict := _limits(cfg, pc, cls)):  # before the shared-memory formula, which needs a stage count
@@ -106,6 +108,16 @@ def check_forward_entry(cfg: ForwardConfig, pc: ProblemClass, target: Target, ke
     kernels = forward_kernels() if kernels is None else kernels
     verdict = check_forward(cfg, pc, target, kernels)
     return verdict and _problem_rules(cfg, pc.shortest_problem(), target, kernels)
+
+
+def _fp8_opt_in(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
+    """FP8 is opt-in: an "fp8" class runs a kernel class that quantizes (`quantizes`), and only such a class runs it."""
+    if pc.dtype == FP8 and not cls.quantizes:
+        return _fail("fp8_kernel", f"the fp8 class {pc.name} needs a kernel class that quantizes (sm120_fp8), got {cfg.kernel!r}")
+    if pc.dtype != FP8 and cls.quantizes:
+        return _fail("fp8_opt_in", f"{cfg.kernel} computes S in e4m3: it never serves the {pc.dtype} class {pc.name} "
+                                   "(FP8 is opt-in: an fp8 problem class, or fa4tune.fp8.attention_fp8)")
+    return OK
 
 
 def _kernel_knobs(cfg: ForwardConfig | BackwardConfig, cls: type) -> Verdict:
@@ -176,6 +188,8 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: 
     class's limits, shared memory and can_implement. `skip`: rule names not applied (the census and the sweep measure
     GATE_RULES' configs); `kernels`: the registry (fa4tune.kernel_class.backward_kernels() when None)."""
     kernels = backward_kernels() if kernels is None else kernels
+    if pc.dtype == FP8:
+        return _fail("fp8_forward_only", f"the FP8 path has no backward ({pc.name}): train in bf16 or fp16")
     cls = kernels.get(cfg.kernel)
     if cls is None:
         return _fail("kernel_known", f"backward kernel {cfg.kernel!r} is not one of {', '.join(kernels)} (the kernel "

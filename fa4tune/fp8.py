@@ -48,24 +48,32 @@ def lse_correction(q: torch.Tensor, mean: torch.Tensor, softmax_scale: float) ->
 
 # -- the host path of the FP8 forward (kernels/fp8_forward_sm120.py, kernel "sm120_fp8") ---------------------------
 
-_COMPILED: dict[tuple, object] = {}  # (config, head dims, GQA ratio, causal) -> the compiled kernel
+class CompiledKernels(dict):
+    """(config, head dims, GQA ratio, causal) -> (compiled function, the kernel object that traced it); each new
+    compile is told to `listeners(key, fn)`, as upstream's host caches do (fa4tune.fake_compile reads its facts)."""
+
+    def __init__(self):
+        super().__init__()
+        self.listeners: list = []
+
+
+COMPILED = CompiledKernels()
 
 
 def default_config(head_dim: int):
-    """The prototype's tiles, gated on an H100 (36/36 under the FP8 gate): 128 x 64 past d64, 128 x 128 up to it; one
-    stage, 128 threads (docs/measurements/2026-12-06-h100-fp16-fix-studies-fp8.md section 4)."""
-    from fa4tune.config import ForwardConfig
+    """The FP8 forward's default tiles for a head dim (fa4tune.defaults.fp8_forward)."""
+    from fa4tune.config import FP8, ProblemClass
+    from fa4tune.defaults import fp8_forward
 
-    return ForwardConfig(tile_m=128, tile_n=64 if head_dim > 64 else 128, num_threads=128, num_stages=1,
-                         Q_in_regs=False, kernel="sm120_fp8")
+    return fp8_forward(ProblemClass(head_dim, head_dim, False, dtype=FP8))
 
 
 def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, config, target=None):
     """One ConfigError naming the rule and the value where the FP8 forward cannot run this call; else its problem
-    class (the bf16 inputs' head dims, mask and GQA ratio)."""
-    from fa4tune.config import ConfigError, ProblemClass
+    class (the inputs' head dims, mask and GQA ratio, dtype "fp8"; the static rules by the class's shortest problem)."""
+    from fa4tune.config import FP8, ConfigError, ProblemClass
+    from fa4tune.feasibility import check_forward
     from fa4tune.targets import get_target
-    from kernels.fp8_forward_sm120 import check_opted_in
 
     if not all(t.dim() == 4 for t in (q, k, v)):
         raise ConfigError("fp8_shapes", f"q, k, v must be (batch, seqlen, heads, head_dim), got {[tuple(t.shape) for t in (q, k, v)]}")
@@ -73,8 +81,8 @@ def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
         raise ConfigError("fp8_inputs_bf16", f"the FP8 forward takes bf16 q, k, v (V and O stay bf16), got {[str(t.dtype) for t in (q, k, v)]}")
     if q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]:
         raise ConfigError("fp8_heads", f"q's heads must be a multiple of k's, v's equal to k's, got {q.shape[2]}, {k.shape[2]}, {v.shape[2]}")
-    pc = ProblemClass(q.shape[3], v.shape[3], causal, q.shape[2] // k.shape[2], "bf16")
-    verdict = check_opted_in(config, pc, get_target(target))
+    pc = ProblemClass(q.shape[3], v.shape[3], causal, q.shape[2] // k.shape[2], FP8)
+    verdict = check_forward(config, pc, get_target(target))
     if not verdict:
         raise ConfigError(verdict.rule, f"sm120_fp8: {verdict.message}")
     return pc
@@ -92,7 +100,7 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
     from kernels.fp8_forward_sm120 import Fp8ForwardSm120
 
     key = (config, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], causal)
-    if key not in _COMPILED:
+    if key not in COMPILED:
         kernel = Fp8ForwardSm120(cutlass.BFloat16, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], is_causal=causal,
                                  pack_gqa=False, tile_m=config.tile_m, tile_n=config.tile_n, num_stages=config.num_stages,
                                  num_threads=config.num_threads)
@@ -103,8 +111,10 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
         fn = cute.compile(kernel, *tensors, to_cute_tensor(lse, assumed_align=4), Float32(softmax_scale), None, None, None,
                           None, None, None, None, None, None, AuxData(None, None), None, None, *scales,
                           cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True), options="--enable-tvm-ffi")
-        _COMPILED[key] = (fn, kernel)
-    return _COMPILED[key]
+        COMPILED[key] = (fn, kernel)
+        for listener in COMPILED.listeners:
+            listener(key, fn)
+    return COMPILED[key]
 
 
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
@@ -122,6 +132,10 @@ def attention_fp8_quantized(quantized: tuple, v: torch.Tensor, causal: bool, sof
     out = torch.empty(b, s, h, v.shape[3], device=v.device, dtype=torch.bfloat16)
     lse = torch.empty(b, h, s, device=v.device, dtype=torch.float32)
     fn, _ = compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, softmax_scale)
+    from flash_attn.cute.testing import is_fake_mode
+
+    if is_fake_mode():  # fake tensors (the static check): compiled, nothing to launch, as upstream's host path does
+        return out, lse + correction
     fn(qq.view(torch.uint8), kq.view(torch.uint8), v, out, lse, softmax_scale, None, None, None, None, None, None, None, None,
        None, _aux_none(), None, None, qs, ks)
     return out, lse + correction

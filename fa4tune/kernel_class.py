@@ -12,6 +12,8 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
   - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
+  - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
+    (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
     or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
     that measurements have not found winning, so that the search spends no evaluations on it;
@@ -69,6 +71,7 @@ class ForwardKernel:
     upstream: ClassVar[type | None] = None  # read from the class itself only: a subclass changes the code
     varlen: ClassVar[bool] = False  # runs packed batches (cu_seqlens); read from the class itself only, as `upstream`
     searched: ClassVar[bool] = True  # in the search's `kernel` domain (False: dispatch entries and benches only)
+    quantizes: ClassVar[bool] = False  # takes bf16 q, k, v and computes in FP8: runs the fp8 classes and only those
 
     @classmethod
     def smem_bytes(cls, config: ForwardConfig, problem_class) -> tuple[int, str]:

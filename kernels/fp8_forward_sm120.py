@@ -4,8 +4,9 @@ sm_120a), P V, the softmax and the accumulators as upstream's SM80-path code has
 Q and K arrive in e4m3 with one fp32 dequantization scale per tile of rows and head: q_scale (batch, heads,
 ceil(seqlen_q / tile_m)), k_scale (batch, kv heads, ceil(seqlen_k / tile_n)); the kernel multiplies each S tile
 by q_scale * k_scale before the softmax. fa4tune.fp8.attention_fp8 is the host path (K smoothed, Q and K quantized
-per tile, the LSE corrected); it is opt-in and never a bf16 dispatch entry: `can_implement` refuses every problem
-class of the bf16 / fp16 tables, and `searched` is False until FP8 problems have classes of their own.
+per tile, the LSE corrected). FP8 is opt-in: the class declares `quantizes`, so it runs the "fp8" problem classes
+(bf16 inputs, a suite's dtype "fp8") and no other, and no other class runs those (fa4tune.feasibility: fp8_opt_in,
+fp8_kernel); fa4tune.api routes its configs to fa4tune.fp8.
 
 The kernel is the prototype of docs/measurements/2026-12-06-fp8-forward-prototype.md, every change against
 upstream's flash_fwd.py (FlashAttentionForwardSm80, 4.0.0b36) marked `# FP8:`; on an H100 it passed 8/8 against
@@ -74,7 +75,7 @@ class Fp8ForwardSm120(TunedForwardSm120):
     name = "sm120_fp8"
     upstream = None  # a kernel of its own: export does not write it into upstream's interface
     varlen = False
-    searched = False  # opt-in FP8 only (fa4tune.fp8.attention_fp8): never drawn for a bf16 / fp16 class
+    quantizes = True  # bf16 inputs, S in e4m3: the fp8 classes run it, no other class does (fa4tune.feasibility)
     limits = Limits(num_stages=(1, 2), head_dim=(32, 128))  # the prototype's compiled and GPU-checked range
 
     @classmethod
@@ -88,12 +89,6 @@ class Fp8ForwardSm120(TunedForwardSm120):
 
     @classmethod
     def can_implement(cls, config, problem_class, target) -> Verdict:
-        """FP8 is opt-in: no class of the bf16 / fp16 tables runs it (`check_opted_in` is the caller that asked)."""
-        return Verdict(False, "fp8_opt_in", f"sm120_fp8 computes S in e4m3: it never serves the {problem_class.dtype} "
-                       f"class {problem_class.name}; call fa4tune.fp8.attention_fp8 for FP8")
-
-    @classmethod
-    def rules(cls, config, problem_class, target) -> Verdict:
         """The kernel's own rules: Q in shared memory, the head dim a multiple of 32, upstream's SM80 ones."""
         if config.Q_in_regs:
             return Verdict(False, "fp8_no_Q_in_regs", "sm120_fp8 keeps Q in shared memory (sV aliasing the e4m3 sQ is not built)")
@@ -790,21 +785,3 @@ class Fp8ForwardSm120(TunedForwardSm120):
         )
         # if const_expr(self.num_stages > 1):
         #     load_K_next()
-
-
-class _OptedIn(Fp8ForwardSm120):
-    """The class's rules as a caller that asked for FP8 meets them: every rule but the opt-in one."""
-
-    # no `name` of its own: the registry lists only classes that declare one, so this view is never a kernel
-
-    @classmethod
-    def can_implement(cls, config, problem_class, target) -> Verdict:
-        return cls.rules(config, problem_class, target)
-
-
-def check_opted_in(config, problem_class, target) -> Verdict:
-    """fa4tune.feasibility.check_forward for an FP8 call (fa4tune.fp8.attention_fp8): the knobs, the limits, the
-    shared-memory formula against the target's 99 KB, and `rules`; `problem_class` describes the bf16 inputs."""
-    from fa4tune.feasibility import check_forward
-
-    return check_forward(config, problem_class, target, kernels={Fp8ForwardSm120.name: _OptedIn})

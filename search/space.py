@@ -26,7 +26,7 @@ from typing import Any, Callable
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from fa4tune import defaults
-from fa4tune.config import UPSTREAM_BACKWARD_KERNEL, BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+from fa4tune.config import FP8, UPSTREAM_BACKWARD_KERNEL, BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward_entry, forward_smem_bytes
 from fa4tune.kernel_class import backward_kernels, forward_kernels, register_loader
 from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
@@ -65,6 +65,9 @@ class Space:
     # Knob domains a problem class's regime replaces (the forward's decode classes: small tiles, few warps); such a
     # class's space is cut per class as well.
     regime_domain: dict[str, dict[str, tuple]] = field(default_factory=dict)
+    # Knob domains an opt-in "fp8" class replaces (`kernel`: the classes that quantize, which no other class's
+    # domain holds, so the other classes' spaces and signatures are those of the studies stored before); cut per class.
+    fp8_domain: dict[str, tuple] = field(default_factory=dict)
 
     def distributions(self) -> dict[str, BaseDistribution]:
         """One distribution per knob (single-valued knobs included, so params map 1:1): see `distribution`."""
@@ -129,6 +132,9 @@ class Space:
         """A per_class space cut to the knob values of the class's feasible configs (each knob keeps its order);
         unchanged when the space is not per_class or nothing is feasible. A regime with a domain of its own
         (regime_domain) swaps it in first, and is cut per class."""
+        if problem_class.dtype == FP8 and self.fp8_domain:  # the whole domain: no other class's knobs
+            return replace(self, domain=dict(self.fp8_domain), regime_domain={}, fp8_domain={},
+                           per_class=True).for_class(problem_class, target)
         override = self.regime_domain.get(problem_class.regime)
         if override:
             return replace(self, domain={**self.domain, **override}, regime_domain={}, per_class=True).for_class(problem_class, target)
@@ -207,8 +213,12 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
     known = _FORWARD_SPACES.get(id(kernels))
     if known is None or known[0] is not kernels:
         searched = searched_kernels(kernels)
-        space = Space("fwd", forward_domain(searched), ForwardConfig, check_forward_entry, defaults.upstream_forward, forward_smem_bytes,
-                      {name: tuple(cls.knobs) for name, cls in searched.items()}, regime_domain={"decode": DECODE_FORWARD_DOMAIN})
+        plain = {name: cls for name, cls in searched.items() if not cls.quantizes}
+        fp8 = {name: cls for name, cls in searched.items() if cls.quantizes}
+        space = Space("fwd", forward_domain(plain), ForwardConfig, check_forward_entry, defaults.upstream_forward, forward_smem_bytes,
+                      {name: tuple(cls.knobs) for name, cls in {**plain, **fp8}.items() if cls.knobs or name in plain},
+                      regime_domain={"decode": DECODE_FORWARD_DOMAIN},
+                      fp8_domain={**forward_domain(fp8), "kernel": tuple(fp8)} if fp8 else {})
         known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]
 

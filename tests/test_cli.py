@@ -39,7 +39,7 @@ def test_bad_input_is_one_line_exit_2(args, needle):
     "problem,needle",
     [
         ({"head_dim": 100}, "head_dim_multiple_of_8: head_dim must be a positive multiple of 8, got 100"),
-        ({"dtype": "fp32"}, "dtype: dtype must be one of bf16, fp16, got 'fp32'"),
+        ({"dtype": "fp32"}, "dtype: dtype must be one of bf16, fp16, fp8, got 'fp32'"),
         ({"num_heads_kv": 5}, "gqa_ratio"),
         ({"tile_m": 128}, "unknown_knob: Problem has no knob 'tile_m'"),
     ],

@@ -2,7 +2,7 @@
 
 import experiment
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
-from fa4tune.defaults import upstream_backward, upstream_forward, wide_backward, wide_forward
+from fa4tune.defaults import fp8_forward, upstream_backward, upstream_forward, wide_backward, wide_forward
 from fa4tune.feasibility import check_backward, check_forward, check_forward_problem
 from fa4tune.kernel_class import runs_varlen
 from fa4tune.suites import load_suite, problem_classes, suite_names
@@ -20,11 +20,12 @@ def _entry_key(table: dict, pc: ProblemClass) -> str:
 # its nearest tuned class's entry (fa4tune.fallback) or upstream's defaults (test below), so these suites need no
 # table entry per class; nor does the wide suite, whose d256 classes run ours for wide heads (fa4tune.defaults).
 REAL_SHAPE_SUITES = {"models", "wide"}
+OPT_IN_SUITES = {"fp8"}  # FP8 classes: their entries, else the FP8 default (fa4tune.defaults.fp8_forward)
 
 
 def test_every_suite_problem_class_has_a_feasible_table_entry():
     assert {"standard", "quick"} <= set(suite_names())
-    for name in sorted(set(suite_names()) - REAL_SHAPE_SUITES):
+    for name in sorted(set(suite_names()) - REAL_SHAPE_SUITES - OPT_IN_SUITES):
         problems = load_suite(name)
         for pc in problem_classes(problems):
             key = _entry_key(experiment.FORWARD_DISPATCH, pc)
@@ -53,6 +54,18 @@ def test_real_shape_suites_run_an_entry_own_or_a_neighbours_or_upstream_defaults
                 default = wide_backward(pc) if pc.head_dim > 192 else upstream_backward(pc)
                 assert bwd is experiment.BACKWARD_DISPATCH[key] if key in experiment.BACKWARD_DISPATCH else bwd == default
                 assert check_backward(bwd, pc, TARGET), (name, pc.name, check_backward(bwd, pc, TARGET))
+
+
+def test_opt_in_fp8_suites_run_fp8_entries_or_the_fp8_default_and_no_backward():
+    for name in OPT_IN_SUITES:
+        problems = load_suite(name)
+        assert problems and all(p.dtype == "fp8" and not p.backward for p in problems)
+        for pc in problem_classes(problems):
+            fwd = experiment.forward_config(pc)
+            assert fwd.kernel == "sm120_fp8" and check_forward(fwd, pc, TARGET), (pc.name, fwd)
+            key = _entry_key(experiment.FORWARD_DISPATCH, pc)
+            assert fwd is experiment.FORWARD_DISPATCH[key] if key in experiment.FORWARD_DISPATCH else fwd == fp8_forward(pc)
+            assert experiment.TABLES.resolution("bwd", pc).rule == "none"
 
 
 def test_every_forward_entry_runs_its_class_s_shortest_and_its_suites_problems():

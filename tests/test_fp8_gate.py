@@ -132,3 +132,46 @@ def test_the_accuracy_table_refuses_an_unknown_input_kind_naming_the_known_ones(
     with pytest.raises(SystemExit) as done:
         fp8_accuracy.main(["--inputs", "normal,spiky"])
     assert done.value.code == 2 and "--inputs: each of normal, outliers, channels, got 'normal,spiky'" in capsys.readouterr().err
+
+
+# -- the gate applied by the harness to an "fp8" problem (precision "fp8") ------------------------------------------
+
+FP8_PROBLEM = Problem(1, 256, 256, 4, 2, 64, 64, True, "fp8", backward=False)
+
+
+def fp8_forward(q, k, v, causal, **_):
+    """What the FP8 kernel computes, on the CPU: fp32 attention on the dequantized e4m3 tiles, the LSE corrected."""
+    config, scale = fp8.default_config(q.shape[-1]), q.shape[-1] ** -0.5
+    qq, qs, kq, ks, correction = fp8.quantize_inputs(q, k, config, scale)
+    ref = gate.reference_attention(fp8.dequantize_per_tile(qq, qs, config.tile_m), fp8.dequantize_per_tile(kq, ks, config.tile_n),
+                                   v, causal)
+    return ref.out.to(torch.bfloat16), ref.lse + correction
+
+
+def test_an_fp8_problem_is_gated_on_the_fp8_gate_s_input_kinds_too():
+    cases = gate.gate_cases(FP8_PROBLEM, 7)
+    assert [(c.variant, c.kind) for c in cases if c.kind != "normal"] == [("fp8 outliers", "outliers"), ("fp8 channels", "channels")]
+    assert all(c.kind == "normal" for c in gate.gate_cases(Problem(1, 256, 256, 4, 2, 64, 64, True, "bf16"), 7))
+    q, k, v = gate.random_inputs(FP8_PROBLEM, 1, "cpu", kind="outliers")
+    assert q.dtype == torch.bfloat16 and q.abs().max() > 10  # FA3's N(0, 100) outliers among normal values
+    q, k, v, dout = gate.random_inputs(FP8_PROBLEM, 1, "cpu", count=4, kind="channels")
+    assert dout.shape == q.shape and (k.float().mean(dim=1).abs().amax(dim=-1) > 3).all()  # K's offset channels
+
+
+@pytest.mark.parametrize("kind", ["normal", "outliers", "channels"])
+def test_the_fp8_rule_passes_e4m3_outputs_that_the_bf16_rule_refuses(kind):
+    q, k, v = gate.random_inputs(FP8_PROBLEM, 3, "cpu", kind=kind)
+    out, lse = fp8_forward(q, k, v, True)
+    assert gate.check_outputs(q, k, v, True, out, lse, precision="fp8").passed
+    assert not gate.check_outputs(q, k, v, True, out, lse).passed  # e4m3's error is not bf16's
+    wrong = gate.check_outputs(q, k, v, True, out * 1.25, lse, precision="fp8")
+    assert not wrong.passed and "fp8 gate: relative L2 error" in wrong.reason
+
+
+def test_the_run_time_guards_check_an_fp8_forward_s_rows_by_the_fp8_rule():
+    from fa4tune.harness import runtime_guards
+
+    runtime_guards.check_forward_reuse(fp8_forward, FP8_PROBLEM, torch.device("cpu"), 11, runtime_guards.sync_for("cpu"))
+    with pytest.raises(runtime_guards.GuardViolation, match="fp8 gate"):
+        runtime_guards.check_forward_reuse(lambda q, k, v, causal, **_: (fp8_forward(q, k, v, causal)[0] * 1.25, None),
+                                           FP8_PROBLEM, torch.device("cpu"), 11, runtime_guards.sync_for("cpu"))

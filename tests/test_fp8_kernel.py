@@ -1,6 +1,7 @@
 """The FP8 forward as a kernel class (kernels/fp8_forward_sm120.py, "sm120_fp8"; issue 45) on the CPU: its rules,
-its opt-in (no bf16 / fp16 class runs it), the host path's one-line errors, and its sm_120a facts from real compiles
-through the host path's own compile (registers, no spills, the shared storage equal to its formula, S on QMMA)."""
+its opt-in (it runs the "fp8" classes and no other, and no other class runs those), the fallback and the call path
+for fp8 classes, the host path's one-line errors, and its sm_120a facts from real compiles through the host path's
+own compile and through the harness's static check (registers, the shared storage equal to its formula, S on QMMA)."""
 
 import json
 from dataclasses import replace
@@ -13,23 +14,58 @@ import torch
 
 from fa4tune import fp8
 from fa4tune.config import ConfigError, ProblemClass
-from fa4tune.feasibility import check_forward
+import experiment
+from fa4tune.api import DispatchTables
+from fa4tune.feasibility import check_backward, check_forward
 from fa4tune.kernel_class import forward_kernels
 from fa4tune.targets import get_target
-from kernels.fp8_forward_sm120 import Fp8ForwardSm120, check_opted_in
+from kernels.fp8_forward_sm120 import Fp8ForwardSm120
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = get_target("sm120")
-D128 = ProblemClass(128, 128, True, 4)
+D128 = ProblemClass(128, 128, True, 4, "fp8")
 
 
-def test_registered_never_searched_and_refused_for_every_bf16_or_fp16_class():
-    assert forward_kernels()["sm120_fp8"] is Fp8ForwardSm120 and Fp8ForwardSm120.searched is False
+def test_fp8_is_opt_in_both_ways_and_has_no_backward():
+    assert forward_kernels()["sm120_fp8"] is Fp8ForwardSm120 and Fp8ForwardSm120.quantizes
     config = fp8.default_config(128)
-    for pc in (D128, ProblemClass(64, 64, False, 1, "fp16")):
+    assert check_forward(config, D128, TARGET)
+    for pc in (replace(D128, dtype="bf16"), ProblemClass(64, 64, False, 1, "fp16")):
         verdict = check_forward(config, pc, TARGET)
         assert not verdict and verdict.rule == "fp8_opt_in" and "fa4tune.fp8.attention_fp8" in verdict.message
-    assert check_opted_in(config, D128, TARGET)  # the caller that asked for FP8 meets every other rule
+    verdict = check_forward(replace(config, kernel="sm120_tma"), D128, TARGET)
+    assert not verdict and verdict.rule == "fp8_kernel" and "sm120_tma" in verdict.message
+    verdict = check_backward(experiment.backward_config(D128), D128, TARGET)
+    assert not verdict and verdict.rule == "fp8_forward_only"
+
+
+def test_an_fp8_class_runs_fp8_entries_or_the_fp8_default_and_no_other_class_runs_them():
+    bf16 = replace(D128, dtype="bf16")
+    table = {bf16.name: fp8.default_config(64), "d128-causal-gqa8-fp8": replace(fp8.default_config(128), tile_m=64)}
+    tables = DispatchTables(table, {})
+    assert tables.resolution("fwd", D128).source == "d128-causal-gqa8-fp8"  # the nearest fp8 class, not bf16's own
+    assert tables.resolution("fwd", replace(D128, qhead_per_kvhead=8, dtype="bf16")).rule == "upstream"  # no fp8 entry
+    alone = DispatchTables({bf16.name: experiment.FORWARD_DISPATCH["d128-causal-gqa4-bf16"]}, {})
+    found = alone.resolution("fwd", D128)
+    assert (found.rule, found.config) == ("fp8", fp8.default_config(128))
+    assert found.describe() == "d128-causal-gqa4-fp8 runs the FP8 default (no fp8 entry of its own or of a neighbour)"
+    none = alone.resolution("bwd", D128)
+    assert none.rule == "none" and "fp8_forward_only" in none.describe()
+
+
+def test_the_call_path_routes_fp8_to_the_host_path_and_refuses_gradients_and_packed_batches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fp8, "attention_fp8", lambda q, k, v, causal, scale, config, return_lse: calls.append(config) or (q, None))
+    q = torch.zeros(1, 64, 4, 128, dtype=torch.bfloat16)
+    k = v = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
+    experiment.attention(q, k, v, causal=True, fp8=True)  # the fp8 class's config: here the FP8 default
+    experiment.attention(q, k, v, causal=True, fwd_config=replace(fp8.default_config(128), tile_m=64))  # a quantizing kernel
+    assert calls == [fp8.default_config(128), replace(fp8.default_config(128), tile_m=64)]
+    with pytest.raises(ConfigError, match="fp8_forward_only"):
+        experiment.attention(q.requires_grad_(), k, v, causal=True, fp8=True)
+    cu = torch.tensor([0, 32, 64], dtype=torch.int32)
+    with pytest.raises(ConfigError, match="fp8_varlen"):
+        experiment.attention(q[0].detach(), k[0], v[0], causal=True, fp8=True, cu_seqlens_q=cu, cu_seqlens_k=cu)
 
 
 @pytest.mark.parametrize("change, rule", [
@@ -38,12 +74,12 @@ def test_registered_never_searched_and_refused_for_every_bf16_or_fp16_class():
     ({"tile_m": 256, "tile_n": 128, "num_stages": 2, "num_threads": 256}, "smem_capacity"),
 ])
 def test_the_opted_in_rules_name_what_fails(change, rule):
-    verdict = check_opted_in(replace(fp8.default_config(128), **change), D128, TARGET)
+    verdict = check_forward(replace(fp8.default_config(128), **change), D128, TARGET)
     assert not verdict and verdict.rule == rule, verdict
 
 
 def test_the_head_dim_must_be_a_multiple_of_32():
-    verdict = check_opted_in(fp8.default_config(80), ProblemClass(80, 80, False), TARGET)
+    verdict = check_forward(fp8.default_config(80), ProblemClass(80, 80, False, dtype="fp8"), TARGET)
     assert not verdict and verdict.rule == "fp8_head_dim_multiple_of_32" and "80" in verdict.message
 
 
@@ -74,3 +110,19 @@ def test_sm120a_facts_through_the_host_path_s_compile(tmp_path):
         assert r["registers"] <= 255, r
         assert r["mma"].get("QMMA.16832", 0) > 0 and r["mma"].get("HMMA.16816", 0) > 0, r  # S on e4m3, P V on bf16
     assert report[2]["spill_bytes"] == 0, report[2]
+
+
+@pytest.mark.compile
+def test_the_static_check_compiles_an_fp8_class_through_the_call_path(tmp_path):
+    """`experiment.py --static` on an fp8 suite: the harness's fake-tensor compile goes through fa4tune.api's routing to
+    the FP8 host path, and reads the compiled struct against the class's formula (smem_understated otherwise)."""
+    suite = tmp_path / "fp8.json"
+    suite.write_text(json.dumps({"description": "one fp8 class", "problems": [
+        {"name": "d64 causal fp8", "batch": 1, "seqlen_q": 1024, "seqlen_k": 1024, "num_heads": 4, "num_heads_kv": 4,
+         "head_dim": 64, "head_dim_v": 64, "causal": True, "dtype": "fp8", "backward": False}]}))
+    done = subprocess.run([sys.executable, "experiment.py", "--static", "--no-cache", "--jobs", "1", "--suite", str(suite)],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "static_configs_ok: 1/1" in done.stdout
+    row = next(line for line in done.stdout.splitlines() if "d64-causal-fp8" in line)
+    assert "kernel=sm120_fp8" in done.stdout and "│ ok" in row and "32768" in row, row

@@ -30,6 +30,7 @@ from typing import Callable, Hashable
 import torch
 
 from fa4tune.config import Problem
+from fa4tune.harness import fp8_gate
 
 RTOL = 2.0
 # The relative rule (issue 41): ||value - ref|| / ||ref|| <= RTOL x that of plain PyTorch + this floor (the input
@@ -45,7 +46,7 @@ FORWARD_RELATIVE_CAP = 8
 FORWARD_TENSORS = ("out", "lse")
 DEFAULT_CHUNK_BYTES = 1 << 30  # score-matrix bytes per reference chunk (with its autograd intermediates)
 _INTERMEDIATES = 6  # scores, masked scores, probabilities, and their gradients, per chunk element
-TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}  # fp8: bf16 in, e4m3 inside
 
 
 # ------------------------------------------------------------------------------------------------
@@ -424,20 +425,20 @@ def _shape_text(q, k, v, causal, lengths=()) -> str:
 def gate_forward(
     forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
-    lengths: tuple[int, ...] = (),
+    lengths: tuple[int, ...] = (), precision: str | None = None,
 ) -> GateResult:
     """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
     `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before); with `lengths`, a
-    packed call, each sequence against its own."""
+    packed call, each sequence against its own; `precision` "fp8": under the FP8 gate."""
     out, lse = _run_forward(forward, q, k, v, causal, lengths)
     return check_outputs(q, k, v, causal, out, lse, variant=variant, seed=seed, chunk_bytes=chunk_bytes,
-                         references=references, input_scale=input_scale, lengths=lengths)
+                         references=references, input_scale=input_scale, lengths=lengths, precision=precision)
 
 
 def check_outputs(
     q, k, v, causal: bool, out, lse, grads=None, dout=None, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
-    lengths: tuple[int, ...] = (),
+    lengths: tuple[int, ...] = (), precision: str | None = None,
 ) -> GateResult:
     """The pass rule on outputs already computed: out and LSE (either may be None: not checked), and with
     `grads` (dq, dk, dv) of `dout`, the gradients, against the fp32 reference of (q, k, v) (from `references`
@@ -452,6 +453,8 @@ def check_outputs(
         lambda: (reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes),
                  reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes)),
     )
+    if precision == "fp8":  # the opt-in FP8 path: its own rule (fp8_gate), forward only
+        return GateResult(variant, _shape_text(q, k, v, causal), _fp8_checks(out, lse, ref), seed)
     checks = []
     if out is not None:
         checks.append(compare("out", out, ref.out, plain.out, q.dtype))
@@ -467,6 +470,22 @@ def check_outputs(
                 else:
                     checks.append(compare(name, value, r, p, q.dtype))
     return GateResult(variant, _shape_text(q, k, v, causal), tuple(checks), seed)
+
+
+def _fp8_checks(out, lse, ref: AttentionReference) -> tuple[TensorCheck, ...]:
+    """The FP8 gate (fp8_gate: per head, relative L2, cosine, LSE) as the gate's checks of out and LSE."""
+    inf = float("inf")
+    if out is None or tuple(out.shape) != tuple(ref.out.shape):
+        return (TensorCheck("out", inf, inf, 0.0, 0.0, inf, 0, False, f"FP8 gate: no output of shape {tuple(ref.out.shape)}"),)
+    found = fp8_gate.check(out.float(), lse, ref.out, ref.lse)
+    nans = int(torch.isnan(out).sum().item())
+    rule = f"FP8 gate (relative L2 <= {fp8_gate.REL_L2_MAX}, cosine >= {fp8_gate.COS_MIN}, LSE <= {fp8_gate.LSE_REL_L2_MAX})"
+    checks = [TensorCheck("out", found.rel_l2, 0.0, 0.0, fp8_gate.REL_L2_MAX, found.rel_l2, nans, found.passed,
+                          found.reason or f"{rule}: cosine {found.cos:.5f}", fp8_gate.REL_L2_MAX)]
+    if lse is not None:
+        checks.append(TensorCheck("lse", found.lse_rel_l2, 0.0, 0.0, fp8_gate.LSE_REL_L2_MAX, found.lse_rel_l2, 0,
+                                  found.passed, found.reason, fp8_gate.LSE_REL_L2_MAX))
+    return tuple(checks)
 
 
 def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths,
@@ -530,6 +549,7 @@ class GateCase:
     problem: Problem
     scale: float
     seed: int
+    kind: str = "normal"  # the inputs: "normal", or the FP8 gate's "outliers" / "channels" (random_inputs)
 
 
 def gate_cases(
@@ -539,8 +559,11 @@ def gate_cases(
     """The problem as given; its inputs scaled to large magnitude; sequence lengths shortened by
     `seqlen_offset` (not a tile multiple); and `random_count` small problems of the same class drawn
     from `seed` (each case's seed is recorded in its variant name). A packed problem's cases are packed: each
-    sequence shortened, and random batches of 2-4 sequences."""
+    sequence shortened, and random batches of 2-4 sequences. An fp8 problem adds the FP8 gate's input kinds:
+    FlashAttention-3's scattered outliers and large-magnitude channels (fp8_gate)."""
     cases = [GateCase("normal", problem, 1.0, seed), GateCase(f"scaled x{scale:g}", problem, scale, seed + 1)]
+    if problem.dtype == "fp8":
+        cases += [GateCase(f"fp8 {kind}", problem, 1.0, seed + 3 + i, kind) for i, kind in enumerate(("outliers", "channels"))]
     if problem.lengths:
         return cases + _packed_cases(problem, seed, seqlen_offset, random_count, random_max_seqlen)
     seqlen_k = max(1, problem.seqlen_k - seqlen_offset)
@@ -586,9 +609,9 @@ def _packed_cases(problem: Problem, seed: int, seqlen_offset: int, random_count:
     return cases
 
 
-def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count: int = 3) -> list[torch.Tensor]:
+def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count: int = 3, kind: str = "normal") -> list[torch.Tensor]:
     """`count` tensors of random normal values for a problem: q, k, v (and dout when count is 4), scaled; a packed
-    problem's are (total, heads, dim)."""
+    problem's are (total, heads, dim). `kind` "outliers" / "channels": q, k, v as the FP8 gate draws them."""
     dtype = TORCH_DTYPES[problem.dtype]
     generator = torch.Generator(device=device).manual_seed(seed)
     lead = ((sum(problem.lengths),), (sum(problem.lengths),)) if problem.lengths else (
@@ -599,6 +622,12 @@ def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count
         (*lead[1], problem.num_heads_kv, problem.head_dim_v),
         (*lead[0], problem.num_heads, problem.head_dim_v),
     ]
+    if kind == "outliers":
+        return [t * scale for t in fp8_gate.outlier_inputs(shapes[:3], dtype, generator, device)] + [
+            torch.randn(shapes[3], generator=generator, device=device, dtype=dtype)][: count - 3]
+    if kind == "channels":
+        return [t * scale for t in fp8_gate.channel_outlier_inputs(*shapes[:3], dtype, generator, device)] + [
+            torch.randn(shapes[3], generator=generator, device=device, dtype=dtype)][: count - 3]
     tensors = []
     for i, shape in enumerate(shapes[:count]):
         # drawn in the input dtype: an fp32 draw would double the memory of a 32K-token problem's inputs

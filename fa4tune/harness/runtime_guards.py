@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from fa4tune.harness import gate
+from fa4tune.harness import fp8_gate, gate
 from fa4tune.harness.guards import (
     DEFERRED_WORK, HARNESS_ACCESS, HARNESS_PACKAGE, NOT_READY, OTHER_ATTENTION, OUTPUT_REUSE, OUTPUT_TYPE, SIDE_STREAM, GuardViolation,
     under,
@@ -356,9 +356,11 @@ def _longest_sequence(lengths) -> slice:
     return slice(start, start + lengths[i])
 
 
-def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=()) -> None:
-    """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule;
-    a packed call's rows are its longest sequence's (rows < seqlen_q, the longest), as a batch of one."""
+def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(),
+                precision: str | None = None) -> None:
+    """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule
+    (the FP8 gate's for precision "fp8"); a packed call's rows are its longest sequence's (rows < seqlen_q, the
+    longest), as a batch of one."""
     if lengths:
         part = _longest_sequence(lengths)
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
@@ -366,6 +368,12 @@ def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=N
     ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout)
     plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout)
     rows = rows.to(q.device)
+    if precision == "fp8":
+        found = fp8_gate.check(out.detach()[:, rows].float(), None if lse is None else lse.detach()[:, :, rows].float(),
+                               ref_out, ref_lse)
+        if not found.passed:
+            raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {found.reason}")
+        return
     if dq is not None:
         checks = [gate.compare("dq", dq[:, rows], ref_dq, plain_dq, q.dtype)]
     else:
@@ -417,7 +425,7 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
         for earlier_label, earlier_out in previous:
             if _same_bits(out, earlier_out):
                 raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same out as {earlier_label}, for other inputs")
-        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths)
+        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths, precision=problem.dtype)
         previous.append((label, out))
         live.update({f"out of call {number}": out, f"lse of call {number}": lse})
 

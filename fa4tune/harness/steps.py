@@ -97,12 +97,12 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
     )
     done = []
     for case in cases:
-        q, k, v, dout = gate.random_inputs(case.problem, case.seed, device, scale=case.scale, count=4)
+        q, k, v, dout = gate.random_inputs(case.problem, case.seed, device, scale=case.scale, count=4, kind=case.kind)
         if direction == "fwd":
             result = gate.gate_forward(
                 candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
-                lengths=case.problem.lengths,
+                lengths=case.problem.lengths, precision=problem.dtype,
             )
         else:
             result = gate.gate_backward(
@@ -165,7 +165,7 @@ def timed_output_check(problem: Problem, direction: str, calls: dict[str, list[C
                     out, lse = gate._unpack(output)
                     result = gate.check_outputs(q, k, v, problem.causal, out, lse, variant="timed", seed=call.seed,
                                                 chunk_bytes=settings.reference_chunk_bytes, references=references,
-                                                lengths=problem.lengths)
+                                                lengths=problem.lengths, precision=problem.dtype)
                 else:
                     out, lse = call.forward_outputs
                     out, lse = out.detach(), (lse.detach() if isinstance(lse, torch.Tensor) else None)
