@@ -229,7 +229,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     """
     packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else ()))
-    if fp8 or (fwd_config is not None and getattr(tables.kernel_class(fwd_config), "quantizes", False)):
+    if fp8 or (fwd_config is not None and _quantizes(tables, fwd_config)):
         return _fp8_attention(q, k, v, causal, softmax_scale, fwd_config, return_lse, replace(pc, dtype=FP8), tables, packed)
     if packed is not None and fwd_config is None:
         fwd_config = tables.varlen_forward_config(pc)
@@ -242,6 +242,14 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
                                 tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed)
     return (out, lse) if return_lse else out
+
+
+def _quantizes(tables, config: ForwardConfig) -> bool:
+    """Whether the config's kernel class takes bf16 inputs and computes in FP8 (fa4tune.kernel_class `quantizes`)."""
+    from fa4tune.kernel_class import forward_kernel
+
+    kernel_class = getattr(tables, "kernel_class", None) or (lambda c: forward_kernel(c.kernel))
+    return bool(getattr(kernel_class(config), "quantizes", False))
 
 
 def _fp8_attention(q, k, v, causal, softmax_scale, fwd_config, return_lse, pc: ProblemClass, tables, packed):

@@ -15,7 +15,7 @@ import torch
 from fa4tune import fp8
 from fa4tune.config import ConfigError, ProblemClass
 import experiment
-from fa4tune.api import DispatchTables
+from fa4tune.api import DispatchTables, attention
 from fa4tune.feasibility import check_backward, check_forward
 from fa4tune.kernel_class import forward_kernels
 from fa4tune.targets import get_target
@@ -126,3 +126,11 @@ def test_the_static_check_compiles_an_fp8_class_through_the_call_path(tmp_path):
     assert "static_configs_ok: 1/1" in done.stdout
     row = next(line for line in done.stdout.splitlines() if "d64-causal-fp8" in line)
     assert "kernel=sm120_fp8" in done.stdout and "│ ok" in row and "32768" in row, row
+
+
+def test_fa4tune_api_routes_a_quantizing_config_without_experiment_py_s_kernel_class(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fp8, "attention_fp8", lambda q, k, v, causal, scale, config, return_lse: calls.append(config) or (q, None))
+    q = k = v = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
+    attention(q, k, v, True, fwd_config=fp8.default_config(64), tables=DispatchTables({}, {}))  # no kernel_class given
+    assert calls == [fp8.default_config(64)]
