@@ -445,3 +445,16 @@ def test_the_shipped_tables_export_says_which_winners_ran_at_the_h200s_occupancy
     assert marked == {"bwd:d128-causal-gqa4-bf16"}
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=_pristine_checkout(tmp_path / "fa"), capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
+
+
+def test_an_fp8_study_is_left_out_with_a_note(winners_url, tmp_path):
+    """Upstream's SM120 tables key on head dims, causal and GQA ratio, not the dtype, and upstream has no FP8 path
+    there: an opt-in FP8 class's study is never exported (an empty one is no error either)."""
+    db = tmp_path / "search.db"
+    shutil.copy(winners_url.removeprefix("sqlite:///"), db)
+    url = f"sqlite:///{db}"
+    open_study(open_storage(url), StudySpec("fwd", ProblemClass.parse("d128-causal-fp8"), (), get_target("sm120")),
+               make_sampler("random", 0))
+    done = _export(url, "--allow-replay", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "fwd:d128-causal-fp8: left out: an opt-in FP8 class" in done.stdout + done.stderr

@@ -26,7 +26,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 from fa4tune import emulated_occupancy
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
 from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, bwd_knobs_from,
@@ -117,6 +117,11 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
             raise ConfigError("leave_out", f"--leave-out {name!r} names no study (DIRECTION:CLASS, one of {have})")
         studies = [ev for ev in studies if ev not in matched]
         notes.append(f"{name}: left out (--leave-out).")
+    fp8 = [ev for ev in studies if ev.problem_class.dtype == FP8]
+    for ev in fp8:  # upstream's SM120 tables are keyed without the dtype, and upstream has no FP8 path on SM120
+        notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: an opt-in FP8 class, which upstream's SM120 path "
+                     "does not run.")
+    studies = [ev for ev in studies if ev not in fp8]
     left = [ev for ev in studies if ev.problem_class.regime not in (("prefill", "decode") if decode else ("prefill",))]
     for ev in left:
         # upstream's SM120 tables key on head_dim, causal and qhead_per_kvhead, not on the query length: a decode
