@@ -152,6 +152,20 @@ def test_an_fp8_problem_is_gated_on_the_fp8_gate_s_input_kinds_too():
     cases = gate.gate_cases(FP8_PROBLEM, 7)
     assert [(c.variant, c.kind) for c in cases if c.kind != "normal"] == [("fp8 outliers", "outliers"), ("fp8 channels", "channels")]
     assert all(c.kind == "normal" for c in gate.gate_cases(Problem(1, 256, 256, 4, 2, 64, 64, True, "bf16"), 7))
+    assert not [c for c in cases if c.scale != 1.0]  # no x8 inputs: the FP8 gate is stated for unit-scale ones
+
+
+@pytest.mark.parametrize("head_dim, causal", [(64, True), (128, False), (128, True)])
+def test_what_an_fp8_kernel_computes_passes_every_gate_case_of_its_problem(head_dim, causal):
+    """The quantizer's own error, on the harness's gate cases for an fp8 problem (normal, odd lengths, random shapes,
+    outliers, large channels): a correct FP8 kernel is not refused. At x8 inputs it would be (relative L2 0.25-0.30)."""
+    problem = Problem(1, 512, 512, 4, 2, head_dim, head_dim, causal, "fp8", backward=False)
+    for case in gate.gate_cases(problem, 5):
+        q, k, v = gate.random_inputs(case.problem, case.seed, "cpu", scale=case.scale, kind=case.kind)
+        result = gate.check_outputs(q, k, v, causal, *fp8_forward(q, k, v, causal), variant=case.variant, precision="fp8")
+        assert result.passed, result.reason
+    q, k, v = (8 * t for t in gate.random_inputs(problem, 5, "cpu"))
+    assert not gate.check_outputs(q, k, v, causal, *fp8_forward(q, k, v, causal), precision="fp8").passed
     q, k, v = gate.random_inputs(FP8_PROBLEM, 1, "cpu", kind="outliers")
     assert q.dtype == torch.bfloat16 and q.abs().max() > 10  # FA3's N(0, 100) outliers among normal values
     q, k, v, dout = gate.random_inputs(FP8_PROBLEM, 1, "cpu", count=4, kind="channels")
