@@ -65,7 +65,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d96-causal-bf16": replace(TRIMMED, tile_m=64, tile_n=96),
     "d64-noncausal-bf16": replace(PREFILL, tile_n=128),
     "d64-causal-bf16": replace(TRIMMED, Q_in_regs=True),
-    "d128-causal-gqa4-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_lpt"),
+    "d128-causal-gqa4-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # see GQA 2 below
     "d128-noncausal-gqa4-bf16": PREFILL,
     "d64-noncausal-decode-bf16": DECODE,
     "d64-noncausal-gqa4-decode-bf16": DECODE,
@@ -89,15 +89,11 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-causal-gqa4-chunked-bf16": replace(TRIMMED, tile_m=64, tile_n=96, Q_in_regs=True),
     "d96-causal-chunked-bf16": TRIMMED,
     "d64-causal-chunked-bf16": replace(TRIMMED, Q_in_regs=True),
-    # fp16: faster than the bf16 entries on the models rows (GQA 4, 5, 7; twin probe): 2026-12-06-h200-table44-and-twins.md
-    "d128-causal-gqa4-fp16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
-    "d64-noncausal-fp16": replace(PREFILL, tile_n=128, kernel="sm120_tma"),
-    # models rows, entry against its TMA twins, 2 runs: 2026-12-06-h100-fp16-fix-studies-fp8.md section 2
-    "d128-causal-gqa2-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_paired"),  # 1.16x the GQA 1 entry
-    "d128-causal-gqa5-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # 1.04x the GQA 4 entry
-    "d128-causal-gqa7-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # 1.02-1.05x the GQA 4 entry
-    "d128-causal-gqa8-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma_lpt"),  # trimmed: 0.81x
-    "d128-causal-gqa8-fp16": replace(TRIMMED, tile_m=64, Q_in_regs=True),  # the GQA 4 fp16 entry's, as before
+    "d64-noncausal-fp16": replace(PREFILL, tile_n=128, kernel="sm120_tma"),  # 2026-12-06-h200-table44-and-twins.md
+    # d128 causal GQA 2-8, bf16 and fp16 (GQA 5 / 7 and fp16 by the fallback rule): trimmed, 1.01-1.02x the lpt and
+    # paired twins with the opaque thread index (2 runs): 2026-12-06-h100-models-opaque-fp8-wide.md section 2
+    "d128-causal-gqa2-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
+    "d128-causal-gqa8-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
     "d256-causal-gqa2-bf16": ForwardConfig(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False,
                                            kernel="sm120_tma_lpt"),  # 1.28x the sm120_tma default for d256
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
@@ -117,6 +113,8 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d64-noncausal-bf16": replace(BWD, num_stages_dO=2),
     "d64-causal-bf16": replace(CMASK4, kernel="sm120_cmask_kregs"),
     "d128-causal-gqa4-bf16": replace(CMASK8, kernel="sm120_cmask_kregs"),
+    "d192v128-causal-bf16": replace(BWD, kernel="sm120_cmask_kregs", num_stages_Q=1, num_threads=256, dQ_swapAB=True,
+                                    AtomLayoutNdKV=4),  # 30.9x upstream's: 2026-12-06-h100-models-opaque-fp8-wide.md
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

@@ -51,11 +51,12 @@ def wide_backward(pc: ProblemClass) -> BackwardConfig:
 
 
 def fp8_forward(pc: ProblemClass) -> ForwardConfig:
-    """The FP8 forward's tiles where an fp8 class has no entry (upstream has no FP8 path on SM120): the prototype's,
-    gated on an H100 (36/36 under the FP8 gate, docs/measurements/2026-12-06-h100-fp16-fix-studies-fp8.md section 4):
-    128 x 64 past d64, 128 x 128 up to it; one stage, 128 threads."""
-    return ForwardConfig(tile_m=128, tile_n=64 if pc.head_dim > 64 else 128, num_threads=128, num_stages=1,
-                         Q_in_regs=False, kernel="sm120_fp8")
+    """The FP8 forward's tiles where an fp8 class has no entry (upstream has no FP8 path on SM120): 64 x 64 in two
+    stages, 128 threads. Timed against 128 x 64 (x 128 at d64) in one stage on the standard prefill shapes, all gated
+    (docs/measurements/2026-12-06-h100-models-opaque-fp8-wide.md section 3): it led every causal, d64 and d96
+    shape by 3-26 % and trailed d128 non-causal by 2-3 %, where 128 x 64 spills 124 B on sm_120a and it does not;
+    the d128 causal GQA 4 study chose it too."""
+    return ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False, kernel="sm120_fp8")
 
 
 def fallback_configs(direction: str, pc: ProblemClass) -> tuple:

@@ -317,8 +317,7 @@ class TmaForwardSm120(TunedForwardSm120):
         fastdiv_mods=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        if const_expr(self.dtype == cutlass.Float16):
-            tidx = opaque_i32(tidx)  # bf16's kernels are traced as before
+        tidx = opaque_i32(tidx)  # bf16 too: the sm_90a build keeps its ldmatrix prefetch
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for tma_atom in (tma_atom_Q, tma_atom_K, tma_atom_V):

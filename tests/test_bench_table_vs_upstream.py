@@ -162,9 +162,9 @@ def test_each_step_says_whether_its_class_runs_its_own_entry_or_a_neighbour_s_an
     bench = load_bench()
     steps = {(s.problem.label, s.direction): s for s in bench.plan(["models"], experiment)}
     assert steps[("llama3-8b prefill 4k bf16", "fwd")].entry == "own"
-    assert steps[("llama3-8b prefill 4k fp16", "fwd")].entry == "own"
+    assert steps[("llama3-8b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa4-bf16"  # fp16 <-> bf16
     assert steps[("phi3-mini prefill 2k x2 fp16", "fwd")].entry == "fallback d96-causal-bf16"  # fp16 <-> bf16
-    assert steps[("qwen2.5-7b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa7-bf16"  # GQA 7: same ratio first
+    assert steps[("qwen2.5-7b prefill 4k fp16", "fwd")].entry == "fallback d128-causal-gqa8-bf16"  # the nearest GQA ratio
     assert steps[("gemma2-27b prefill 4k bf16", "fwd")].entry == "own"  # GQA 2 has its own entry since 2026-12-06
     assert steps[("gemma3-27b chunked 512 over 16k bf16", "fwd")].entry == "fallback d128-causal-chunked-bf16"  # nearest ratio
     assert {s.entry.split(" ")[0] for s in steps.values()} <= {"own", "fallback", "upstream", "wide"}

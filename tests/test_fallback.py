@@ -93,7 +93,7 @@ def test_the_call_path_passes_over_a_neighbour_whose_config_the_static_rules_ref
 
 def test_the_shipped_table_serves_fp16_and_other_gqa_ratios_from_its_bf16_entries():
     for name, source in [("d128-causal-fp16", "d128-causal-bf16"), ("d128-causal-gqa3-bf16", "d128-causal-gqa4-bf16"),
-                         ("d128-causal-gqa6-bf16", "d128-causal-gqa7-bf16"), ("d128-causal-gqa6-decode-bf16", "d128-causal-gqa8-decode-bf16"),
+                         ("d128-causal-gqa6-bf16", "d128-causal-gqa8-bf16"), ("d128-causal-gqa6-decode-bf16", "d128-causal-gqa8-decode-bf16"),
                          ("d96-causal-chunked-fp16", "d96-causal-chunked-bf16"), ("d64-noncausal-gqa2-fp16", "d64-noncausal-fp16")]:
         pc = ProblemClass.parse(name)
         assert experiment.TABLES.resolution("fwd", pc).source == source, name
@@ -120,7 +120,7 @@ def test_search_reads_from_experiment_py_s_text_what_the_call_path_runs_for_ever
 def test_experiment_py_s_run_says_which_classes_run_a_fallback():
     assert fallback_lines(experiment, load_suite("standard")) == []  # every standard class has its entry
     lines = fallback_lines(experiment, load_suite("models"))
-    assert "fallback fwd: d128-causal-gqa7-fp16 runs d128-causal-gqa7-bf16's entry (bf16 for fp16)" in lines
+    assert "fallback fwd: d128-causal-gqa7-fp16 runs d128-causal-gqa8-bf16's entry (nearest GQA ratio 8, bf16 for fp16)" in lines
     assert "fallback bwd: d128-causal-gqa7-bf16 runs d128-causal-gqa4-bf16's entry (nearest GQA ratio 4)" in lines
     assert "fallback fwd: d96-causal-fp16 runs d96-causal-bf16's entry (bf16 for fp16)" in lines
     assert all(line.startswith(("fallback fwd: ", "fallback bwd: ", "wide fwd: d256-")) for line in lines)

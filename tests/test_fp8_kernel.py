@@ -59,8 +59,9 @@ def test_the_call_path_routes_fp8_to_the_host_path_and_refuses_gradients_and_pac
     q = torch.zeros(1, 64, 4, 128, dtype=torch.bfloat16)
     k = v = torch.zeros(1, 64, 1, 128, dtype=torch.bfloat16)
     experiment.attention(q, k, v, causal=True, fp8=True)  # the fp8 class's config: here the FP8 default
-    experiment.attention(q, k, v, causal=True, fwd_config=replace(fp8.default_config(128), tile_m=64))  # a quantizing kernel
-    assert calls == [fp8.default_config(128), replace(fp8.default_config(128), tile_m=64)]
+    given = replace(fp8.default_config(128), tile_m=128, num_stages=1)
+    experiment.attention(q, k, v, causal=True, fwd_config=given)  # a quantizing kernel
+    assert calls == [fp8.default_config(128), given] and given != fp8.default_config(128)
     with pytest.raises(ConfigError, match="fp8_forward_only"):
         experiment.attention(q.requires_grad_(), k, v, causal=True, fp8=True)
     cu = torch.tensor([0, 32, 64], dtype=torch.int32)
@@ -125,7 +126,9 @@ def test_the_static_check_compiles_an_fp8_class_through_the_call_path(tmp_path):
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "static_configs_ok: 1/1" in done.stdout
     row = next(line for line in done.stdout.splitlines() if "d64-causal-fp8" in line)
-    assert "kernel=sm120_fp8" in done.stdout and "│ ok" in row and "32768" in row, row
+    default = fp8.default_config(64)  # 64 x 64 in two stages
+    smem, _ = Fp8ForwardSm120.smem_bytes(default, ProblemClass(64, 64, True, 1, "fp8"))
+    assert "│ ok" in row and f"tile_m={default.tile_m} tile_n={default.tile_n}" in row and f" {smem} " in row, row
 
 
 def test_fa4tune_api_routes_a_quantizing_config_without_experiment_py_s_kernel_class(monkeypatch):

@@ -118,3 +118,23 @@ def test_a_dispatch_entry_on_an_unsearched_kernel_class_is_not_enqueued_and_the_
     assert [t.user_attrs[schema.PROPOSER] for t in study.get_trials(deepcopy=False)] == ["baseline"]
     trial = study.ask(spec.space.distributions())  # the baseline's fixed params lie in the distributions
     assert spec.space.config(trial.params) == spec.space.upstream(pc)
+
+
+def test_an_fp8_study_starts_with_its_incumbent_and_no_upstream_baseline():
+    """Upstream has no FP8 path and an fp8 class's domain draws `sm120_fp8` only: its default (kernel sm120) is not
+    queued, since Optuna's ask raises ValueError on it (the first GPU fp8 study lost a slot to that, 2026-12-06);
+    the FP8 default, queued as the incumbent, is the study's first trial."""
+    from fa4tune.config import ProblemClass
+    from fa4tune.defaults import fp8_forward
+    from search.storing import schema
+    from search.storing.study import StudySpec, enqueue_baseline
+
+    pc = ProblemClass.parse("d128-causal-gqa4-fp8")
+    default = fp8_forward(pc)
+    spec = StudySpec("fwd", pc, (), TARGET, incumbent=default.to_dict())
+    assert "kernel='sm120' is not in the search domain" in spec.space.in_domain(spec.space.upstream(pc))
+    study = optuna.create_study(direction="maximize")
+    assert enqueue_baseline(study, spec)
+    assert [t.user_attrs[schema.PROPOSER] for t in study.get_trials(deepcopy=False)] == ["incumbent"]
+    trial = study.ask(spec.space.distributions())
+    assert spec.space.config(trial.params) == default and default.kernel == "sm120_fp8"

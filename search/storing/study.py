@@ -169,15 +169,19 @@ def name_metric(study: optuna.Study, direction: str) -> bool:
 
 
 def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
-    """A new study starts with upstream's default config: the baseline every winner is compared with; then, where
-    the dispatch table holds another config (spec.incumbent), that one, so that a winner is known to beat what
-    users run today (`search apply` refuses to replace an entry its study never measured); then the transfer configs
+    """A new study starts with upstream's default config (where the class's domain holds it): the baseline every
+    winner is compared with; then, where the dispatch table holds another config (spec.incumbent), that one, so
+    that a winner is known to beat what users run today (`search apply` refuses to replace an entry its study never measured); then the transfer configs
     (spec.transfer: the best of a recorded table's other classes) not already queued."""
     if study.get_trials(deepcopy=False):
         return False
     upstream = spec.space.upstream(spec.problem_class)
-    study.enqueue_trial(spec.space.params(upstream), user_attrs={schema.PROPOSER: BASELINE})
     queued = [upstream]
+    # upstream's default outside the class's domain (an opt-in FP8 class draws `sm120_fp8` only, and upstream has
+    # no FP8 path) has no baseline trial: Optuna's ask raises ValueError on such a fixed param, and upstream
+    # cannot run the class's problems anyway; the incumbent (the FP8 default where no entry exists) leads instead
+    if not spec.space.in_domain(upstream):
+        study.enqueue_trial(spec.space.params(upstream), user_attrs={schema.PROPOSER: BASELINE})
     if spec.incumbent is not None:
         incumbent = spec.space.config(spec.incumbent)
         # an entry on a kernel class the search does not draw (`searched = False`) is outside the trials' distributions:
