@@ -11,10 +11,17 @@ patched with `git apply`, first on its pytest process's path. The test files the
 every variant, pristine included: a fix's own test fails before it and passes after. Under FLASH_ATTENTION_ARCH=sm_120 a pytest plugin answers compute capability 12.0 to the test files'
 own calls of torch.cuda.get_device_capability (their IS_SM120 branches), and nothing else: flash-attn-4 keeps the
 real device's answer, so on a GPU that is not SM 12.0 its SM120 classes run emulated, as everywhere in fa4-tune.
+After each test the plugin gives its process's cached GPU memory back to the driver (PyTorch's caching allocator
+would keep the pool of the largest test the worker ran, out of the other workers' reach).
 
 The two files hold 418,214 cases (2026-08 tests): `--sample S` runs, of each test function with more than 16, a
 fixed pseudo-random S * log2(n) of its n cases (by the hash of their ids: the same cases in every variant and
 every run; at least 16), and every case of the others; `--sample 0` runs all.
+
+A call cut off by its time limit (a device call's 10 minutes) is continued by the next with `--resume` and the same
+--out: each variant's cases that have their outcome in its report keep it and do not run again, the others run, then
+the failures still to run again alone; the reports are appended to. Each variant's end prints how many of its
+selected cases have no outcome yet and how many failures were not run again alone: an incomplete variant shows.
 """
 
 from __future__ import annotations
@@ -37,15 +44,26 @@ ROOT = Path(__file__).resolve().parent.parent
 SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-06-upstream-series-"
 DEFAULT_FILES = ("test_flash_attn.py", "test_flash_attn_combine.py")
 PLUGIN = "fa4tune_sm120_capability"
-PLUGIN_SOURCE = '''"""Written by fa4-tune's bench/upstream_tests.py: compute capability 12.0 for the test files' own calls."""
+PLUGIN_SOURCE = '''"""Written by fa4-tune's bench/upstream_tests.py: compute capability 12.0 for the test files' own calls,
+each phase's outcome in the report, the GPU memory a test leaves cached given back, finished cases deselected."""
+import gc
 import json
 import os
 import sys
 
+import pytest
+
 TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
 REPORT = os.environ.get("FA4TUNE_UPSTREAM_REPORT", "")
+DONE = os.environ.get("FA4TUNE_UPSTREAM_DONE", "")
 _controller = []
 _sticky = []
+_poisoned = []
+
+
+def _poisons(message):
+    """A CUDA error that leaves the process's context unusable (every later call fails): not an out-of-memory."""
+    return "CUDA error" in message and "out of memory" not in message and "ALLOC_FAILED" not in message
 
 
 def _message(report):
@@ -61,8 +79,10 @@ def pytest_runtest_logreport(report):
     worker, a CUDA error that poisons the process (not an out-of-memory) ends the worker after this test: xdist
     starts a fresh one, so one faulty kernel fails its own test, not every later test of the worker."""
     message = _message(report) if report.failed or report.skipped else ""
+    if report.failed and _poisons(message):
+        _poisoned.append(report.nodeid)
     if not _controller:
-        if report.failed and "CUDA error" in message and "out of memory" not in message and "ALLOC_FAILED" not in message:
+        if report.failed and _poisons(message):
             _sticky.append(report.nodeid)
         return
     if not REPORT:
@@ -76,6 +96,48 @@ def pytest_runtest_logreport(report):
 def pytest_runtest_logfinish(nodeid, location):
     if _sticky:
         os._exit(3)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After each test, its teardown reported (its fixtures' values and its failure's frames let go, here, not before:
+    pytest holds them until then), the GPU memory PyTorch's caching allocator keeps for the process goes back to
+    the driver: 8 workers each holding the pool of the largest test they ran starve the others (out of memory). Only
+    where the test files imported torch and initialized CUDA (never imported here: nothing at all without torch),
+    and never into a context a CUDA error poisoned (`_poisoned`; a worker so poisoned ends before this, `_sticky`).
+    Nothing raised."""
+    try:
+        return (yield)
+    finally:
+        _release()
+
+
+def _release():
+    torch = sys.modules.get("torch")
+    if torch is None or _poisoned:
+        return
+    try:
+        if not torch.cuda.is_initialized():
+            return
+        for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # pytest's copy of a failure, frames
+            if getattr(sys, name, None) is not None:                            # and tensors with it
+                setattr(sys, name, None)
+        gc.collect()
+        torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+def pytest_collection_modifyitems(config, items):
+    """--resume: the cases an earlier call finished (DONE, one id a line) are deselected, by their exact ids (pytest's
+    --deselect takes prefixes: test_a would take test_ab with it)."""
+    if not DONE:
+        return
+    with open(DONE) as stream:
+        done = set(stream.read().splitlines())
+    if any(item.nodeid in done for item in items):
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid in done])
+        items[:] = [item for item in items if item.nodeid not in done]
 
 
 def pytest_configure(config):
@@ -99,13 +161,18 @@ def pytest_configure(config):
 
 @dataclasses.dataclass
 class Outcome:
-    """One variant's run: each test's outcome ('passed', 'failed', 'error', 'skipped') and message."""
+    """One variant's run: each test's outcome ('passed', 'failed', 'error', 'skipped') and message; the tests run
+    again alone; of the `selected` cases (the @files' ids), those `missing` a final outcome (cut off), and the
+    failures to run again alone that were not (`not_rerun`, cut off or no time left)."""
 
     variant: str
     tests: dict[str, tuple[str, str]]
     seconds: float
     returncode: int
     rerun: list[str] = dataclasses.field(default_factory=list)
+    selected: int = 0
+    missing: list[str] = dataclasses.field(default_factory=list)
+    not_rerun: list[str] = dataclasses.field(default_factory=list)
 
     def count(self, outcome: str) -> int:
         return sum(1 for o, _ in self.tests.values() if o == outcome)
@@ -137,16 +204,37 @@ def make_variant(site: Path, package: Path, patches: list[Path]) -> None:
             raise SystemExit(f"upstream_tests: {patch.name} does not apply on {under}: {done.stderr.strip()}")
 
 
-def read_report(path: Path) -> dict[str, tuple[str, str]]:
-    """{test id: (outcome, message)} from the plugin's per-phase lines, as junit counts them: a failed call is
-    'failed', a failed setup or teardown 'error', a skipped setup 'skipped', a passed call 'passed'. A torn last line (killed) is dropped."""
-    tests: dict[str, tuple[str, str]] = {}
+def read_baseline(path: Path) -> dict[str, tuple[str, str]]:
+    """An earlier call's variant report (a .jsonl) with the outcomes of its failures run again alone (the
+    <variant>.rerun.jsonl beside it) over the first pass's, as that call counted them; {} if it holds none."""
+    if path.suffix != ".jsonl" or not path.is_file():
+        return {}
+    tests = read_report(path)
+    again = path.with_suffix(".rerun.jsonl")
+    if tests and again.is_file():
+        tests.update(read_report(again))
+    return tests
+
+
+def _rows(path: Path):
+    """The plugin's per-phase lines of a report, in order; a torn last line (killed) is dropped."""
     for line in path.read_text().splitlines():
         try:
-            row = json.loads(line)
+            yield json.loads(line)
         except json.JSONDecodeError:
             continue
+
+
+def read_report(path: Path) -> dict[str, tuple[str, str]]:
+    """{test id: (outcome, message)} from the plugin's per-phase lines, as junit counts them: a failed call is
+    'failed', a failed setup or teardown 'error', a skipped setup 'skipped', a passed call 'passed'. A torn last line (killed) is dropped.
+    A case's setup line after earlier lines of it starts it afresh: --resume runs again, appending to the report,
+    a case an earlier call left unfinished (see `finished`), and that run's outcome counts."""
+    tests: dict[str, tuple[str, str]] = {}
+    for row in _rows(path):
         test, outcome, when = row["id"], row["outcome"], row["when"]
+        if when == "setup":
+            tests.pop(test, None)
         if outcome == "failed":
             if tests.get(test, ("",))[0] != "failed":
                 tests[test] = ("failed" if when == "call" else "error", row["message"])
@@ -155,11 +243,27 @@ def read_report(path: Path) -> dict[str, tuple[str, str]]:
     return tests
 
 
-def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: float, report: Path | None = None) -> int:
+def finished(path: Path) -> set[str]:
+    """The cases whose last run in the report has its final outcome: its teardown line landed (pytest reports one for
+    every case, after a failed or skipped setup too), or xdist's line for the worker that crashed under it (phase
+    '???', the case's last). A case cut off before either has none, even with its call's outcome (its teardown may
+    still fail): --resume runs it again."""
+    done: set[str] = set()
+    for row in _rows(path):
+        if row["when"] == "setup":
+            done.discard(row["id"])
+        elif row["when"] in ("teardown", "???"):
+            done.add(row["id"])
+    return done
+
+
+def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: float, report: Path | None = None,
+            done: Path | None = None, append: bool = False) -> int:
     """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
-    (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log`, each
-    test's outcome in `report` as it lands. The plugin, pytest's cache and the series' added tests live beside
-    `site` (the --work directory)."""
+    (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log` (after
+    an earlier call's where `append`), each test's outcome in `report` as it lands, the cases listed in `done` (one
+    id a line) deselected. The plugin, pytest's cache and the series' added tests live beside `site` (the --work
+    directory)."""
     work = site.parent
     plugin_dir = work / "plugin"
     plugin_dir.mkdir(exist_ok=True)
@@ -168,8 +272,9 @@ def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: fl
             "--rootdir", str(tests_dir), *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
                FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((work / "added-tests").resolve())]),
-               FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "")
-    with open(log, "w") as stream:
+               FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "",
+               FA4TUNE_UPSTREAM_DONE=str(done.resolve()) if done else "")
+    with open(log, "a" if append else "w") as stream:
         process = subprocess.Popen(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:
@@ -211,34 +316,66 @@ RERUN = ("out of memory", "ALLOC_FAILED", "CUDA error", "crashed")
 
 
 def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], added: list[Path], k: str | None,
-                workers: int, out: Path, timeout: float) -> Outcome:
+                workers: int, out: Path, timeout: float, resume: bool = False) -> Outcome:
     """pytest on the variant: the targets (files or an @file of node ids) and the test files the patches add, with -k
     where given, over `workers` xdist processes (a worker ended by a sticky CUDA error is replaced). Then, in the time
     left, the tests that failed for want of GPU memory or with their worker run again one at a time, in one process:
-    their second outcome counts, and Outcome.rerun names them."""
+    their second outcome counts, and Outcome.rerun names them.
+
+    `resume`: the variant's reports in `out` from an earlier call, cut off, are continued, not restarted (appended
+    to). The cases with a final outcome there (`finished`) keep it and do not run again: the @files' ids without
+    one run (an @file of them, <variant>.resume.txt), and of the files passed whole (the patches' tests) the cases
+    not in <variant>.done.txt (the finished ids, deselected by the plugin); then the failures to run again alone that
+    the earlier rerun report has not finished; the logs appended to as well. The outcomes merge (a rerun's overrides the first pass's); the exit
+    code is the one a pass over every case would have given (1 where one failed) unless this call's was cut off."""
     if not targets and not added:  # nothing selected (bare pytest would run the whole directory)
         return Outcome(name, {}, 0.0, 5)
     started = time.perf_counter()
-    report = out / f"{_file_name(name)}.jsonl"
-    report.unlink(missing_ok=True)
+    stem = _file_name(name)
+    report, rerun = out / f"{stem}.jsonl", out / f"{stem}.rerun.jsonl"
+    selected = [i for t in targets if t.startswith("@") for i in Path(t[1:]).read_text().splitlines() if i]
+    earlier = resume and report.exists()
+    done = None
+    if earlier:
+        ended = finished(report)
+        done = out / f"{stem}.done.txt"
+        done.write_text("".join(f"{i}\n" for i in sorted(ended)))
+        remaining = out / f"{stem}.resume.txt"
+        remaining.write_text("".join(f"{i}\n" for i in selected if i not in ended))
+        whole = [t for t in targets if not t.startswith("@")]
+        targets = (["@" + str(remaining.resolve())] if remaining.read_text() else []) + whole
+    elif not resume:
+        report.unlink(missing_ok=True)
     args = [*targets, *(str(p) for p in added), "-q", "-rN", *(["-k", k] if k else [])]
     if workers > 1:  # one process alone needs no xdist (nor its restart of a poisoned worker: nothing runs after)
         args += ["-n", str(workers), "--max-worker-restart", "100000"]
-    code = _pytest(site, tests_dir, args, out / f"{_file_name(name)}.log", timeout, report)
+    code = 0  # every case finished earlier: no pass
+    if targets or added:
+        code = _pytest(site, tests_dir, args, out / f"{stem}.log", timeout, report, done, resume)
     tests = read_report(report) if report.exists() else {}
+    ended = finished(report) if report.exists() else set()
+    if earlier and code in (0, 1, 5):
+        code = 1 if any(o in ("failed", "error") for o, _ in tests.values()) else 0 if tests else 5
     again = sorted(t for t, (o, m) in tests.items() if o in ("failed", "error") and any(r in m for r in RERUN))
+    rerun_done = finished(rerun) if resume and rerun.exists() else set()
+    todo = [t for t in again if t not in rerun_done]
     left = timeout - (time.perf_counter() - started)
-    if again and workers > 1 and left > 10 and code != -1:
-        ids = out / f"{_file_name(name)}.rerun.txt"
-        ids.write_text("".join(f"{i}\n" for i in again))
-        rerun = out / f"{_file_name(name)}.rerun.jsonl"
-        rerun.unlink(missing_ok=True)
+    ran = bool(todo and workers > 1 and left > 10 and code != -1)
+    if ran:
+        ids = out / f"{stem}.rerun.txt"
+        ids.write_text("".join(f"{i}\n" for i in todo))
+        if not resume:
+            rerun.unlink(missing_ok=True)
         args = ["@" + str(ids.resolve()), "-q", "-rN", "-n", "1", "--max-worker-restart", "100000"]
-        code_again = _pytest(site, tests_dir, args, out / f"{_file_name(name)}.rerun.log", left, rerun)
-        tests.update(read_report(rerun) if rerun.exists() else {})
+        code_again = _pytest(site, tests_dir, args, out / f"{stem}.rerun.log", left, rerun, append=resume)
         code = -1 if code_again == -1 else code
-        return Outcome(name, tests, time.perf_counter() - started, code, again)
-    return Outcome(name, tests, time.perf_counter() - started, code)
+    if (ran or resume) and rerun.exists():
+        tests.update(read_report(rerun))
+        rerun_done = finished(rerun)
+    return Outcome(name, tests, time.perf_counter() - started, code,
+                   again if ran else [t for t in again if t in rerun_done], len(selected),
+                   [i for i in selected if i not in ended],
+                   [t for t in again if t not in rerun_done] if workers > 1 else [])
 
 
 def _file_name(variant: str) -> str:
@@ -297,10 +434,14 @@ def main(argv=None) -> int:
     parser.add_argument("--series", type=Path, default=SERIES, help="the patch series' path prefix")
     parser.add_argument("--variants", default="", help="comma-separated indices to run (0 pristine, 1 + the first "
                         "patch, ...; default all), for a device call's time limit")
-    parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.jsonl to compare with")
+    parser.add_argument("--baseline", type=Path, default=None, help="an earlier call's pristine.jsonl to compare with (its "
+                        "pristine.rerun.jsonl beside it counts too)")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
     parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"), help="reports, logs, selected.txt")
+    parser.add_argument("--resume", action="store_true", help="continue the variants an earlier call, cut off, left "
+                        "in --out (its selected.txt, each variant's reports): the cases it finished keep their "
+                        "outcome and do not run again")
     parser.add_argument("--work", type=Path, default=None, help="the variants' packages, pytest's plugin and cache "
                         "(default: --out; elsewhere keeps --out small, e.g. for a device call's $OUT)")
     args = parser.parse_args(argv)
@@ -310,7 +451,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"upstream_tests: {', '.join(missing)} not in {args.tests} (rule: --tests is tests/cute)")
     baseline = {}
     if args.baseline is not None:
-        baseline = read_report(args.baseline) if args.baseline.suffix == ".jsonl" and args.baseline.is_file() else {}
+        baseline = read_baseline(args.baseline)
         if not baseline:
             raise SystemExit(f"upstream_tests: --baseline {args.baseline}: no test outcomes in it (rule: an earlier "
                              "call's pristine.jsonl)")
@@ -330,6 +471,10 @@ def main(argv=None) -> int:
         selected = args.baseline.with_name("selected.txt")
         if selected.is_file():
             targets = ["@" + str(selected.resolve())] if selected.read_text().strip() else []
+    chosen = args.out / "selected.txt"
+    if args.resume and targets is None and chosen.is_file():  # the earlier call's cases, not collected again
+        targets = ["@" + str(chosen.resolve())] if chosen.read_text().strip() else []
+        print(f"resuming: {len(chosen.read_text().split())} cases selected by the earlier call: {chosen}", flush=True)
     for n in wanted:
         name = "pristine" if n == 0 else "+" + "+".join(p.name[len(args.series.name):][:4] for p in patches[:n])
         site = work / f"site-{n}"
@@ -341,10 +486,14 @@ def main(argv=None) -> int:
             (args.out / "selected.txt").write_text("".join(f"{i}\n" for i in ids))
             targets = ["@" + str((args.out / "selected.txt").resolve())] if ids else []
             print(f"{len(ids)} cases selected (--sample {args.sample:g}): {args.out / 'selected.txt'}", flush=True)
-        outcome = run_variant(name, site, tests_dir, targets, added, args.k, args.workers, args.out, args.timeout)
+        outcome = run_variant(name, site, tests_dir, targets, added, args.k, args.workers, args.out, args.timeout,
+                              args.resume)
         outcomes.append(outcome)
         print(f"{name}: {outcome.count('passed')} passed, {outcome.count('failed')} failed, "
               f"{outcome.count('error')} errors, {outcome.count('skipped')} skipped in {outcome.seconds:.0f} s", flush=True)
+        print(f"{name}: {len(outcome.missing)} of {outcome.selected} selected cases without an outcome (cut off), "
+              f"{len(outcome.not_rerun)} failures to run again alone not run"
+              + (": incomplete, --resume continues it" if outcome.missing or outcome.not_rerun else ""), flush=True)
     print("\n".join(report(outcomes)))
     # 1 where a variant's pytest did not finish its run: past --timeout (-1), interrupted (2), internal or usage error
     return 1 if any(o.returncode in (-1, 2, 3, 4) for o in outcomes) else 0

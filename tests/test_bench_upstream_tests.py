@@ -3,6 +3,7 @@ stand-in here; that the shipped series applies in order is tests/test_search_exp
 upstream's tests run against each (the SM120 capability answered to test files only), the outcomes read back from
 the per-test report written as each test lands and every difference from the pristine run named."""
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -194,3 +195,325 @@ def test_the_sample_keeps_small_functions_whole_and_takes_a_fixed_share_of_large
     big = [n for n in chosen if "big" in n]
     assert len(big) == 40 and big == sorted(big, key=ids.index)  # 4 * log2(1024), in collection order
     assert upstream_tests.sample(ids, 4) == chosen and upstream_tests.sample(ids, 0) == ids
+
+
+FAKE_TORCH = '''
+import gc
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+EVENTS = Path(__file__).with_name("events")
+gc.disable()  # a cycle goes only when the plugin collects: its line shows where
+CUDA = []
+
+
+def _event(text):
+    with open(EVENTS, "a") as stream:
+        stream.write(text + "\\n")
+
+
+def _empty_cache():
+    _event("empty_cache")
+    raise RuntimeError("the stand-in driver refuses")  # the plugin swallows it: the test's outcome stands
+
+
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: bool(CUDA),
+                                                                        empty_cache=_empty_cache))
+
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+    def __del__(self):
+        _event("cycle collected")
+
+
+@pytest.fixture
+def tensors():
+    yield Cycle()
+    _event("fixture teardown")
+
+
+def test_before_cuda():
+    _event("test_before_cuda")
+
+
+def test_one(tensors):
+    CUDA.append(True)
+    _event("test_one")
+
+
+def test_out_of_memory():
+    _event("test_out_of_memory")
+    held = Cycle()  # noqa: F841 (a tensor the failure's frame holds)
+    raise RuntimeError("CUDA error: out of memory")
+
+
+def test_poisoning():
+    _event("test_poisoning")
+    raise RuntimeError("CUDA error: misaligned address")
+
+
+def test_after():
+    _event("test_after")
+'''
+
+
+def test_the_plugin_gives_back_the_cached_gpu_memory_after_each_test_and_never_into_a_poisoned_context(tmp_path,
+                                                                                                      monkeypatch):
+    """A stand-in torch: after each test's teardown (its fixtures' values and its failure's frames gone), a collection
+    and then empty_cache, once CUDA is initialized; an out-of-memory leaves the context usable, a sticky CUDA error
+    does not (no call into it after)."""
+    monkeypatch.delenv("FLASH_ATTENTION_ARCH", raising=False)
+    tests, prefix = _stand_in(tmp_path, "test_fake_torch.py", FAKE_TORCH)
+    out = tmp_path / "out"
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_fake_torch.py", "--series", str(prefix),
+                                "--out", str(out), "--variants", "0", "-k", "not added_by_patch"]) == 0
+    assert (tests / "events").read_text().split("\n")[:-1] == [
+        "test_before_cuda",  # CUDA not initialized: nothing cached
+        "test_one", "fixture teardown", "cycle collected", "empty_cache",
+        "test_out_of_memory", "cycle collected", "empty_cache",
+        "test_poisoning", "test_after"]
+    found = {t.split("::")[-1]: r[0] for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
+    assert found == {"test_before_cuda": "passed", "test_one": "passed", "test_out_of_memory": "failed",
+                     "test_poisoning": "failed", "test_after": "passed"}
+
+
+NO_TORCH = '''
+import sys
+
+import pytest
+
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise RuntimeError("a fixture's teardown fails")
+
+
+def test_first():
+    pass
+
+
+def test_torch_is_never_imported(request):  # after test_first's end: the plugin's hook ran
+    plugin = sys.modules["fa4tune_sm120_capability"]
+    hooks = request.config.hook.pytest_runtest_protocol.get_hookimpls()
+    assert any(hook.plugin is plugin and hook.wrapper for hook in hooks)
+    assert "torch" not in sys.modules
+
+
+def test_teardown_error(broken_teardown):
+    pass
+
+
+def test_skipped():
+    pytest.skip("as upstream skips a case")
+'''
+
+
+def test_the_memory_release_is_harmless_without_torch(tmp_path, monkeypatch):
+    """Test files without torch through the plugin (one process: the cases in order): its hook after each test is
+    there, imports nothing, and every outcome (a teardown's error included) lands in the report as before."""
+    monkeypatch.delenv("FLASH_ATTENTION_ARCH", raising=False)
+    tests, prefix = _stand_in(tmp_path, "test_no_torch.py", NO_TORCH)
+    out = tmp_path / "out"
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_no_torch.py", "--series", str(prefix),
+                                "--out", str(out), "--variants", "0", "-k", "not added_by_patch"]) == 0
+    found = {t.split("::")[-1]: r for t, r in upstream_tests.read_report(out / "pristine.jsonl").items()}
+    assert found == {"test_first": ("passed", ""), "test_torch_is_never_imported": ("passed", ""),
+                     "test_teardown_error": ("error", "RuntimeError: a fixture's teardown fails"),
+                     "test_skipped": ("skipped", "Skipped: as upstream skips a case")}
+
+
+def _rows(path: Path, rows: list[tuple[str, str, str, str]]) -> None:
+    """A report as the plugin writes it: (id, phase, outcome, message) a line."""
+    path.write_text("".join(json.dumps({"id": i, "when": w, "outcome": o, "message": m, "worker": ""}) + "\n"
+                            for i, w, o, m in rows))
+
+
+def test_a_case_has_its_final_outcome_once_its_teardown_or_its_worker_crash_is_reported(tmp_path):
+    path = tmp_path / "pristine.jsonl"
+    _rows(path, [("t.py::a", "setup", "passed", ""), ("t.py::a", "call", "failed", "AssertionError"),  # killed then
+                 ("t.py::b", "setup", "passed", ""), ("t.py::b", "call", "failed", "CUDA error: out of memory"),
+                 ("t.py::b", "teardown", "passed", ""),
+                 ("t.py::c", "setup", "skipped", "Skipped: no"), ("t.py::c", "teardown", "passed", ""),
+                 ("t.py::d", "setup", "passed", ""), ("t.py::d", "???", "failed", "worker 'gw0' crashed while running"),
+                 ("t.py::e", "setup", "passed", ""),  # killed in its call
+                 # --resume ran a again: its new run's outcome counts, not the earlier call's
+                 ("t.py::a", "setup", "passed", ""), ("t.py::a", "call", "passed", ""),
+                 ("t.py::a", "teardown", "passed", "")])
+    with open(path, "a") as stream:
+        stream.write('{"id": "t.py::f", "wh')  # torn by the kill
+    assert upstream_tests.finished(path) == {"t.py::a", "t.py::b", "t.py::c", "t.py::d"}
+    assert upstream_tests.read_report(path) == {"t.py::b": ("failed", "CUDA error: out of memory"),
+                                                "t.py::c": ("skipped", "Skipped: no"),
+                                                "t.py::d": ("error", "worker 'gw0' crashed while running"),
+                                                "t.py::a": ("passed", "")}
+    _rows(path, [("t.py::a", "setup", "passed", ""), ("t.py::a", "call", "passed", "")])
+    assert upstream_tests.read_report(path) == {"t.py::a": ("passed", "")} and upstream_tests.finished(path) == set()
+
+
+RESUMED = '''
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _ran(request):
+    with open(HERE / "ran", "a") as stream:
+        stream.write(request.node.nodeid + "\\n")
+
+
+def test_crowded_out():  # fails for want of the GPU memory the other workers hold, while they do
+    if (HERE / "crowded").exists():
+        raise RuntimeError("CUDA error: out of memory")
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_early(i):
+    pass
+
+
+def test_hung_until_released():
+    deadline = time.monotonic() + 120
+    while not (HERE / "released").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_late(i):
+    pass
+'''
+
+
+def _ran(tests: Path) -> list[str]:
+    """The ids the stand-in's tests ran since the last call (the side-effect file, emptied)."""
+    path = tests / "ran"
+    ids = sorted(path.read_text().split()) if path.exists() else []
+    path.unlink(missing_ok=True)
+    return ids
+
+
+def test_resume_runs_only_the_cases_a_cut_off_call_left_then_its_failures_alone(tmp_path, monkeypatch, capsys):
+    """A first call cut off by its timeout in a hung case; --resume keeps what it finished (not run again), runs the
+    cases it left, the patch's test included, then alone the out-of-memory failure it never got to run again; a
+    third --resume finds nothing left to run."""
+    monkeypatch.delenv("FLASH_ATTENTION_ARCH", raising=False)
+    tests, prefix = _stand_in(tmp_path, "test_resumed.py", RESUMED)
+    (tests / "crowded").touch()
+    out = tmp_path / "out"
+    argv = ["--tests", str(tests), "--files", "test_resumed.py", "--series", str(prefix), "--out", str(out),
+            "--variants", "0"]
+    assert upstream_tests.main([*argv, "--timeout", "8"]) == 1  # one process: the cases in order, cut at the hung one
+    ids = (out / "selected.txt").read_text().split()
+    crowded, early, hung, late = ids[0], ids[1:4], ids[4], ids[5:]
+    assert hung.endswith("::test_hung_until_released") and len(ids) == 8
+    assert upstream_tests.finished(out / "pristine.jsonl") == {crowded, *early}
+    oom = ("failed", "RuntimeError: CUDA error: out of memory")
+    assert upstream_tests.read_report(out / "pristine.jsonl")[crowded] == oom
+    assert _ran(tests) == sorted([crowded, *early, hung])
+    assert "pristine: 4 of 8 selected cases without an outcome (cut off), 0 failures to run again alone not run: " \
+           "incomplete, --resume continues it" in capsys.readouterr().out
+    first, log = len((out / "pristine.jsonl").read_text().splitlines()), (out / "pristine.log").read_text()
+
+    (tests / "released").touch()
+    (tests / "crowded").unlink()
+    assert upstream_tests.main([*argv, "--resume", "--workers", "2"]) == 0
+    assert _ran(tests) == sorted([hung, *late, crowded])  # the case run again alone: out of memory the first time
+    again = {row.split('"id": "')[1].split('"')[0] for row in (out / "pristine.jsonl").read_text().splitlines()[first:]}
+    assert again == {hung, *late, next(t for t in again if t.endswith("::test_added_by_patch"))}
+    assert (out / "pristine.resume.txt").read_text().split() == [hung, *late]
+    assert (out / "pristine.rerun.txt").read_text().split() == [crowded]
+    assert (out / "pristine.log").read_text().startswith(log) and len((out / "pristine.log").read_text()) > len(log)
+    final = {**upstream_tests.read_report(out / "pristine.jsonl"),
+             **upstream_tests.read_report(out / "pristine.rerun.jsonl")}
+    assert {t: o for t, (o, _) in final.items() if t in ids} == dict.fromkeys(ids, "passed")
+    printed = capsys.readouterr().out
+    assert "resuming: 8 cases selected by the earlier call" in printed
+    assert "pristine: 8 passed, 1 failed, 0 errors, 0 skipped" in printed  # the earlier call's and this one's
+    assert "pristine: 0 of 8 selected cases without an outcome (cut off), 0 failures to run again alone not run\n" \
+           in printed
+    assert "| pristine | 8 | 1 | 0 | 0 | 1 | 1 |" in printed  # exit 1: the patch's test fails before the patch
+
+    reports = [(out / f).read_text() for f in ("pristine.jsonl", "pristine.rerun.jsonl")]
+    assert upstream_tests.main([*argv, "--resume", "--workers", "2"]) == 0
+    assert _ran(tests) == [] and [(out / f).read_text() for f in ("pristine.jsonl", "pristine.rerun.jsonl")] == reports
+    assert "pristine: 8 passed, 1 failed, 0 errors, 0 skipped" in capsys.readouterr().out
+
+
+CROWDED = '''
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _ran(request):
+    with open(HERE / "ran", "a") as stream:
+        stream.write(request.node.nodeid + "\\n")
+
+
+@pytest.mark.parametrize("i", range(3))
+def test_crowded_out(i):
+    if (HERE / "crowded").exists():
+        raise RuntimeError("CUDA error: out of memory")
+
+
+def test_fine():
+    pass
+'''
+
+
+def test_resume_runs_alone_only_the_failures_a_cut_off_rerun_left(tmp_path, monkeypatch, capsys):
+    """An earlier call's reports, as a call cut off in its rerun leaves them: its parallel pass whole, three cases
+    out of memory there, the first run again alone, the second cut off in its call. --resume runs the second and
+    third alone, nothing else; the first's rerun outcome stands."""
+    monkeypatch.delenv("FLASH_ATTENTION_ARCH", raising=False)
+    tests, prefix = _stand_in(tmp_path, "test_crowded.py", CROWDED)
+    out = tmp_path / "out"
+    out.mkdir()
+    crowded = [f"test_crowded.py::test_crowded_out[{i}]" for i in range(3)]
+    fine = "test_crowded.py::test_fine"
+    (out / "selected.txt").write_text("".join(f"{i}\n" for i in [*crowded, fine]))
+    oom = "RuntimeError: CUDA error: out of memory"
+    _rows(out / "pristine.jsonl", [(t, "setup", "passed", "") for t in [*crowded, fine]]
+          + [(t, "call", "failed", oom) for t in crowded] + [(fine, "call", "passed", "")]
+          + [(t, "teardown", "passed", "") for t in [*crowded, fine]])  # as xdist's workers interleave them
+    _rows(out / "pristine.rerun.jsonl", [(crowded[0], "setup", "passed", ""), (crowded[0], "call", "passed", ""),
+                                         (crowded[0], "teardown", "passed", ""), (crowded[1], "setup", "passed", "")])
+    assert upstream_tests.main(["--tests", str(tests), "--files", "test_crowded.py", "--series", str(prefix),
+                                "--out", str(out), "--variants", "0", "--workers", "2", "--resume",
+                                "-k", "not added_by_patch"]) == 0
+    assert _ran(tests) == crowded[1:]
+    assert (out / "pristine.rerun.txt").read_text().split() == crowded[1:]
+    assert upstream_tests.read_report(out / "pristine.rerun.jsonl") == dict.fromkeys(crowded, ("passed", ""))
+    assert len(upstream_tests.read_report(out / "pristine.jsonl")) == 4  # the parallel pass: nothing ran again
+    printed = capsys.readouterr().out
+    assert "pristine: 4 passed, 0 failed, 0 errors, 0 skipped" in printed
+    assert "pristine: 0 of 4 selected cases without an outcome (cut off), 0 failures to run again alone not run\n" \
+           in printed
+    assert "| pristine | 4 | 0 | 0 | 0 | 3 | 1 |" in printed  # exit 1: the pass's failures, run again alone since
+
+
+def test_a_baseline_counts_the_outcomes_of_its_failures_run_again_alone(tmp_path):
+    def phases(test_id, call):
+        return [{"id": test_id, "when": "setup", "outcome": "passed", "message": ""},
+                {"id": test_id, "when": "call", "outcome": call, "message": "CUDA error: out of memory" if call == "failed" else ""},
+                {"id": test_id, "when": "teardown", "outcome": "passed", "message": ""}]
+
+    first = tmp_path / "pristine.jsonl"
+    first.write_text("".join(json.dumps(r) + "\n" for r in phases("t.py::a", "failed") + phases("t.py::b", "passed")))
+    assert {t: o for t, (o, _) in upstream_tests.read_baseline(first).items()} == {"t.py::a": "failed", "t.py::b": "passed"}
+    (tmp_path / "pristine.rerun.jsonl").write_text("".join(json.dumps(r) + "\n" for r in phases("t.py::a", "passed")))
+    assert {t: o for t, (o, _) in upstream_tests.read_baseline(first).items()} == {"t.py::a": "passed", "t.py::b": "passed"}
+    assert upstream_tests.read_baseline(tmp_path / "pristine.xml") == {}

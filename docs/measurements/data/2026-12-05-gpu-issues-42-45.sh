@@ -6,8 +6,8 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh skv      # #43: the series' split-KV test file alone, faults named (carry .upstream-tests)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh skvasync # #43: the same without CUDA_LAUNCH_BLOCKING (does the fault need async launches?)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh decode   # #43: the decode table for the split-KV PR text (vs upstream, SDPA)
-#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut03     # #43: upstream's tests, pristine and the whole series (carry .upstream-tests)
-#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut12     # #43: patches 1 and 1+2 against ut03's pristine run (copied to .upstream-tests/pristine)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut0      # #43: upstream's tests, pristine (carry .upstream-tests; copy
+#                                                   $OUT/ut/* back to .upstream-tests/runs/ after each call); ut3, ut1, ut2: the series' patches
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin class (K in registers for dQ)
@@ -102,10 +102,16 @@ for step in "$@"; do
     fp8class)
       timeout 560 python3 bench/fp8_forward.py --configs default,64x64s1,64x64s2 > "$OUT/fp8class.log" 2>&1
       echo "fp8class rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8class.log" ;;
-    ut03|ut12)
-      if [[ $step == ut03 ]]; then more=(--variants 0,3); else more=(--variants 1,2 --baseline .upstream-tests/pristine/pristine.jsonl); fi
-      timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 "${more[@]}" \
-        --timeout 268 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -60 "$OUT/$step.log" ;;
+    ut0|ut1|ut2|ut3)
+      # one variant a call (0 pristine, n: the series' first n patches), 8 workers, the kernel cache shared; a variant
+      # cut off at the call's limit continues with the same step next call (--resume on the reports carried back in
+      # .upstream-tests/runs/); the patched variants compare with the pristine run's reports there
+      n=${step#ut}; mkdir -p "$OUT/ut"; cp .upstream-tests/runs/* "$OUT/ut/" 2>/dev/null
+      more=(--variants "$n"); [[ -f "$OUT/ut/selected.txt" ]] && more+=(--resume)
+      [[ $n != 0 ]] && more+=(--baseline "$OUT/ut/pristine.jsonl")
+      FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit \
+        timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work /tmp/ut-work --workers 8 \
+        "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -40 "$OUT/$step.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
