@@ -35,7 +35,7 @@ def dequantize_per_tile(values: torch.Tensor, scale: torch.Tensor, tile: int) ->
 
 def smooth_k(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(K minus its mean over the keys, in fp32; the mean (batch, heads, dim), fp32) for (batch, seqlen, heads, dim)."""
-    mean = k.float().mean(dim=1)
+    mean = k.mean(dim=1, dtype=torch.float32)  # as the fused path takes it (quantize_inputs)
     return k.float() - mean[:, None], mean
 
 
@@ -119,10 +119,77 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
 
 def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
     """What the FP8 kernel takes, from bf16 q and k: (e4m3 Q, Q's scales, e4m3 smoothed K, K's scales, the LSE
-    correction (batch, heads, seqlen_q) that the smoothing needs)."""
+    correction (batch, heads, seqlen_q) that the smoothing needs). On a GPU, two fused Triton kernels after K's mean
+    (each input read once: `fused_quantize`); elsewhere (CPU, fake tensors) the torch functions above."""
+    if q.is_cuda and not _fake_mode():
+        mean = k.mean(dim=1, dtype=torch.float32)
+        kq, ks, _ = fused_quantize(k, config.tile_n, mean, smooth=True)
+        qq, qs, correction = fused_quantize(q, config.tile_m, mean, smooth=False, softmax_scale=softmax_scale)
+        return qq, qs, kq, ks, correction
     k_smoothed, mean = smooth_k(k)
     (qq, qs), (kq, ks) = quantize_per_tile(q, config.tile_m), quantize_per_tile(k_smoothed, config.tile_n)
     return qq, qs, kq, ks, lse_correction(q, mean, softmax_scale)
+
+
+_TRITON_KERNEL = []
+
+
+def _quantize_kernel():
+    """The Triton kernel, defined on first use (triton imported only where a GPU path runs; TRITON_INTERPRET=1
+    read then runs it on the CPU, as the tests do): one program per (tile of rows, batch x head)."""
+    if _TRITON_KERNEL:
+        return _TRITON_KERNEL[0]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def quantize_tile(x_ptr, mean_ptr, out_ptr, scale_ptr, corr_ptr, seqlen, heads, group, dim, tiles,
+                      sxb, sxs, sxh, sob, sos, soh, softmax_scale, TILE: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+                      BLOCK_D: tl.constexpr, SMOOTH: tl.constexpr, CORRECTION: tl.constexpr, RAW: tl.constexpr):
+        tile, bh = tl.program_id(0), tl.program_id(1)
+        b, h = (bh // heads).to(tl.int64), bh % heads
+        rows = tile * TILE + tl.arange(0, BLOCK_ROWS)
+        cols = tl.arange(0, BLOCK_D)
+        valid = (tl.arange(0, BLOCK_ROWS) < TILE) & (rows < seqlen)
+        mask = valid[:, None] & (cols < dim)[None, :]
+        x = tl.load(x_ptr + b * sxb + rows[:, None] * sxs + h * sxh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(mean_ptr + (b * (heads // group) + h // group) * dim + cols, mask=cols < dim, other=0.0)
+        if SMOOTH:  # K minus its mean over the keys (smooth_k)
+            x = tl.where(mask, x - mean[None, :], 0.0)
+        if CORRECTION:  # softmax_scale * q . mean per row (lse_correction)
+            tl.store(corr_ptr + bh * seqlen + rows, tl.sum(x * mean[None, :], axis=1) * softmax_scale, mask=valid)
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        values = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+        if not RAW:
+            values = values.to(tl.float8e4nv)
+        tl.store(out_ptr + b * sob + rows[:, None] * sos + h * soh + cols[None, :], values, mask=mask)
+        tl.store(scale_ptr + bh * tiles + tile, scale)
+
+    _TRITON_KERNEL.append(quantize_tile)
+    return quantize_tile
+
+
+def fused_quantize(x: torch.Tensor, tile: int, mean: torch.Tensor, smooth: bool, softmax_scale: float | None = None,
+                   raw: bool = False) -> tuple:
+    """quantize_per_tile of x (batch, seqlen, heads, dim) in one Triton kernel: K with smooth=True (x minus mean, the
+    keys' mean (batch, heads, dim) fp32); Q with softmax_scale given, which also writes lse_correction's rows
+    (batch, heads, seqlen) from the K heads' mean (GQA: heads // group). Returns (values, scales, correction or None);
+    `raw` writes the values before the e4m3 cast, in fp32 (the CPU tests' view: the interpreter's e4m3 cast rounds
+    some values near a power of two down a binade, the GPU's cvt does not)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    b, s, h, d = x.shape
+    tiles = -(-s // tile)
+    out = torch.empty(b, s, h, d, device=x.device, dtype=torch.float32 if raw else torch.float8_e4m3fn)
+    scales = torch.empty(b, h, tiles, device=x.device, dtype=torch.float32)
+    correction = torch.empty(b, h, s, device=x.device, dtype=torch.float32) if softmax_scale is not None else scales
+    mean = mean.contiguous()
+    _quantize_kernel()[(tiles, b * h)](
+        x, mean, out, scales, correction, s, h, h // mean.shape[1], d, tiles, x.stride(0), x.stride(1), x.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), float(softmax_scale or 0.0), TILE=tile,
+        BLOCK_ROWS=1 << (tile - 1).bit_length(), BLOCK_D=1 << (d - 1).bit_length(), SMOOTH=smooth,
+        CORRECTION=softmax_scale is not None, RAW=raw)
+    return out, scales, correction if softmax_scale is not None else None
 
 
 def attention_fp8_quantized(quantized: tuple, v: torch.Tensor, causal: bool, softmax_scale: float, config) -> tuple:
@@ -154,6 +221,12 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
     out, lse = attention_fp8_quantized(quantize_inputs(q, k, config, scale), v, causal, scale, config)
     return (out, lse) if return_lse else out
+
+
+def _fake_mode() -> bool:
+    from flash_attn.cute.testing import is_fake_mode
+
+    return is_fake_mode()
 
 
 def _aux_none():

@@ -1,0 +1,72 @@
+"""The fused FP8 quantization (fa4tune.fp8.fused_quantize, one Triton kernel per input) against the torch functions
+it replaces on a GPU: on the CPU through Triton's interpreter (values before the e4m3 cast, whose interpreter rounding
+differs from the GPU's cvt near powers of two; scales and the LSE correction), on a GPU bit for bit."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fa4tune import fp8
+from fa4tune.config import ForwardConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [(1, 200, 4, 1, 128, 64), (2, 130, 2, 2, 96, 96), (1, 77, 8, 2, 64, 128)]  # b, s, q heads, kv heads, d, tile
+
+INTERPRETED = '''
+import torch
+from fa4tune import fp8
+
+def before_cast(x, tile, scale):
+    rows = scale.permute(0, 2, 1).repeat_interleave(tile, dim=1)[:, :x.shape[1]]
+    return (x.float() / rows[..., None]).clamp(-448, 448)
+
+torch.manual_seed(0)
+for b, s, hq, hk, d, tile in %r:
+    q = torch.randn(b, s, hq, d).bfloat16()
+    k = (torch.randn(b, s, hk, d) + 3 * torch.randn(1, 1, hk, d)).bfloat16()  # an offset per channel: smoothing matters
+    k_smoothed, mean = fp8.smooth_k(k)
+    kv, ks, none = fp8.fused_quantize(k, tile, mean, smooth=True, raw=True)
+    qv, qs, corr = fp8.fused_quantize(q[:, :, :, :].transpose(1, 2).contiguous().transpose(1, 2), tile, mean, smooth=False,
+                                      softmax_scale=0.125, raw=True)  # strided rows
+    (_, ref_ks), (_, ref_qs) = fp8.quantize_per_tile(k_smoothed, tile), fp8.quantize_per_tile(q, tile)
+    assert none is None and torch.equal(ks, ref_ks) and torch.equal(qs, ref_qs), (b, s, d, tile)
+    assert torch.equal(kv, before_cast(k_smoothed, tile, ref_ks)) and torch.equal(qv, before_cast(q, tile, ref_qs))
+    assert torch.allclose(corr, fp8.lse_correction(q, mean, 0.125), rtol=0, atol=1e-5)
+print("interpreted ok")
+''' % (CASES,)
+
+
+def test_the_fused_kernel_computes_the_torch_quantizations_values_scales_and_correction_interpreted():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", INTERPRETED], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0 and "interpreted ok" in done.stdout, (done.stdout + done.stderr)[-3000:]
+
+
+def test_off_the_gpu_quantize_inputs_runs_the_torch_functions():
+    q = torch.randn(1, 100, 4, 64).bfloat16()
+    k = torch.randn(1, 100, 2, 64).bfloat16()
+    config = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False, kernel="sm120_fp8")
+    qq, qs, kq, ks, corr = fp8.quantize_inputs(q, k, config, 0.125)
+    k_smoothed, mean = fp8.smooth_k(k)
+    assert torch.equal(qq.float(), fp8.quantize_per_tile(q, 64)[0].float()) and torch.equal(ks, fp8.quantize_per_tile(k_smoothed, 64)[1])
+    assert torch.equal(corr, fp8.lse_correction(q, mean, 0.125))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused kernel's e4m3 cast needs a GPU")
+@pytest.mark.parametrize("case", CASES)
+def test_on_a_gpu_the_fused_quantization_equals_the_torch_one_bit_for_bit(case):
+    b, s, hq, hk, d, tile = case
+    torch.manual_seed(1)
+    q = torch.randn(b, s, hq, d, device="cuda").bfloat16()
+    k = (torch.randn(b, s, hk, d, device="cuda") + 3 * torch.randn(1, 1, hk, d, device="cuda")).bfloat16()
+    config = ForwardConfig(tile_m=tile, tile_n=tile, num_threads=128, num_stages=1, Q_in_regs=False, kernel="sm120_fp8")
+    qq, qs, kq, ks, corr = fp8.quantize_inputs(q, k, config, 0.125)
+    k_smoothed, mean = fp8.smooth_k(k)
+    (ref_kq, ref_ks), (ref_qq, ref_qs) = fp8.quantize_per_tile(k_smoothed, tile), fp8.quantize_per_tile(q, tile)
+    assert torch.equal(ks, ref_ks) and torch.equal(qs, ref_qs)
+    assert torch.equal(kq.view(torch.uint8), ref_kq.view(torch.uint8)) and torch.equal(qq.view(torch.uint8), ref_qq.view(torch.uint8))
+    assert torch.allclose(corr, fp8.lse_correction(q, mean, 0.125), rtol=0, atol=1e-4)
