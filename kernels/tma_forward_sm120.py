@@ -317,7 +317,10 @@ class TmaForwardSm120(TunedForwardSm120):
         fastdiv_mods=None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
-        tidx = opaque_i32(tidx)  # bf16 too: the sm_90a build keeps its ldmatrix prefetch
+        # fp16 always; bf16 where a warp owns at most 16 rows, where it costs no registers on sm_120a and the sm_90a
+        # build keeps its ldmatrix prefetch (at 32 rows a warp it spills more on sm_120a: bf16 traced as before)
+        if const_expr(self.dtype == cutlass.Float16 or self.tile_m // (self.num_threads // 32) <= 16):
+            tidx = opaque_i32(tidx)
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             for tma_atom in (tma_atom_Q, tma_atom_K, tma_atom_V):

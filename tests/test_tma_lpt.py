@@ -58,8 +58,10 @@ def test_the_schedule_is_a_permutation_longest_tiles_first(grid):
 
 def test_the_causal_entries_that_run_it():
     # docs/measurements/2026-12-04-h200-lpt-classes.md (the chunked classes went on to sm120_tma_paired, and they and
-    # the d96 and d64 causal prefills to sm120_tma_trimmed: tests/test_tma_trimmed.py)
-    assert experiment.forward_config(ProblemClass.parse("d128-causal-gqa4-bf16")) == lpt(64, 64)
+    # the d96 and d64 causal prefills to sm120_tma_trimmed: tests/test_tma_trimmed.py; the d128 causal GQA 2 / 4 / 8
+    # classes too since the opaque thread index in bf16, 2026-12-06-h100-models-opaque-fp8-wide.md): the d256 GQA 2
+    assert experiment.forward_config(ProblemClass.parse("d256-causal-gqa2-bf16")) == ForwardConfig(
+        tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False, kernel="sm120_tma_lpt")
 
 
 @pytest.mark.compile

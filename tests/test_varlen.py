@@ -70,8 +70,8 @@ def test_only_classes_that_declare_it_run_packed_batches_and_the_declaration_is_
 
 def test_a_packed_call_runs_its_varlen_entry_else_its_entry_on_a_packed_class_else_upstream_s_default():
     tables = experiment.TABLES
-    gqa = ProblemClass.parse("d128-causal-gqa4-bf16")  # a TMA longest-first entry, a varlen entry measured on packed batches
-    assert tables.forward_config(gqa).kernel == "sm120_tma_lpt"
+    gqa = ProblemClass.parse("d128-causal-gqa4-bf16")  # a TMA (trimmed) entry, a varlen entry measured on packed batches
+    assert tables.forward_config(gqa).kernel == "sm120_tma_trimmed"
     assert tables.varlen_forward_config(gqa) is experiment.VARLEN_DISPATCH[gqa.name]
     plain = ProblemClass.parse("d128-noncausal-bf16")  # an entry on upstream's class runs as it is
     assert tables.varlen_forward_config(plain) is tables.forward_config(plain)
@@ -101,7 +101,7 @@ def test_packed_forward_and_backward_compile_for_sm120a_with_the_tuned_configs(t
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     gqa = report["gqa4 d128 causal"]
-    assert gqa["class"] == "d128-causal-gqa4-bf16" and gqa["entry"] == "sm120_tma_lpt"
+    assert gqa["class"] == "d128-causal-gqa4-bf16" and gqa["entry"] == "sm120_tma_trimmed"
     assert gqa["out"] == [300 + 1000 + 77 + 2048, 16, 128]
     # the compiled kernels: the class's varlen entry (upstream's class), then its backward entry
     fwd, bwd = gqa["kernels"]
