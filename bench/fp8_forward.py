@@ -7,7 +7,7 @@ whole call with K's smoothing and the quantization (attention_fp8).
     python3 bench/fp8_forward.py [--suite standard] [--only SUBSTRING] [--configs 128x64s1,64x64s1] [--rounds 20]
     uv run python bench/fp8_forward.py --dry-run   # CPU: every step on small shapes, fp32 attention for the kernel
 
-A config is "TILE_MxTILE_Ns STAGES" at 128 threads; the default is fa4tune.fp8.default_config per head dim. A config the
+A config is "TILE_MxTILE_Ns STAGES" at 128 threads, "p" after it for P V on e4m3 (pv_fp8); the default is fa4tune.fp8.default_config per head dim. A config the
 FP8 rules refuse for a problem is reported with its rule, a config that fails the gate on any input is not timed. On
 an H100 or H200 e4m3 mma.sync is lowered to fp16 (bench/mma_rate.py: 0.64x bf16 on an H100), so an emulated time is
 the FP8 path's cost there, not SM120's FP8 rate. --dry-run replaces the kernel with fp32 attention on the dequantized
@@ -37,22 +37,24 @@ KINDS = ("normal", "outliers", "channels")
 
 
 def parse_configs(text: str) -> list[ForwardConfig | None]:
-    """'128x64s1,64x64s2' -> configs (128 threads); 'default' -> None (fa4tune.fp8.default_config per head dim)."""
+    """'128x64s1,64x64s2p' -> configs (128 threads; a trailing p: P V on e4m3, the pv_fp8 knob); 'default' -> None
+    (fa4tune.fp8.default_config per head dim)."""
     configs = []
     for item in filter(None, text.split(",")):
         if item == "default":
             configs.append(None)
             continue
-        m = re.fullmatch(r"(\d+)x(\d+)s(\d)", item)
+        m = re.fullmatch(r"(\d+)x(\d+)s(\d)(p?)", item)
         if not m:
-            raise ConfigError("fp8_config", f"a config is TILE_MxTILE_NsSTAGES (e.g. 128x64s1) or 'default', got {item!r}")
+            raise ConfigError("fp8_config", "a config is TILE_MxTILE_NsSTAGES[p] (e.g. 128x64s1, 64x64s2p) or 'default', "
+                              f"got {item!r}")
         configs.append(ForwardConfig(tile_m=int(m[1]), tile_n=int(m[2]), num_threads=128, num_stages=int(m[3]),
-                                     Q_in_regs=False, kernel="sm120_fp8"))
+                                     Q_in_regs=False, kernel="sm120_fp8", extra={"pv_fp8": bool(m[4])}))
     return configs
 
 
 def label(config: ForwardConfig) -> str:
-    return f"{config.tile_m}x{config.tile_n}s{config.num_stages}"
+    return f"{config.tile_m}x{config.tile_n}s{config.num_stages}{'p' if fp8.pv_fp8(config) else ''}"
 
 
 def inputs(problem, kind: str, device: str, seed: int = 0) -> list[torch.Tensor]:
@@ -68,13 +70,15 @@ def inputs(problem, kind: str, device: str, seed: int = 0) -> list[torch.Tensor]
 
 
 def fp8_call(config: ForwardConfig, causal: bool, dry: bool):
-    """(quantized inputs, v) -> (out, lse): the kernel, or on --dry-run fp32 attention on the dequantized tiles."""
+    """(quantized inputs, v) -> (out, lse): the kernel, or on --dry-run fp32 attention on the dequantized tiles (and V;
+    P itself is not rounded to e4m3 there)."""
     def call(quantized, v, scale):
         if not dry:
             return fp8.attention_fp8_quantized(quantized, v, causal, scale, config)
-        qq, qs, kq, ks, correction = quantized
+        qq, qs, kq, ks, correction, *pv = quantized
         ref = gate.reference_attention(fp8.dequantize_per_tile(qq, qs, config.tile_m),
-                                       fp8.dequantize_per_tile(kq, ks, config.tile_n), v, causal)
+                                       fp8.dequantize_per_tile(kq, ks, config.tile_n),
+                                       fp8.dequantize_v(*pv, v.shape[1]) if pv else v, causal)
         return ref.out.to(torch.bfloat16), ref.lse + correction
     return call
 
@@ -100,7 +104,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default="standard")
     parser.add_argument("--only", default="")
-    parser.add_argument("--configs", default="default", help="comma-separated TILE_MxTILE_NsSTAGES or 'default'")
+    parser.add_argument("--configs", default="default", help="comma-separated TILE_MxTILE_NsSTAGES[p] or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--dry-run", action="store_true", help="CPU: fp32 attention in place of the kernel, small shapes")
     args = parser.parse_args(argv)
@@ -127,7 +131,7 @@ def main(argv=None) -> int:
             for kind in KINDS:
                 q, k, v = inputs(p, kind, device)
                 ref = gate.reference_attention(q, k, v, p.causal)
-                out, lse = call(fp8.quantize_inputs(q, k, config, scale), v, scale)
+                out, lse = call(fp8.quantize_inputs(q, k, config, scale, v), v, scale)
                 check = fp8_gate.check(out.float(), lse, ref.out, ref.lse)
                 ok &= check.passed
                 print(f"| {p.name} | {label(config)} | {kind} | {check.rel_l2:.4f} | {check.cos:.5f} | {check.lse_rel_l2:.4f} | "
@@ -147,7 +151,7 @@ def main(argv=None) -> int:
     for p, config in passed:
         q, k, v = inputs(p, "normal", device)
         scale = p.head_dim ** -0.5
-        quantized = fp8.quantize_inputs(q, k, config, scale)
+        quantized = fp8.quantize_inputs(q, k, config, scale, v)
         ms = timed({"table": lambda: experiment.attention(q, k, v, causal=p.causal),
                     "kernel": lambda: fp8.attention_fp8_quantized(quantized, v, p.causal, scale, config),
                     "whole": lambda: fp8.attention_fp8(q, k, v, p.causal, scale, config)}, args.rounds)

@@ -27,6 +27,38 @@ def quantize_per_tile(x: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.T
     return values.view(b, tiles * tile, h, d)[:, :s].contiguous(), scale.permute(0, 2, 1).contiguous()
 
 
+def pv_key_order(tile: int = 32) -> list[int]:
+    """FP8 PV (knob pv_fp8 of kernels/fp8_forward_sm120.py): the key each position of a 32-key block of V^T holds,
+    so that P's registers as the S MMA leaves them are m16n8k32's e4m3 A fragment without a shuffle: lane t's row
+    holds the S columns 8 j + 2 t + c (c in 0, 1) of the block's four n8 tiles j, and A's k = 4 t + i (then
+    16 + 4 t + i) takes i = c + 2 (j mod 2) of tiles 0 and 1 (then 2 and 3). A permutation of 0..31."""
+    return [8 * ((k % 4) // 2 + 2 * (k // 16)) + 2 * ((k % 16) // 4) + k % 2 for k in range(tile)]
+
+
+def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 PV: v (batch, seqlen_k, kv heads, dim_v) -> (e4m3 V^T (batch, kv heads, dim_v, seqlen_k padded to whole
+    tiles with zeros), keys in pv_key_order within each 32; fp32 scales (batch, kv heads, dim_v): amax / 448 per
+    channel over the keys, 1 where all 0)."""
+    b, s, h, d = v.shape
+    amax = v.abs().amax(dim=1).float()
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    padded = -(-s // tile_n) * tile_n
+    x = torch.nn.functional.pad((v.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX), (0, 0, 0, 0, 0, padded - s))
+    block = torch.arange(padded, device=v.device)
+    order = torch.tensor(pv_key_order(), device=v.device)
+    x = x[:, block - block % 32 + order[block % 32]]
+    return x.permute(0, 2, 3, 1).contiguous().to(torch.float8_e4m3fn), scale
+
+
+def dequantize_v(vt: torch.Tensor, scale: torch.Tensor, seqlen_k: int) -> torch.Tensor:
+    """quantize_v's inverse, in fp32: (batch, seqlen_k, kv heads, dim_v)."""
+    block = torch.arange(vt.shape[-1], device=vt.device)
+    keys = block - block % 32 + torch.tensor(pv_key_order(), device=vt.device)[block % 32]
+    v = torch.empty(vt.shape, device=vt.device, dtype=torch.float32)
+    v[..., keys] = vt.float() * scale[..., None]
+    return v[..., :seqlen_k].permute(0, 3, 1, 2)
+
+
 def dequantize_per_tile(values: torch.Tensor, scale: torch.Tensor, tile: int) -> torch.Tensor:
     """quantize_per_tile's inverse, in fp32."""
     rows = scale.permute(0, 2, 1).repeat_interleave(tile, dim=1)[:, : values.shape[1]]  # (b, s, h)
@@ -88,7 +120,12 @@ def check_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
     return pc
 
 
-def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale: float):
+def pv_fp8(config) -> bool:
+    """Whether the config runs P V in e4m3 too (the class's knob pv_fp8)."""
+    return bool(config.extra_knobs.get("pv_fp8", False))
+
+
+def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale: float, vt=None, vs=None):
     """The kernel for these (quantized) operands, compiled once per (config, head dims, GQA ratio, causal); returns
     (compiled function, the kernel object that traced it: its `smem_bytes_traced` is the launched struct's size)."""
     import cutlass
@@ -103,9 +140,11 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
     if key not in COMPILED:
         kernel = Fp8ForwardSm120(cutlass.BFloat16, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], is_causal=causal,
                                  pack_gqa=False, tile_m=config.tile_m, tile_n=config.tile_n, num_stages=config.num_stages,
-                                 num_threads=config.num_threads)
+                                 num_threads=config.num_threads, pv_fp8=pv_fp8(config))
         tensors = [to_cute_tensor(t) for t in (qq, kq, v, out)]
         scales = [to_cute_tensor(t, assumed_align=4) for t in (qs, ks)]
+        # FP8 PV: V^T and its per-channel scales after the Q / K scales (None without pv_fp8)
+        scales += [to_cute_tensor(vt), to_cute_tensor(vs, assumed_align=4)] if vt is not None else [None, None]
         # positional, as flash_attn.cute.interface calls the forward: softmax_scale, cu_seqlens q/k, seqused q/k,
         # page_table, window left/right, learnable_sink, block sparsity, aux_data, cu_total_m, cu_total_splits, then ours
         fn = cute.compile(kernel, *tensors, to_cute_tensor(lse, assumed_align=4), Float32(softmax_scale), None, None, None,
@@ -117,10 +156,21 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
     return COMPILED[key]
 
 
-def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
+def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float, v: torch.Tensor | None = None) -> tuple:
     """What the FP8 kernel takes, from bf16 q and k: (e4m3 Q, Q's scales, e4m3 smoothed K, K's scales, the LSE
-    correction (batch, heads, seqlen_q) that the smoothing needs). On a GPU, two fused Triton kernels after K's mean
-    (each input read once: `fused_quantize`); elsewhere (CPU, fake tensors) the torch functions above."""
+    correction (batch, heads, seqlen_q) that the smoothing needs), and with pv_fp8 V^T and its scales (quantize_v;
+    v required). On a GPU, Q and K in two fused Triton kernels after K's mean (each input read once:
+    `fused_quantize`); elsewhere (CPU, fake tensors) the torch functions above."""
+    if pv_fp8(config):
+        if v is None:
+            from fa4tune.config import ConfigError
+
+            raise ConfigError("fp8_pv_needs_v", "quantize_inputs: a pv_fp8 config quantizes V too: pass v")
+        return (*_quantize_qk(q, k, config, softmax_scale), *quantize_v(v, config.tile_n))
+    return _quantize_qk(q, k, config, softmax_scale)
+
+
+def _quantize_qk(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
     if q.is_cuda and not _fake_mode():
         mean = k.mean(dim=1, dtype=torch.float32)
         kq, ks, _ = fused_quantize(k, config.tile_n, mean, smooth=True)
@@ -194,17 +244,22 @@ def fused_quantize(x: torch.Tensor, tile: int, mean: torch.Tensor, smooth: bool,
 
 def attention_fp8_quantized(quantized: tuple, v: torch.Tensor, causal: bool, softmax_scale: float, config) -> tuple:
     """The FP8 kernel on inputs `quantize_inputs` made with the same config and scale: (bf16 output, fp32 LSE)."""
-    qq, qs, kq, ks, correction = quantized
+    qq, qs, kq, ks, correction, *pv = quantized  # pv: V^T and its scales with pv_fp8
+    if bool(pv) != pv_fp8(config):
+        from fa4tune.config import ConfigError
+
+        raise ConfigError("fp8_pv_quantized", f"attention_fp8_quantized: pv_fp8={pv_fp8(config)} but the quantized "
+                          f"inputs {'hold' if pv else 'lack'} V^T: quantize them with the same config")
     b, s, h, _ = qq.shape
     out = torch.empty(b, s, h, v.shape[3], device=v.device, dtype=torch.bfloat16)
     lse = torch.empty(b, h, s, device=v.device, dtype=torch.float32)
-    fn, _ = compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, softmax_scale)
+    fn, _ = compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, softmax_scale, *pv)
     from flash_attn.cute.testing import is_fake_mode
 
     if is_fake_mode():  # fake tensors (the static check): compiled, nothing to launch, as upstream's host path does
         return out, lse + correction
     fn(qq.view(torch.uint8), kq.view(torch.uint8), v, out, lse, softmax_scale, None, None, None, None, None, None, None, None,
-       None, _aux_none(), None, None, qs, ks)
+       None, _aux_none(), None, None, qs, ks, *([pv[0].view(torch.uint8), pv[1]] if pv else []))
     return out, lse + correction
 
 
@@ -219,7 +274,7 @@ def attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     config = default_config(q.shape[-1]) if config is None else config
     check_call(q, k, v, causal, config)
     scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-    out, lse = attention_fp8_quantized(quantize_inputs(q, k, config, scale), v, causal, scale, config)
+    out, lse = attention_fp8_quantized(quantize_inputs(q, k, config, scale, v), v, causal, scale, config)
     return (out, lse) if return_lse else out
 
 

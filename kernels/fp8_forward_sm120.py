@@ -64,6 +64,23 @@ def fp8_smem_layout_atom(k_dim: int) -> cute.ComposedLayout:
         cute.make_swizzle(bits, 4, 3), 0, cute.make_ordered_layout((8, row_bytes), order=(1, 0)))
 
 
+def vt_copy_cols(tile_n: int) -> int:
+    """FP8 PV: the 16-byte chunks of one V^T row (tile_n e4m3 keys) a row of copying threads covers: the largest of
+    8, 4, 2, 1 that divides the row's chunks."""
+    return next(c for c in (8, 4, 2, 1) if (tile_n // 16) % c == 0)
+
+
+PV_P_SCALE = 448.0  # FP8 PV: P <= 1 times the largest e4m3 value, so P's small values keep their mantissa
+
+
+def pv_frgA_layout(rP: cute.Tensor) -> cute.Layout:
+    """FP8 PV: P's e4m3 registers (4, MMA_M, MMA_N) as the A fragment ((4, 2, 2), MMA_M, MMA_N / 4) of m16n8k32 in
+    fa4tune.fp8.pv_key_order (V^T's keys follow it): A's values (k = i within 4, row half r, k half h) are S's (column c, row half r) of n8 tile
+    j = i // 2 + 2 h, i = c + 2 (j mod 2); compact fragments (value, then m, then n)."""
+    m, n = cute.size(rP.shape[1]), cute.size(rP.shape[2])
+    return cute.make_layout((((2, 2), 2, 2), m, n // 4), stride=(((1, 4 * m), 2, 8 * m), 4, 16 * m))
+
+
 def fp8_tile_bytes(rows: int, head_dim: int, stages: int, bytes_per_element: int) -> int:
     """A tile's bytes in this class's shared storage: rows x head dim (padded to 32) x stages, aligned to 1024 B."""
     return round_up(rows * round_up(head_dim, FP8_TILE_DIM) * stages * bytes_per_element, TILE_ALIGN)
@@ -77,15 +94,18 @@ class Fp8ForwardSm120(TunedForwardSm120):
     varlen = False
     quantizes = True  # bf16 inputs, S in e4m3: the fp8 classes run it, no other class does (fa4tune.feasibility)
     limits = Limits(num_stages=(1, 2), head_dim=(32, 128))  # the prototype's compiled and GPU-checked range
+    knobs = {"pv_fp8": (False, True)}  # P V on e4m3 mma.sync too (V^T quantized per channel by the host)
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
-        """sQ (e4m3, at least the bf16 O tile less sV's bytes), sV (bf16, per stage), sK (e4m3, per stage)."""
-        v = fp8_tile_bytes(config.tile_n, problem_class.head_dim_v, config.num_stages, 2)
+        """sQ (e4m3, at least the bf16 O tile less sV's bytes), sV (bf16, per stage; e4m3 V^T with pv_fp8), sK
+        (e4m3, per stage)."""
+        pv_fp8 = config.extra_knobs.get("pv_fp8", False)
+        v = fp8_tile_bytes(config.tile_n, problem_class.head_dim_v, config.num_stages, 1 if pv_fp8 else 2)
         o = config.tile_m * round_up(problem_class.head_dim_v, FP8_TILE_DIM) * 2
         q = max(fp8_tile_bytes(config.tile_m, problem_class.head_dim, 1, 1), round_up(max(o - v, 0), TILE_ALIGN))
         k = fp8_tile_bytes(config.tile_n, problem_class.head_dim, config.num_stages, 1)
-        return q + v + k, f"Q {q} (e4m3; with V it holds the bf16 O tile) + V {v} + K {k} (e4m3)"
+        return q + v + k, f"Q {q} (e4m3; with V it holds the bf16 O tile) + V {v}{' (e4m3 V^T)' if pv_fp8 else ''} + K {k} (e4m3)"
 
     @classmethod
     def can_implement(cls, config, problem_class, target) -> Verdict:
@@ -95,11 +115,21 @@ class Fp8ForwardSm120(TunedForwardSm120):
         if problem_class.head_dim % FP8_TILE_DIM:
             return Verdict(False, "fp8_head_dim_multiple_of_32",
                            f"e4m3 mma.sync m16n8k32 steps the head dim by 32, got head_dim={problem_class.head_dim}")
+        if config.extra_knobs.get("pv_fp8", False):
+            if problem_class.head_dim_v % FP8_TILE_DIM or config.tile_n % FP8_TILE_DIM:
+                return Verdict(False, "fp8_pv_multiple_of_32", "pv_fp8: m16n8k32 steps the keys by 32 and V^T's rows "
+                               f"by 16: tile_n and head_dim_v must be multiples of 32, got {config.tile_n}, {problem_class.head_dim_v}")
+            rows = config.num_threads // vt_copy_cols(config.tile_n)
+            if problem_class.head_dim_v % rows:
+                return Verdict(False, "fp8_pv_copy", f"pv_fp8: V^T's copy covers {rows} rows of head_dim_v per pass "
+                               f"({config.num_threads} threads, {vt_copy_cols(config.tile_n)} 16-byte chunks a row), "
+                               f"head_dim_v={problem_class.head_dim_v} is not a multiple")
         return super().can_implement(config, problem_class, target)
 
-    def __init__(self, *args, qk_dtype: Type[cutlass.Numeric] = Float8E4M3FN, **kwargs):
+    def __init__(self, *args, qk_dtype: Type[cutlass.Numeric] = Float8E4M3FN, pv_fp8: bool = False, **kwargs):
         super().__init__(*args, **kwargs)  # `dtype` (first arg) stays the V / O / P type (bf16)
         self.qk_dtype = qk_dtype  # FP8: the Q / K type
+        self.pv_fp8 = pv_fp8  # FP8 PV: P (x 448) and V^T (per channel) in e4m3, O scaled back in the epilogue
         assert not self.Q_in_regs, "FP8 prototype: Q_in_regs (sV aliasing the fp8 sQ) is not supported"
         # FP8: m16n8k32 steps K by 32: the padded head dim must be a multiple of 32 (32, 64, 96, 128, 192, 256)
         assert self.tile_hdim % 32 == 0, f"FP8: head_dim must pad to a multiple of 32, got {self.tile_hdim}"
@@ -137,6 +167,12 @@ class Fp8ForwardSm120(TunedForwardSm120):
         v_layout = cute.make_layout((1, elems))
         self.gmem_tiled_copy_Q = cute.make_tiled_copy_tv(atom, tQ_layout, v_layout)
         self.gmem_tiled_copy_K = cute.make_tiled_copy_tv(atom, tK_layout, v_layout)
+        if const_expr(self.pv_fp8):  # FP8 PV: V^T (head_dim_v x tile_n, keys contiguous) in e4m3, K-major as K is
+            self.sV_layout = cute.tile_to_shape(
+                fp8_smem_layout_atom(self.tile_n), (self.tile_hdimv, self.tile_n, self.num_stages), (0, 1, 2))
+            cols_vt = vt_copy_cols(self.tile_n)
+            tVt_layout = cute.make_ordered_layout((self.num_producer_threads // cols_vt, cols_vt), order=(1, 0))
+            self.gmem_tiled_copy_V = cute.make_tiled_copy_tv(atom, tVt_layout, v_layout)
 
     # FP8: S = Q K^T on mma.sync.m16n8k32.e4m3.e4m3.f32 (SASS QMMA.16832); P V stays bf16 m16n8k16.
     # Same warp tiling as upstream (num_threads/32 warps along M, N permuted to 16 so one ldmatrix.x4 of K
@@ -149,6 +185,9 @@ class Fp8ForwardSm120(TunedForwardSm120):
             (warps, 1, 1),
             permutation_mnk=(warps * 16, 16, 32),
         )
+        if const_expr(self.pv_fp8):  # FP8 PV: the same tiling, N over head_dim_v, K over the tile's keys
+            tiled_mma_pv = cute.make_tiled_mma(
+                warp.MmaFP8Op(self.qk_dtype, Float32, (16, 8, 32)), (warps, 1, 1), permutation_mnk=(warps * 16, 16, 32))
         return tiled_mma_qk, tiled_mma_pv
 
     # FP8: sQ / sK are 1-byte ranges. The epilogue stages O (bf16, tile_m * dv * 2 bytes) through sQ's address,
@@ -158,11 +197,12 @@ class Fp8ForwardSm120(TunedForwardSm120):
     def _get_shared_storage_cls(self):
         cosize_Q, cosize_K, cosize_V, cosize_O = [
             cute.cosize(layout) for layout in (self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout)]
-        bytes_V = cosize_V * self.dtype.width // 8
+        v_dtype = self.qk_dtype if const_expr(self.pv_fp8) else self.dtype
+        bytes_V = cosize_V * v_dtype.width // 8
         bytes_O = cosize_O * self.dtype.width // 8
         elems_Q = max(cosize_Q, (bytes_O - bytes_V) * 8 // self.qk_dtype.width)
         sQ_struct = cute.struct.Align[cute.struct.MemRange[self.qk_dtype, elems_Q], 1024]
-        sV_struct = cute.struct.Align[cute.struct.MemRange[self.dtype, cosize_V], 1024]
+        sV_struct = cute.struct.Align[cute.struct.MemRange[v_dtype, cosize_V], 1024]
         sK_struct = cute.struct.Align[cute.struct.MemRange[self.qk_dtype, cosize_K], 1024]
 
         @cute.struct
@@ -199,6 +239,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
         mCuTotalSplitsMBlocks: Optional[cute.Tensor] = None,
         mQScale: Optional[cute.Tensor] = None,  # FP8: (batch, num_head, m_blocks) fp32 dequant scale of Q tiles
         mKScale: Optional[cute.Tensor] = None,  # FP8: (batch, num_head_kv, n_blocks) fp32 dequant scale of K tiles
+        mVt: Optional[cute.Tensor] = None,  # FP8 PV: (batch, num_head_kv, head_dim_v, seqlen_k padded) e4m3 V^T
+        mVScale: Optional[cute.Tensor] = None,  # FP8 PV: (batch, num_head_kv, head_dim_v) fp32 per-channel scale
         # Always keep stream as the last parameter (EnvStream: obtained implicitly via TVM FFI).
         stream: cuda.CUstream = None,
     ):
@@ -210,6 +252,7 @@ class Fp8ForwardSm120(TunedForwardSm120):
         assert learnable_sink is None, "Learnable sink is not supported in this kernel"
         # FP8: per-tile scales index (batch, head, block) of the non-varlen layout
         assert (mQScale is None) == (mKScale is None), "FP8: pass both q_scale and k_scale, or neither"
+        assert self.pv_fp8 == (mVt is not None) == (mVScale is not None), "FP8 PV: pv_fp8 takes V^T and its scales"
         if const_expr(mQScale is not None):
             assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None and mSeqUsedK is None, \
                 "FP8 prototype: per-tile scales are indexed (batch, head, block): no varlen"
@@ -225,6 +268,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
         self._setup_attributes()
         SharedStorage = self._get_shared_storage_cls()
         mQ, mK, mV, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mV, mO)]
+        if const_expr(mVt is not None):
+            mVt = assume_tensor_aligned(mVt)  # FP8 PV: 16-byte rows (the keys padded to whole tiles)
         # Layout permutation: 4D non-varlen vs 3D varlen
         QO_layout_transpose = [1, 3, 2, 0] if const_expr(mCuSeqlensQ is None) else [0, 2, 1]
         KV_layout_transpose = [1, 3, 2, 0] if const_expr(mCuSeqlensK is None) else [0, 2, 1]
@@ -310,6 +355,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
             fastdiv_mods,
             mQScale,  # FP8
             mKScale,  # FP8
+            mVt,  # FP8 PV
+            mVScale,  # FP8 PV
         ).launch(
             grid=grid_dim,
             block=[self.num_threads, 1, 1],
@@ -351,6 +398,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
         fastdiv_mods=None,
         mQScale: Optional[cute.Tensor] = None,  # FP8
         mKScale: Optional[cute.Tensor] = None,  # FP8
+        mVt: Optional[cute.Tensor] = None,  # FP8 PV
+        mVScale: Optional[cute.Tensor] = None,  # FP8 PV
     ):
         # Thread index, block index
         tidx, _, _ = cute.arch.thread_idx()
@@ -404,7 +453,10 @@ class Fp8ForwardSm120(TunedForwardSm120):
             if const_expr(not self.pack_gqa):
                 gQ = cute.local_tile(mQ_cur, blkQ_shape, (m_block, 0))
             gK = cute.local_tile(mK_cur, blkK_shape, (None, 0))
-            gV = cute.local_tile(mV_cur, blkV_shape, (None, 0))
+            if const_expr(self.pv_fp8):  # FP8 PV: (head_dim_v, tile_n, n_block) of V^T, keys contiguous
+                gV = cute.local_tile(mVt[batch_size, num_head_kv, None, None], (self.tile_hdimv, self.tile_n), (0, None))
+            else:
+                gV = cute.local_tile(mV_cur, blkV_shape, (None, 0))
 
             # ///////////////////////////////////////////////////////////////////////////////
             # Get shared memory buffer
@@ -414,8 +466,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
             sQ = storage.sQ.get_tensor(sQ_layout)  # FP8: e4m3 (padded: it also holds the start of sO)
             sK = storage.sK.get_tensor(sK_layout)
             sV = storage.sV.get_tensor(sV_layout)  # FP8: no Q_in_regs (asserted in __init__)
-            # Transpose view of V to tensor with layout (head_dim_v, tile_n) for tiled mma
-            sVt = layout_utils.transpose_view(sV)
+            # Transpose view of V to tensor with layout (head_dim_v, tile_n) for tiled mma (FP8 PV: sV is V^T)
+            sVt = sV if const_expr(self.pv_fp8) else layout_utils.transpose_view(sV)
 
             gmem_thr_copy_K = gmem_tiled_copy_K.get_slice(tidx)
             gmem_thr_copy_V = gmem_tiled_copy_V.get_slice(tidx)
@@ -451,6 +503,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
             )
             smem_thr_copy_Q = utils.make_tiled_copy_A(smem_copy_atom_QK, tiled_mma_qk).get_slice(tidx)
             smem_thr_copy_K = utils.make_tiled_copy_B(smem_copy_atom_QK, tiled_mma_qk).get_slice(tidx)
+            if const_expr(self.pv_fp8):  # FP8 PV: V^T is K-major e4m3, read as K is
+                smem_copy_atom_V = smem_copy_atom_QK
             smem_thr_copy_V = utils.make_tiled_copy_B(smem_copy_atom_V, tiled_mma_pv).get_slice(tidx)
 
             tSsQ = smem_thr_copy_Q.partition_S(sQ)
@@ -466,14 +520,15 @@ class Fp8ForwardSm120(TunedForwardSm120):
             tKcK = gmem_thr_copy_K.partition_S(cK)
             t0KcK = gmem_thr_copy_K.get_slice(0).partition_S(cK)
             # FP8: K's copy (16 e4m3 a thread) and V's (8 bf16 a thread) partition differently: never share
-            cV = cute.make_identity_tensor((self.tile_n, self.tile_hdimv))
-            tVcV = gmem_thr_copy_V.partition_S(cV)
-            t0VcV = gmem_thr_copy_V.get_slice(0).partition_S(cV)
             # Allocate predicate tensors for m and n, here we only allocate the tile of k, and
             # use "if" on the mn dimension.
             # This is to reduce register pressure and gets 2-3% performance gain.
             tKpK = utils.predicate_k(tKcK, limit=mK.shape[1])
-            tVpV = utils.predicate_k(tVcV, limit=mV.shape[1])  # FP8: see tVcV
+            if const_expr(not self.pv_fp8):  # FP8 PV: V^T's tiles are whole (load_Vt)
+                cV = cute.make_identity_tensor((self.tile_n, self.tile_hdimv))
+                tVcV = gmem_thr_copy_V.partition_S(cV)
+                t0VcV = gmem_thr_copy_V.get_slice(0).partition_S(cV)
+                tVpV = utils.predicate_k(tVcV, limit=mV.shape[1])  # FP8: see tVcV
 
             # shape: (atom_v_m * rest_m)
             softmax = Softmax.create(
@@ -503,9 +558,12 @@ class Fp8ForwardSm120(TunedForwardSm120):
             load_K = partial(
                 self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k
             )
-            load_V = partial(
-                self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k
-            )
+            if const_expr(self.pv_fp8):  # FP8 PV: V^T padded to whole tiles by the host: no predicates
+                load_V = partial(self.load_Vt, gmem_tiled_copy_V, tVgV, tVsV)
+            else:
+                load_V = partial(
+                    self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k
+                )
 
             # FP8: this CTA's Q-tile scale (one scalar) and its (b, h_kv) row of K-tile scales
             q_scale = Float32(1.0)
@@ -639,6 +697,11 @@ class Fp8ForwardSm120(TunedForwardSm120):
                 smem_pipe_write = self.advance_pipeline(smem_pipe_write)
             # TODO: local
 
+            if const_expr(self.pv_fp8):  # FP8 PV: O's columns back from P x 448 and V^T's per-channel scale
+                mVScale_cur = mVScale[batch_size, num_head_kv, None]
+                tOcO = thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_hdimv)))
+                for i in cutlass.range_constexpr(cute.size(acc_O)):
+                    acc_O[i] = acc_O[i] * (mVScale_cur[tOcO[i][1]] * Float32(1.0 / PV_P_SCALE))
             # normalize acc_O by row_sum and calculate the lse
             row_scale = softmax.finalize()
             softmax.rescale_O(acc_O, row_scale)
@@ -664,6 +727,13 @@ class Fp8ForwardSm120(TunedForwardSm120):
                 num_head,
                 batch_size,
             )
+
+    @cute.jit
+    def load_Vt(self, gmem_tiled_copy: cute.TiledCopy, tVgV: cute.Tensor, tVsV: cute.Tensor, block: Int32,
+                smem_pipe_write: Int32, need_predicates: cutlass.Constexpr = False):
+        """FP8 PV: one (head_dim_v, tile_n) tile of V^T into its stage; whole tiles (the host pads the keys)."""
+        cute.copy(gmem_tiled_copy, tVgV[None, None, None, block],
+                  tVsV[None, None, None, smem_pipe_write if const_expr(self.num_stages > 1) else 0])
 
     @cute.jit
     def compute_one_n_block(
@@ -766,9 +836,14 @@ class Fp8ForwardSm120(TunedForwardSm120):
             mask_fn(acc_S, n_block=n_block)
         row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=check_inf)
         softmax.rescale_O(mma_params.acc_O, row_scale)
-        rP = cute.make_fragment_like(acc_S, self.dtype)
-        rP.store(acc_S.load().to(self.dtype))
-        tOrP = layout_utils.reshape_acc_to_frgA(rP)
+        if const_expr(self.pv_fp8):  # FP8 PV: P x 448 in e4m3, its registers the A fragment as they lie
+            rP = cute.make_fragment_like(acc_S, self.qk_dtype)
+            rP.store((acc_S.load() * Float32(PV_P_SCALE)).to(self.qk_dtype))
+            tOrP = cute.make_tensor(rP.iterator, pv_frgA_layout(rP))
+        else:
+            rP = cute.make_fragment_like(acc_S, self.dtype)
+            rP.store(acc_S.load().to(self.dtype))
+            tOrP = layout_utils.reshape_acc_to_frgA(rP)
         if const_expr(self.num_stages > 1):
             sync()
             load_K_next()

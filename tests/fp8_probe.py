@@ -3,7 +3,7 @@ tensors for sm_120a and prints, per case, the cubin's facts as JSON: registers, 
 against the class's formula, and the SASS MMA census (QMMA: e4m3, HMMA: bf16).
 
 Run by tests/test_fp8_kernel.py in a subprocess: the DSL reads its arch from the environment at import time.
-    python tests/fp8_probe.py DUMP_DIR < cases.json   # [[head_dim, tile_m, tile_n, num_stages, causal, gqa], ...]
+    python tests/fp8_probe.py DUMP_DIR < cases.json   # [[head_dim, tile_m, tile_n, num_stages, causal, gqa(, pv_fp8)], ...]
 """
 
 import json
@@ -38,17 +38,19 @@ def mma_census(cubin: bytes) -> dict:
 
 
 report = []
-for d, tile_m, tile_n, stages, causal, gqa in json.load(sys.stdin):
-    config = ForwardConfig(tile_m=tile_m, tile_n=tile_n, num_threads=128, num_stages=stages, Q_in_regs=False, kernel="sm120_fp8")
+for d, tile_m, tile_n, stages, causal, gqa, *pv in json.load(sys.stdin):  # pv: [True] for the pv_fp8 knob
+    config = ForwardConfig(tile_m=tile_m, tile_n=tile_n, num_threads=128, num_stages=stages, Q_in_regs=False, kernel="sm120_fp8",
+                           extra={"pv_fp8": bool(pv and pv[0])})
     b, s, h_kv = 1, 1024, 2
     with FakeTensorMode():
         q, k, v = (torch.empty(b, s, h, d, dtype=torch.bfloat16, device="cuda") for h in (h_kv * gqa, h_kv, h_kv))
         (qq, qs), (kq, ks) = fp8.quantize_per_tile(q, tile_m), fp8.quantize_per_tile(k, tile_n)
         out, lse = torch.empty_like(q), torch.empty(b, h_kv * gqa, s, dtype=torch.float32, device="cuda")
-        fn, kernel = fp8.compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, d ** -0.5)
+        vt_vs = fp8.quantize_v(v, tile_n) if fp8.pv_fp8(config) else ()
+        fn, kernel = fp8.compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal, d ** -0.5, *vt_vs)
     facts = read_cubin(fn.__cubin__)
     formula, _ = Fp8ForwardSm120.smem_bytes(config, ProblemClass(d, d, causal, gqa))
-    report.append({"case": [d, tile_m, tile_n, stages, causal, gqa], "registers": facts.registers,
+    report.append({"case": [d, tile_m, tile_n, stages, causal, gqa, *pv], "registers": facts.registers,
                    "spill_bytes": facts.spill_store_bytes + facts.spill_load_bytes, "smem_traced": kernel.smem_bytes_traced,
                    "smem_formula": formula, "mma": mma_census(fn.__cubin__)})
 print(json.dumps(report))

@@ -8,11 +8,12 @@ from fa4tune.config import ConfigError
 
 
 def test_dry_run_gates_each_config_on_each_input_kind_and_reports_refusals(capsys):
-    assert fp8_forward.main(["--dry-run", "--only", "b2 s4096 h16 d128", "--configs", "default,64x64s2,128x128s2"]) == 0
+    assert fp8_forward.main(["--dry-run", "--only", "b2 s4096 h16 d128", "--configs", "default,64x64s2p,128x128s2"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| b2 s4096 h16 d128")]
     gated = [r for r in rows if "| pass |" in r]
     assert len(gated) == 2 * 2 * 3  # 2 problems (causal and not) x 2 fitting configs x 3 input kinds
+    assert sum("| 64x64s2p |" in r for r in gated) == 2 * 3  # P V on e4m3 (V dequantized per channel here)
     assert {kind for kind in fp8_forward.KINDS if any(f"| {kind} |" in r for r in gated)} == set(fp8_forward.KINDS)
     refused = [r for r in rows if "refused: smem_capacity" in r]
     assert len(refused) == 2 and all("128x128s2" in r for r in refused)

@@ -8,6 +8,7 @@ from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def test_fp8_is_opt_in_both_ways_and_has_no_backward():
     for pc in (replace(D128, dtype="bf16"), ProblemClass(64, 64, False, 1, "fp16")):
         verdict = check_forward(config, pc, TARGET)
         assert not verdict and verdict.rule == "fp8_opt_in" and "fa4tune.fp8.attention_fp8" in verdict.message
-    verdict = check_forward(replace(config, kernel="sm120_tma"), D128, TARGET)
+    verdict = check_forward(replace(config, kernel="sm120_tma", extra=()), D128, TARGET)
     assert not verdict and verdict.rule == "fp8_kernel" and "sm120_tma" in verdict.message
     verdict = check_backward(experiment.backward_config(D128), D128, TARGET)
     assert not verdict and verdict.rule == "fp8_forward_only"
@@ -100,7 +101,8 @@ def test_sm120a_facts_through_the_host_path_s_compile(tmp_path):
     """The d128 and d96 tiles the H100 run gated (128 x 64; causal with GQA 4 among them), and d64 at 128 x 64 with two
     stages. At tile_m 128 the d128 / d96 kernels spill as upstream's bf16 kernel does at the same tiles (255 registers;
     docs/measurements/data/2026-12-06-fp8/table.txt); at d64 they do not."""
-    cases = [[128, 128, 64, 1, True, 4], [96, 128, 64, 1, False, 1], [64, 128, 64, 2, True, 1]]
+    cases = [[128, 128, 64, 1, True, 4], [96, 128, 64, 1, False, 1], [64, 128, 64, 2, True, 1],
+             [128, 64, 64, 2, True, 4, True], [96, 64, 96, 1, False, 1, True]]  # the last two: P V on e4m3 (pv_fp8)
     done = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_probe.py"), str(tmp_path)], input=json.dumps(cases),
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -109,8 +111,9 @@ def test_sm120a_facts_through_the_host_path_s_compile(tmp_path):
     for r in report:
         assert r["smem_traced"] == r["smem_formula"] <= TARGET.smem_per_block, r
         assert r["registers"] <= 255, r
-        assert r["mma"].get("QMMA.16832", 0) > 0 and r["mma"].get("HMMA.16816", 0) > 0, r  # S on e4m3, P V on bf16
-    assert report[2]["spill_bytes"] == 0, report[2]
+        assert r["mma"].get("QMMA.16832", 0) > 0, r  # S on e4m3
+        assert (r["mma"].get("HMMA.16816", 0) > 0) == (len(r["case"]) == 6), r  # P V on bf16, or on e4m3 with pv_fp8
+    assert all(r["spill_bytes"] == 0 for r in report[2:]), report[2:]
 
 
 @pytest.mark.compile
@@ -137,3 +140,60 @@ def test_fa4tune_api_routes_a_quantizing_config_without_experiment_py_s_kernel_c
     q = k = v = torch.zeros(1, 64, 2, 64, dtype=torch.bfloat16)
     attention(q, k, v, True, fwd_config=fp8.default_config(64), tables=DispatchTables({}, {}))  # no kernel_class given
     assert calls == [fp8.default_config(64)]
+
+
+def test_fp8_pv_keys_follow_the_registers_the_s_mma_leaves():
+    """pv_fp8 multiplies P's e4m3 registers, as the S MMA's C fragments leave them, as m16n8k32's A fragment; V^T's
+    keys follow fa4tune.fp8.pv_key_order. Emulated from PTX's fragment definitions (C of m16n8k16/k32: lane 4 g + t
+    holds rows g and g + 8, columns 2 t and 2 t + 1 of each n8 tile; e4m3 A: a[i + 4 r + 8 h] is row g + 8 r, k
+    16 h + 4 t + i) through the kernel's register map (pv_frgA_layout: A's value (c, j mod 2, r, h) is C's c + 2 r
+    of tile 2 h + j mod 2) and the host's V^T (B[k, n] = V^T[n, k]): the MMA's A @ B is P V."""
+    order = fp8.pv_key_order()
+    assert sorted(order) == list(range(32))
+    torch.manual_seed(0)
+    p, v = torch.randn(16, 32, dtype=torch.float64), torch.randn(32, 8, dtype=torch.float64)  # one 32-key block, one n8
+    vt = v.T[:, order]  # the host's V^T: position k holds key order[k]
+    a = torch.full((16, 32), float("nan"), dtype=torch.float64)
+    for lane in range(32):
+        g, t = lane // 4, lane % 4
+        c_regs = [[p[g + 8 * r, 8 * j + 2 * t + c] for r in (0, 1) for c in (0, 1)] for j in range(4)]  # [tile][c + 2 r]
+        regs = [c_regs[2 * h + jm][c + 2 * r] for h in (0, 1) for r in (0, 1) for jm in (0, 1) for c in (0, 1)]
+        for h in (0, 1):
+            for r in (0, 1):
+                for i in range(4):
+                    a[g + 8 * r, 16 * h + 4 * t + i] = regs[i + 4 * r + 8 * h]
+    assert not a.isnan().any()  # every A element is some lane's register
+    assert torch.allclose(a @ vt.T, p @ v)
+    # the kernel's layout is that map: A's value (c, j mod 2, r, h) of k-block kb at C's compact register (value
+    # c + 2 r, then m, then n8 tile 4 kb + 2 h + j mod 2), here for MMA_M 2 and two k-blocks
+    import cutlass.cute as cute
+
+    from kernels.fp8_forward_sm120 import pv_frgA_layout
+
+    got, mma_m = [], 2
+    cute.jit(lambda: got.extend(pv_frgA_layout(SimpleNamespace(shape=((2, 2), mma_m, 8)))((v, m, kb))
+                                for kb in range(2) for m in range(mma_m) for v in range(16)))()
+    want = [(c + 2 * r) + 4 * m + 4 * mma_m * (4 * kb + 2 * h + jm)
+            for kb in range(2) for m in range(mma_m) for h in (0, 1) for r in (0, 1) for jm in (0, 1) for c in (0, 1)]
+    assert got == want
+
+
+def test_quantize_v_pads_whole_tiles_orders_the_keys_and_dequantizes_within_e4m3():
+    torch.manual_seed(0)
+    v = (torch.randn(2, 100, 3, 64) * torch.linspace(0.1, 8, 64)).bfloat16()  # channels of different scales
+    vt, scale = fp8.quantize_v(v, 64)
+    assert vt.dtype == torch.float8_e4m3fn and vt.shape == (2, 3, 64, 128) and scale.shape == (2, 3, 64)
+    block = torch.arange(128)
+    keys = block - block % 32 + torch.tensor(fp8.pv_key_order())[block % 32]  # the key at each position
+    assert (vt[..., keys >= 100].float() == 0).all() and (vt[..., keys < 100].float() != 0).any(dim=-1).all()
+    back = fp8.dequantize_v(vt, scale, 100)
+    assert back.shape == v.shape and torch.allclose(back, v.float(), rtol=2 ** -3, atol=scale.max().item() * 2 ** -9)
+    assert (vt.float().abs().amax(dim=-1) == 448).all()  # each channel's largest value meets e4m3's
+
+
+@pytest.mark.parametrize("tile_n, head_dim_v, rule", [(48, 64, "fp8_pv_multiple_of_32"), (96, 96, "fp8_pv_copy")])
+def test_fp8_pv_rules_name_what_fails(tile_n, head_dim_v, rule):
+    config = replace(fp8.default_config(head_dim_v), tile_n=tile_n, num_stages=1, extra={"pv_fp8": True})
+    verdict = check_forward(config, ProblemClass(head_dim_v, head_dim_v, False, 1, "fp8"), TARGET)
+    assert not verdict and verdict.rule == rule, verdict
+    assert check_forward(replace(config, tile_n=64), ProblemClass(head_dim_v, head_dim_v, False, 1, "fp8"), TARGET)

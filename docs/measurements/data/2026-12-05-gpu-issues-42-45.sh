@@ -16,6 +16,7 @@
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
 #   ... fp8std      # #45: the FP8 prototype gated on the standard prefill shapes (3 input kinds, K smoothed), timed
+#   ... fp8pv       # #45: the fused quantization's GPU test, then P V on e4m3 (pv_fp8) against the default, gated, timed
 #                     against the bf16 table; then bench/mma_rate.py (the H200/H100's e4m3 and bf16 mma.sync rates)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
@@ -102,6 +103,12 @@ for step in "$@"; do
     fp8class)
       timeout 560 python3 bench/fp8_forward.py --configs default,64x64s1,64x64s2 > "$OUT/fp8class.log" 2>&1
       echo "fp8class rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8class.log" ;;
+    fp8pv)
+      # the fused quantization's GPU test (e4m3 bytes against torch's), then P V on e4m3 against the default, gated
+      timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_quant.py > "$OUT/fp8quant.log" 2>&1
+      echo "fp8quant rc $?"; tail -3 "$OUT/fp8quant.log"
+      timeout 440 python3 bench/fp8_forward.py --configs default,64x64s2p,64x128s2p > "$OUT/fp8pv.log" 2>&1
+      echo "fp8pv rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8pv.log" ;;
     ut0|ut1|ut2|ut3)
       # one variant a call (0 pristine, n: the series' first n patches), 8 workers, the kernel cache shared; a variant
       # cut off at the call's limit continues with the same step next call (--resume on the reports carried back in
