@@ -47,6 +47,21 @@ def winners_url(tmp_path_factory) -> str:
     return url
 
 
+def test_the_caveat_names_the_gpu_that_measured_and_a_class_of_ours_exports_its_best_upstream_trial(tmp_path):
+    """The d192/v128 backward study ran on an H100 (docs/measurements/2026-12-06-h100-models-opaque-fp8-wide.md):
+    its caveat names that GPU, not the H200 of the earlier studies; its winner runs `sm120_cmask_kregs`, which the
+    patch cannot carry, so export writes the best trial of upstream's kernel and says it is unconfirmed."""
+    db = tmp_path / "wide.db"
+    db.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-06-h100-s3-wide-d192v128-bwd.db.xz").read_bytes()))
+    patch = tmp_path / "wide.patch"
+    done = _export(f"sqlite:///{db}", out=patch)
+    assert done.returncode == 0, done.stderr
+    message = " ".join(patch.read_text().split("\n---\n", 1)[0].split())
+    assert "SM120 kernels emulated on NVIDIA H100 80GB HBM3 (SM80 mma.sync code" in message and "H200" not in message
+    assert "timed on that GPU" in message
+    assert "'sm120_cmask_kregs'" in message and "its best trial of upstream's kernel" in message and "UNCONFIRMED" in message
+
+
 def _export(url: str, *extra, out: Path | None = None):
     args = ["export", "--storage", url, *extra]
     return run_cli(*args, *(["--out", out] if out else []))

@@ -53,8 +53,8 @@ WIDTH = 100  # commit message prose; tables and commands may be longer
 UPSTREAM_TAG = "fa4-v4.0.0.beta36"
 UPSTREAM_COMMIT = ""
 UPSTREAM_INTERFACE_BLOB = "20636fa5d2e7ee4fb057d0b7c2637e45ee3b353d"  # git hash-object flash_attn/cute/interface.py
-EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on NVIDIA H200 (SM80 mma.sync code with SM120's 99 KB "
-                    "shared-memory rule, timed on the H200), not on SM120 hardware: the winners are to be confirmed "
+EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on {gpus} (SM80 mma.sync code with SM120's 99 KB "
+                    "shared-memory rule, timed on {that}), not on SM120 hardware: the winners are to be confirmed "
                     "on an RTX 5090 / RTX PRO 6000 before this is merged.")
 OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before fa4-tune reproduced SM120's occupancy "
                     "under emulation: that GPU then ran up to 3 CTAs per SM where SM120 runs one, which favours configs "
@@ -643,12 +643,13 @@ def _class_of(w: Winner) -> str:
 
 def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
     """The emulation caveat when any winner was measured (or recorded) in emulation, else ''."""
-    modes = {mode for w in winners for _, mode in [w.study.source()]} | {(table_meta or {}).get("mode")}
-    if "emulated" not in modes:
+    sources = {w.study.source() for w in winners} | {((table_meta or {}).get("device"), (table_meta or {}).get("mode"))}
+    gpus = sorted({device for device, mode in sources if mode == "emulated" and device})
+    if not any(mode == "emulated" for _, mode in sources):
         return ""
-    if any(_occupancy_note(w) for w in winners):
-        return EMULATION_CAVEAT + " " + OCCUPANCY_CAVEAT
-    return EMULATION_CAVEAT
+    text = EMULATION_CAVEAT.format(gpus=" and ".join(gpus) or "another GPU",
+                                   that="that GPU" if len(gpus) < 2 else "those GPUs")
+    return text + " " + OCCUPANCY_CAVEAT if any(_occupancy_note(w) for w in winners) else text
 
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
