@@ -43,6 +43,8 @@ def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor
     amax = v.abs().amax(dim=1).float()
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     padded = -(-s // tile_n) * tile_n
+    if v.is_cuda and not _fake_mode():  # one Triton kernel: scale, order, transpose and cast (fused_quantize_v)
+        return fused_quantize_v(v, scale, padded), scale
     x = torch.nn.functional.pad((v.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX), (0, 0, 0, 0, 0, padded - s))
     block = torch.arange(padded, device=v.device)
     order = torch.tensor(pv_key_order(), device=v.device)
@@ -218,6 +220,50 @@ def _quantize_kernel():
 
     _TRITON_KERNEL.append(quantize_tile)
     return quantize_tile
+
+
+_TRITON_VT_KERNEL = []
+
+
+def _vt_kernel():
+    """The V^T kernel (quantize_v on a GPU), defined on first use as _quantize_kernel is: one program per 64
+    positions of V^T's keys and (batch x kv head); position p holds key p - p % 32 + pv_key_order()[p % 32]."""
+    if _TRITON_VT_KERNEL:
+        return _TRITON_VT_KERNEL[0]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def quantize_vt(v_ptr, scale_ptr, out_ptr, seqlen, padded, heads, dim, svb, svs, svh,
+                    BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr, RAW: tl.constexpr):
+        block, bh = tl.program_id(0), tl.program_id(1)
+        b, h = (bh // heads).to(tl.int64), bh % heads
+        pos = block * BLOCK_P + tl.arange(0, BLOCK_P)
+        k = pos % 32
+        key = pos - k + 8 * ((k % 4) // 2 + 2 * (k // 16)) + 2 * ((k % 16) // 4) + k % 2  # pv_key_order
+        cols = tl.arange(0, BLOCK_D)
+        scale = tl.load(scale_ptr + bh * dim + cols, mask=cols < dim, other=1.0)
+        mask = (key < seqlen)[:, None] & (cols < dim)[None, :]
+        x = tl.load(v_ptr + b * svb + key[:, None] * svs + h * svh + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        values = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[None, :]), -448.0), 448.0)
+        if not RAW:
+            values = values.to(tl.float8e4nv)
+        store = (pos < padded)[:, None] & (cols < dim)[None, :]
+        tl.store(out_ptr + (bh * dim + cols[None, :]).to(tl.int64) * padded + pos[:, None], values, mask=store)
+
+    _TRITON_VT_KERNEL.append(quantize_vt)
+    return quantize_vt
+
+
+def fused_quantize_v(v: torch.Tensor, scale: torch.Tensor, padded: int, raw: bool = False) -> torch.Tensor:
+    """quantize_v's V^T from v (batch, seqlen_k, kv heads, dim_v) and its per-channel scales (batch, kv heads,
+    dim_v), in one Triton kernel: (batch, kv heads, dim_v, padded) e4m3 (fp32 before the cast with `raw`)."""
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    b, s, h, d = v.shape
+    out = torch.empty(b, h, d, padded, device=v.device, dtype=torch.float32 if raw else torch.float8_e4m3fn)
+    _vt_kernel()[(-(-padded // 64), b * h)](v, scale.contiguous(), out, s, padded, h, d, v.stride(0), v.stride(1),
+                                           v.stride(2), BLOCK_P=64, BLOCK_D=1 << (d - 1).bit_length(), RAW=raw)
+    return out
 
 
 def fused_quantize(x: torch.Tensor, tile: int, mean: torch.Tensor, smooth: bool, softmax_scale: float | None = None,

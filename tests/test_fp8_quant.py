@@ -1,4 +1,4 @@
-"""The fused FP8 quantization (fa4tune.fp8.fused_quantize, one Triton kernel per input) against the torch functions
+"""The fused FP8 quantization (fa4tune.fp8.fused_quantize, one Triton kernel per input; fused_quantize_v for V^T) against the torch functions
 it replaces on a GPU: on the CPU through Triton's interpreter (values before the e4m3 cast, whose interpreter rounding
 differs from the GPU's cvt near powers of two; scales and the LSE correction), on a GPU bit for bit."""
 
@@ -36,6 +36,15 @@ for b, s, hq, hk, d, tile in %r:
     assert none is None and torch.equal(ks, ref_ks) and torch.equal(qs, ref_qs), (b, s, d, tile)
     assert torch.equal(kv, before_cast(k_smoothed, tile, ref_ks)) and torch.equal(qv, before_cast(q, tile, ref_qs))
     assert torch.allclose(corr, fp8.lse_correction(q, mean, 0.125), rtol=0, atol=1e-5)
+    v = k[..., : d // 2 + 32] * 4  # V's own width; tile 64 pads the keys to whole tiles
+    amax = v.abs().amax(dim=1).float()
+    vscale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
+    padded = -(-s // 64) * 64
+    vt = fp8.fused_quantize_v(v, vscale, padded, raw=True)
+    block = torch.arange(padded)
+    keys = block - block %% 32 + torch.tensor(fp8.pv_key_order())[block %% 32]
+    ref = torch.nn.functional.pad((v.float() / vscale[:, None]).clamp(-448, 448), (0, 0, 0, 0, 0, padded - s))[:, keys]
+    assert torch.equal(vt, ref.permute(0, 2, 3, 1)), (b, s, d)
 print("interpreted ok")
 ''' % (CASES,)
 
@@ -70,3 +79,7 @@ def test_on_a_gpu_the_fused_quantization_equals_the_torch_one_bit_for_bit(case):
     assert torch.equal(ks, ref_ks) and torch.equal(qs, ref_qs)
     assert torch.equal(kq.view(torch.uint8), ref_kq.view(torch.uint8)) and torch.equal(qq.view(torch.uint8), ref_qq.view(torch.uint8))
     assert torch.allclose(corr, fp8.lse_correction(q, mean, 0.125), rtol=0, atol=1e-4)
+    v = k * 4
+    vt, vscale = fp8.quantize_v(v, tile)  # the fused kernel on a GPU
+    ref_vt, ref_scale = fp8.quantize_v(v.cpu(), tile)  # torch's, on the CPU
+    assert torch.equal(vscale.cpu(), ref_scale) and torch.equal(vt.view(torch.uint8).cpu(), ref_vt.view(torch.uint8))
