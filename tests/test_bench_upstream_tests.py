@@ -357,7 +357,8 @@ def test_a_case_has_its_final_outcome_once_its_teardown_or_its_worker_crash_is_r
     assert upstream_tests.read_report(path) == {"t.py::a": ("passed", "")} and upstream_tests.finished(path) == set()
 
 
-RESUMED = '''
+# the stand-in test files' head: each test appends its id to the file `ran` beside them (which ids a call ran)
+RAN = '''
 import time
 from pathlib import Path
 
@@ -371,6 +372,9 @@ def _ran(request):
     with open(HERE / "ran", "a") as stream:
         stream.write(request.node.nodeid + "\\n")
 
+'''
+
+RESUMED = RAN + '''
 
 def test_crowded_out():  # fails for want of the GPU memory the other workers hold, while they do
     if (HERE / "crowded").exists():
@@ -449,19 +453,7 @@ def test_resume_runs_only_the_cases_a_cut_off_call_left_then_its_failures_alone(
     assert "pristine: 8 passed, 1 failed, 0 errors, 0 skipped" in capsys.readouterr().out
 
 
-CROWDED = '''
-from pathlib import Path
-
-import pytest
-
-HERE = Path(__file__).parent
-
-
-@pytest.fixture(autouse=True)
-def _ran(request):
-    with open(HERE / "ran", "a") as stream:
-        stream.write(request.node.nodeid + "\\n")
-
+CROWDED = RAN + '''
 
 @pytest.mark.parametrize("i", range(3))
 def test_crowded_out(i):
