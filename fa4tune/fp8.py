@@ -305,7 +305,7 @@ def attention_fp8_quantized(quantized: tuple, v: torch.Tensor, causal: bool, sof
     if is_fake_mode():  # fake tensors (the static check): compiled, nothing to launch, as upstream's host path does
         return out, lse + correction
     fn(qq.view(torch.uint8), kq.view(torch.uint8), v, out, lse, softmax_scale, None, None, None, None, None, None, None, None,
-       None, _aux_none(), None, None, qs, ks, *([pv[0].view(torch.uint8), pv[1]] if pv else []))
+       None, _aux_none(), None, None, qs, ks, *([pv[0].view(torch.uint8), pv[1]] if pv else [None, None]))
     return out, lse + correction
 
 
