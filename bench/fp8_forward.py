@@ -11,7 +11,8 @@ A config is "TILE_MxTILE_Ns STAGES" at 128 threads, "p" after it for P V on e4m3
 FP8 rules refuse for a problem is reported with its rule, a config that fails the gate on any input is not timed. On
 an H100 or H200 e4m3 mma.sync is lowered to fp16 (bench/mma_rate.py: 0.64x bf16 on an H100), so an emulated time is
 the FP8 path's cost there, not SM120's FP8 rate. --dry-run replaces the kernel with fp32 attention on the dequantized
-tiles (what it computes) and shrinks each problem to 256 tokens and 2 K/V heads.
+tiles (what it computes; with pv_fp8 V dequantized and P rounded to e4m3 too) and shrinks each problem to 256 tokens
+and 2 K/V heads (--dry-seqlen).
 """
 
 from __future__ import annotations
@@ -69,16 +70,35 @@ def inputs(problem, kind: str, device: str, seed: int = 0) -> list[torch.Tensor]
     return [torch.randn(s, generator=generator, device=device).to(torch.bfloat16) for s in shapes]
 
 
+def p_e4m3_attention(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 attention with P rounded as pv_fp8 rounds it: exp(S - row max) x 448 to e4m3, then / 448 (the kernel
+    takes each block's running max, which rounds the same way, relative to the value, above e4m3's subnormals);
+    the row sums from the unrounded P, as the kernel's. (batch, seqlen, heads, dim) inputs, GQA by repeating K/V."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.float().repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) * scale
+    if causal:  # bottom-right aligned, as the gate's reference
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool, device=s.device).tril(sk - sq), float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.exp(s - m)
+    rows = p.sum(dim=-1, keepdim=True)
+    p8 = (p * fp8.FP8_MAX).to(torch.float8_e4m3fn).float() / fp8.FP8_MAX
+    return torch.einsum("bhqk,bkhd->bqhd", p8 / rows, v), (m + rows.log()).squeeze(-1)
+
+
 def fp8_call(config: ForwardConfig, causal: bool, dry: bool):
-    """(quantized inputs, v) -> (out, lse): the kernel, or on --dry-run fp32 attention on the dequantized tiles (and V;
-    P itself is not rounded to e4m3 there)."""
+    """(quantized inputs, v) -> (out, lse): the kernel, or on --dry-run fp32 attention on the dequantized tiles (and
+    V, with P rounded to e4m3 as the kernel rounds it: p_e4m3_attention, with pv_fp8)."""
     def call(quantized, v, scale):
         if not dry:
             return fp8.attention_fp8_quantized(quantized, v, causal, scale, config)
         qq, qs, kq, ks, correction, *pv = quantized
-        ref = gate.reference_attention(fp8.dequantize_per_tile(qq, qs, config.tile_m),
-                                       fp8.dequantize_per_tile(kq, ks, config.tile_n),
-                                       fp8.dequantize_v(*pv, v.shape[1]) if pv else v, causal)
+        q, k = fp8.dequantize_per_tile(qq, qs, config.tile_m), fp8.dequantize_per_tile(kq, ks, config.tile_n)
+        if pv:
+            out, lse = p_e4m3_attention(q, k, fp8.dequantize_v(*pv, v.shape[1]), causal, scale)
+            return out.to(torch.bfloat16), lse + correction
+        ref = gate.reference_attention(q, k, v, causal, scale)
         return ref.out.to(torch.bfloat16), ref.lse + correction
     return call
 
@@ -107,12 +127,14 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="default", help="comma-separated TILE_MxTILE_NsSTAGES[p] or 'default'")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--dry-run", action="store_true", help="CPU: fp32 attention in place of the kernel, small shapes")
+    parser.add_argument("--dry-seqlen", type=int, default=256, help="--dry-run's sequence length (default 256)")
     args = parser.parse_args(argv)
     configs = parse_configs(args.configs)
     device = "cpu" if args.dry_run else "cuda"
     problems = [p for p in load_suite(args.suite) if p.seqlen_q > DECODE_MAX_SEQLEN_Q and args.only in p.name]
     if args.dry_run:
-        problems = [replace(p, batch=1, seqlen_q=256, seqlen_k=256, num_heads=2 * (p.num_heads // p.num_heads_kv), num_heads_kv=2)
+        problems = [replace(p, batch=1, seqlen_q=args.dry_seqlen, seqlen_k=args.dry_seqlen,
+                            num_heads=2 * (p.num_heads // p.num_heads_kv), num_heads_kv=2)
                     for p in problems]
     print("| problem | config | inputs | rel L2 | cos | LSE rel L2 | gate |")
     print("|---|---|---|---|---|---|---|")

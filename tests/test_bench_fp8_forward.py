@@ -23,3 +23,17 @@ def test_dry_run_gates_each_config_on_each_input_kind_and_reports_refusals(capsy
 def test_a_bad_config_is_one_error_naming_the_form():
     with pytest.raises(ConfigError, match="fp8_config.*128x64s1.*'128x64'"):
         fp8_forward.parse_configs("128x64")
+
+
+def test_the_dry_runs_p_rounding_is_e4m3s_and_leaves_the_lse_alone():
+    import torch
+
+    from fa4tune.harness import gate
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 96, 4, 64), torch.randn(1, 128, 2, 64), torch.randn(1, 128, 2, 64)
+    out, lse = fp8_forward.p_e4m3_attention(q, k, v, True, 0.125)
+    ref = gate.reference_attention(q, k, v, True, 0.125)
+    assert torch.allclose(lse, ref.lse, atol=1e-5)  # the row sums come from the unrounded P
+    rel = ((out - ref.out).norm() / ref.out.norm()).item()
+    assert 2 ** -8 < rel < 2 ** -4  # P's 3-bit mantissa shows, and no more than that
