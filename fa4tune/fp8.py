@@ -43,8 +43,11 @@ def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor
     amax = v.abs().amax(dim=1).float()
     scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
     padded = -(-s // tile_n) * tile_n
-    if v.is_cuda and not _fake_mode():  # one Triton kernel: scale, order, transpose and cast (fused_quantize_v)
-        return fused_quantize_v(v, scale, padded), scale
+    if _use_fused(v):  # one Triton kernel: scale, order, transpose and cast (fused_quantize_v)
+        try:
+            return fused_quantize_v(v, scale, padded), scale
+        except Exception as err:  # noqa: BLE001 - Triton's compile or launch: the torch path below instead
+            _fused_failed(err)
     x = torch.nn.functional.pad((v.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX), (0, 0, 0, 0, 0, padded - s))
     block = torch.arange(padded, device=v.device)
     order = torch.tensor(pv_key_order(), device=v.device)
@@ -173,17 +176,35 @@ def quantize_inputs(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: flo
 
 
 def _quantize_qk(q: torch.Tensor, k: torch.Tensor, config, softmax_scale: float) -> tuple:
-    if q.is_cuda and not _fake_mode():
-        mean = k.mean(dim=1, dtype=torch.float32)
-        kq, ks, _ = fused_quantize(k, config.tile_n, mean, smooth=True)
-        qq, qs, correction = fused_quantize(q, config.tile_m, mean, smooth=False, softmax_scale=softmax_scale)
-        return qq, qs, kq, ks, correction
+    if _use_fused(q):
+        try:
+            mean = k.mean(dim=1, dtype=torch.float32)
+            kq, ks, _ = fused_quantize(k, config.tile_n, mean, smooth=True)
+            qq, qs, correction = fused_quantize(q, config.tile_m, mean, smooth=False, softmax_scale=softmax_scale)
+            return qq, qs, kq, ks, correction
+        except Exception as err:  # noqa: BLE001 - Triton's compile or launch: the torch functions instead
+            _fused_failed(err)
     k_smoothed, mean = smooth_k(k)
     (qq, qs), (kq, ks) = quantize_per_tile(q, config.tile_m), quantize_per_tile(k_smoothed, config.tile_n)
     return qq, qs, kq, ks, lse_correction(q, mean, softmax_scale)
 
 
 _TRITON_KERNEL = []
+_FUSED_FAILED: list[str] = []  # why the fused kernels could not run here (then the torch functions do, said once)
+
+
+def _use_fused(x: torch.Tensor) -> bool:
+    return x.is_cuda and not _FUSED_FAILED and not _fake_mode()
+
+
+def _fused_failed(err: Exception) -> None:
+    """The fused quantization failed to compile or launch (no C compiler for Triton's launcher, say): the torch
+    functions run from now on, as on the CPU; one warning says why (the results are the same, the time is not)."""
+    import warnings
+
+    _FUSED_FAILED.append(f"{type(err).__name__}: {err}")
+    warnings.warn(f"fa4tune.fp8: the fused Triton quantization failed ({_FUSED_FAILED[0][:300]}); Q, K and V are "
+                  "quantized by the torch functions instead (same values, more time)", RuntimeWarning, stacklevel=3)
 
 
 def _quantize_kernel():

@@ -83,3 +83,28 @@ def test_on_a_gpu_the_fused_quantization_equals_the_torch_one_bit_for_bit(case):
     vt, vscale = fp8.quantize_v(v, tile)  # the fused kernel on a GPU
     ref_vt, ref_scale = fp8.quantize_v(v.cpu(), tile)  # torch's, on the CPU
     assert torch.equal(vscale.cpu(), ref_scale) and torch.equal(vt.view(torch.uint8).cpu(), ref_vt.view(torch.uint8))
+
+
+def test_a_failing_fused_kernel_falls_back_to_the_torch_functions_with_one_warning(monkeypatch):
+    """Where Triton cannot compile or launch (no C compiler, say) the torch functions quantize instead: the same
+    values, one RuntimeWarning naming why, and no second attempt."""
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(1)
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(fp8, "fused_quantize", broken)
+    monkeypatch.setattr(fp8, "_FUSED_FAILED", [])
+    monkeypatch.setattr(fp8, "_fake_mode", lambda: False)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # the GPU branch, on CPU tensors
+    q, k = torch.randn(1, 100, 4, 64).bfloat16(), torch.randn(1, 100, 2, 64).bfloat16()
+    config = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False, kernel="sm120_fp8")
+    with pytest.warns(RuntimeWarning, match="fused Triton quantization failed .*no C compiler"):
+        got = fp8.quantize_inputs(q, k, config, 0.125)
+    again = fp8.quantize_inputs(q, k, config, 0.125)
+    monkeypatch.undo()
+    want = fp8.quantize_inputs(q, k, config, 0.125)
+    assert calls == [1]  # tried once
+    for g, a, w in zip(got, again, want):
+        assert torch.equal(g.float(), w.float()) and torch.equal(a.float(), w.float())
