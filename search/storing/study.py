@@ -171,8 +171,9 @@ def name_metric(study: optuna.Study, direction: str) -> bool:
 def enqueue_baseline(study: optuna.Study, spec: StudySpec) -> bool:
     """A new study starts with upstream's default config (where the class's domain holds it): the baseline every
     winner is compared with; then, where the dispatch table holds another config (spec.incumbent), that one, so
-    that a winner is known to beat what users run today (`search apply` refuses to replace an entry its study never measured); then the transfer configs
-    (spec.transfer: the best of a recorded table's other classes) not already queued."""
+    that a winner is known to beat what users run today (`search apply` refuses to replace an entry its study never
+    measured); then the transfer configs (spec.transfer: the best of a recorded table's other classes) not already
+    queued."""
     if study.get_trials(deepcopy=False):
         return False
     upstream = spec.space.upstream(spec.problem_class)
