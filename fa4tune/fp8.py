@@ -35,6 +35,12 @@ def pv_key_order(tile: int = 32) -> list[int]:
     return [8 * ((k % 4) // 2 + 2 * (k // 16)) + 2 * ((k % 16) // 4) + k % 2 for k in range(tile)]
 
 
+def vt_keys(positions: int, device=None) -> torch.Tensor:
+    """The key each of V^T's first `positions` positions holds (pv_key_order within every 32)."""
+    block = torch.arange(positions, device=device)
+    return block - block % 32 + torch.tensor(pv_key_order(), device=device)[block % 32]
+
+
 def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 PV: v (batch, seqlen_k, kv heads, dim_v) -> (e4m3 V^T (batch, kv heads, dim_v, seqlen_k padded to whole
     tiles with zeros), keys in pv_key_order within each 32; fp32 scales (batch, kv heads, dim_v): amax / 448 per
@@ -49,18 +55,14 @@ def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor
         except Exception as err:  # noqa: BLE001 - Triton's compile or launch: the torch path below instead
             _fused_failed(err)
     x = torch.nn.functional.pad((v.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX), (0, 0, 0, 0, 0, padded - s))
-    block = torch.arange(padded, device=v.device)
-    order = torch.tensor(pv_key_order(), device=v.device)
-    x = x[:, block - block % 32 + order[block % 32]]
+    x = x[:, vt_keys(padded, v.device)]
     return x.permute(0, 2, 3, 1).contiguous().to(torch.float8_e4m3fn), scale
 
 
 def dequantize_v(vt: torch.Tensor, scale: torch.Tensor, seqlen_k: int) -> torch.Tensor:
     """quantize_v's inverse, in fp32: (batch, seqlen_k, kv heads, dim_v)."""
-    block = torch.arange(vt.shape[-1], device=vt.device)
-    keys = block - block % 32 + torch.tensor(pv_key_order(), device=vt.device)[block % 32]
     v = torch.empty(vt.shape, device=vt.device, dtype=torch.float32)
-    v[..., keys] = vt.float() * scale[..., None]
+    v[..., vt_keys(vt.shape[-1], vt.device)] = vt.float() * scale[..., None]
     return v[..., :seqlen_k].permute(0, 3, 1, 2)
 
 

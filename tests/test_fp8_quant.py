@@ -41,9 +41,8 @@ for b, s, hq, hk, d, tile in %r:
     vscale = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
     padded = -(-s // 64) * 64
     vt = fp8.fused_quantize_v(v, vscale, padded, raw=True)
-    block = torch.arange(padded)
-    keys = block - block %% 32 + torch.tensor(fp8.pv_key_order())[block %% 32]
-    ref = torch.nn.functional.pad((v.float() / vscale[:, None]).clamp(-448, 448), (0, 0, 0, 0, 0, padded - s))[:, keys]
+    ref = torch.nn.functional.pad((v.float() / vscale[:, None]).clamp(-448, 448), (0, 0, 0, 0, 0, padded - s))
+    ref = ref[:, fp8.vt_keys(padded)]
     assert torch.equal(vt, ref.permute(0, 2, 3, 1)), (b, s, d)
 print("interpreted ok")
 ''' % (CASES,)
