@@ -98,6 +98,12 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
                  "tests/cute/test_flash_attn_sm120_splitkv.py", "tests/cute/test_flash_attn_sm120_tma.py",
                  "flash_attn/cute/mask.py", "tests/cute/test_mask_r2p_columns.py"):
         compile((checkout / path).read_text(), path, "exec")
+    # upstream's persistent compile cache (FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1) is shared among processes: its
+    # clear() deletes every file in the shared directory, so the added tests give their call a private JITCache instead
+    for template in carry.TEMPLATES.glob("*.txt"):
+        assert "compile_cache.clear()" not in template.read_text(), template.name
+    for c in (carry.SPLITKV, carry.TMA):
+        assert 'monkeypatch.setattr(interface._flash_attn_fwd, "compile_cache", JITCache())' in (checkout / c.test_path).read_text()
     interface = (checkout / "flash_attn/cute/interface.py").read_text()
     assert "(FlashAttentionForwardSm120SplitKV if use_split_kv else (FlashAttentionForwardSm120Tma if use_tma else" in interface
     # the causal d128 backward winner runs the coordinate-mask class: patch 1 carries upstream's mask fixed for it
