@@ -22,7 +22,9 @@ def quantize_per_tile(x: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.T
     tiles = -(-s // tile)
     padded = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, tiles * tile - s)).view(b, tiles, tile, h, d)
     amax = padded.abs().amax(dim=(2, 4))  # (b, tiles, h)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # a tensor divisor: on a GPU torch takes x / python_scalar as x * (1 / scalar), a bit off the rounded quotient
+    # that the fused kernel (div_rn) and the CPU compute
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     values = (padded / scale[:, :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return values.view(b, tiles * tile, h, d)[:, :s].contiguous(), scale.permute(0, 2, 1).contiguous()
 
@@ -47,7 +49,7 @@ def quantize_v(v: torch.Tensor, tile_n: int) -> tuple[torch.Tensor, torch.Tensor
     channel over the keys, 1 where all 0)."""
     b, s, h, d = v.shape
     amax = v.abs().amax(dim=1).float()
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))  # as above
     padded = -(-s // tile_n) * tile_n
     if _use_fused(v):  # one Triton kernel: scale, order, transpose and cast (fused_quantize_v)
         try:

@@ -70,15 +70,62 @@ def vt_copy_cols(tile_n: int) -> int:
     return next(c for c in (8, 4, 2, 1) if (tile_n // 16) % c == 0)
 
 
+def fp8_tiled_mma(dtype: Type[cutlass.Numeric], warps: int) -> cute.TiledMma:
+    """FP8: e4m3 mma.sync m16n8k32 (SASS QMMA.16832) tiled as upstream's SM80 P V: `warps` warps along M, N
+    permuted to 16 (one ldmatrix.x4 of the B operand covers two n8 atoms), K by the atom's 32. S = Q K^T takes it;
+    with pv_fp8 P V too (N over head_dim_v, K over the tile's keys)."""
+    return cute.make_tiled_mma(warp.MmaFP8Op(dtype, Float32, (16, 8, 32)), (warps, 1, 1),
+                               permutation_mnk=(warps * 16, 16, 32))
+
+
+def fp8_ldmatrix_atom(dtype: Type[cutlass.Numeric]) -> cute.CopyAtom:
+    """FP8: ldmatrix.x4 (b16) on K-major e4m3 tiles (Q, K; V^T with pv_fp8): the DSL takes the 1-byte value type;
+    each thread gets 4 consecutive bytes of a 16-byte row, exactly an m16n8k32 A/B register (4 K-consecutive e4m3)."""
+    return cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), dtype)
+
+
+def vt_smem_layout(tile_hdimv: int, tile_n: int, stages: int) -> cute.ComposedLayout:
+    """FP8 PV: V^T's stages in shared memory, (head_dim_v, tile_n, stages), keys contiguous, the e4m3 swizzle atom of
+    a tile_n-byte row (as K's with the head dim)."""
+    return cute.tile_to_shape(fp8_smem_layout_atom(tile_n), (tile_hdimv, tile_n, stages), (0, 1, 2))
+
+
+def vt_gmem_tiled_copy(dtype: Type[cutlass.Numeric], num_threads: int, tile_n: int) -> cute.TiledCopy:
+    """FP8 PV: V^T's global -> shared copy: 16-byte cp.async, rows of vt_copy_cols(tile_n) threads."""
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dtype, num_bits_per_copy=128)
+    cols = vt_copy_cols(tile_n)
+    return cute.make_tiled_copy_tv(atom, cute.make_ordered_layout((num_threads // cols, cols), order=(1, 0)),
+                                   cute.make_layout((1, 128 // dtype.width)))
+
+
 PV_P_SCALE = 448.0  # FP8 PV: P <= 1 times the largest e4m3 value, so P's small values keep their mantissa
 
 
 def pv_frgA_layout(rP: cute.Tensor) -> cute.Layout:
-    """FP8 PV: P's e4m3 registers (4, MMA_M, MMA_N) as the A fragment ((4, 2, 2), MMA_M, MMA_N / 4) of m16n8k32 in
-    fa4tune.fp8.pv_key_order (V^T's keys follow it): A's values (k = i within 4, row half r, k half h) are S's (column c, row half r) of n8 tile
-    j = i // 2 + 2 h, i = c + 2 (j mod 2); compact fragments (value, then m, then n)."""
+    """FP8 PV: m16n8k32's A fragment ((4, 2, 2), MMA_M, MMA_N / 4) of P, as a map from A's coordinates to the index
+    (value, then m, then n8 tile: colexicographic) of the S MMA's C fragment (4, MMA_M, MMA_N) that holds the value,
+    in fa4tune.fp8.pv_key_order (V^T's keys follow it): A's value (k = i within 4, row half r, k half h) is C's
+    (column c, row half r) of n8 tile j = 4 kb + i // 2 + 2 h, i = c + 2 (j mod 2). For a compact C fragment the
+    index is the register offset. Only the shape of `rP` is read."""
     m, n = cute.size(rP.shape[1]), cute.size(rP.shape[2])
     return cute.make_layout((((2, 2), 2, 2), m, n // 4), stride=(((1, 4 * m), 2, 8 * m), 4, 16 * m))
+
+
+def pv_p_fragment(acc_S: cute.Tensor, dtype: Type[cutlass.Numeric]) -> cute.Tensor:
+    """FP8 PV: P (the fp32 S accumulator after the online softmax) x PV_P_SCALE in `dtype` (e4m3), a compact A
+    fragment ((4, 2, 2), MMA_M, MMA_N / 4) of m16n8k32 whose values are in A's order (pv_frgA_layout).
+
+    cute.gemm builds an e4m3 A operand's four 32-bit registers from the fragment's storage in order (bytes 4 x .. 4 x
+    + 3 of each (m, k-block) slice are register a_x, lowest byte first), not from a permuted view of it: the PTX of
+    a view over the e4m3 registers in C's order (the first version: make_tensor(rP.iterator, pv_frgA_layout(rP)))
+    fed a0 = tile 0's (row g: c0, c1; row g + 8: c0, c1), half of it from the wrong row and keys. So the gather is
+    done here on the fp32 registers (a renaming, no instruction) before the cast: each cvt.rn.satfinite.e4m3x2.f32
+    packs a (c0, c1) pair of one row and n8 tile, two of them one A register, as many instructions as before.
+    tests/test_fp8_kernel.py checks this on the PTX of a one-warp kernel built with this function."""
+    view = cute.make_tensor(acc_S.iterator, cute.composition(acc_S.layout, pv_frgA_layout(acc_S)))
+    tOrP = cute.make_rmem_tensor(view.shape, dtype)
+    tOrP.store((view.load() * Float32(PV_P_SCALE)).to(dtype))
+    return tOrP
 
 
 def fp8_tile_bytes(rows: int, head_dim: int, stages: int, bytes_per_element: int) -> int:
@@ -168,11 +215,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
         self.gmem_tiled_copy_Q = cute.make_tiled_copy_tv(atom, tQ_layout, v_layout)
         self.gmem_tiled_copy_K = cute.make_tiled_copy_tv(atom, tK_layout, v_layout)
         if const_expr(self.pv_fp8):  # FP8 PV: V^T (head_dim_v x tile_n, keys contiguous) in e4m3, K-major as K is
-            self.sV_layout = cute.tile_to_shape(
-                fp8_smem_layout_atom(self.tile_n), (self.tile_hdimv, self.tile_n, self.num_stages), (0, 1, 2))
-            cols_vt = vt_copy_cols(self.tile_n)
-            tVt_layout = cute.make_ordered_layout((self.num_producer_threads // cols_vt, cols_vt), order=(1, 0))
-            self.gmem_tiled_copy_V = cute.make_tiled_copy_tv(atom, tVt_layout, v_layout)
+            self.sV_layout = vt_smem_layout(self.tile_hdimv, self.tile_n, self.num_stages)
+            self.gmem_tiled_copy_V = vt_gmem_tiled_copy(self.qk_dtype, self.num_producer_threads, self.tile_n)
 
     # FP8: S = Q K^T on mma.sync.m16n8k32.e4m3.e4m3.f32 (SASS QMMA.16832); P V stays bf16 m16n8k16.
     # Same warp tiling as upstream (num_threads/32 warps along M, N permuted to 16 so one ldmatrix.x4 of K
@@ -180,14 +224,9 @@ class Fp8ForwardSm120(TunedForwardSm120):
     def _get_tiled_mma(self):
         _, tiled_mma_pv = super()._get_tiled_mma()
         warps = self.num_threads // 32
-        tiled_mma_qk = cute.make_tiled_mma(
-            warp.MmaFP8Op(self.qk_dtype, Float32, (16, 8, 32)),
-            (warps, 1, 1),
-            permutation_mnk=(warps * 16, 16, 32),
-        )
+        tiled_mma_qk = fp8_tiled_mma(self.qk_dtype, warps)
         if const_expr(self.pv_fp8):  # FP8 PV: the same tiling, N over head_dim_v, K over the tile's keys
-            tiled_mma_pv = cute.make_tiled_mma(
-                warp.MmaFP8Op(self.qk_dtype, Float32, (16, 8, 32)), (warps, 1, 1), permutation_mnk=(warps * 16, 16, 32))
+            tiled_mma_pv = fp8_tiled_mma(self.qk_dtype, warps)
         return tiled_mma_qk, tiled_mma_pv
 
     # FP8: sQ / sK are 1-byte ranges. The epilogue stages O (bf16, tile_m * dv * 2 bytes) through sQ's address,
@@ -493,10 +532,7 @@ class Fp8ForwardSm120(TunedForwardSm120):
             # ///////////////////////////////////////////////////////////////////////////////
             # FP8: ldmatrix.x4 (b16) on the e4m3 tiles: the DSL takes the 1-byte value type; each thread gets
             # 4 consecutive bytes of a 16-byte row, exactly the m16n8k32 A/B fragment register (4 K-consecutive e4m3)
-            smem_copy_atom_QK = cute.make_copy_atom(
-                warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4),
-                self.qk_dtype,
-            )
+            smem_copy_atom_QK = fp8_ldmatrix_atom(self.qk_dtype)
             smem_copy_atom_V = cute.make_copy_atom(
                 warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4),
                 self.dtype,
@@ -836,10 +872,8 @@ class Fp8ForwardSm120(TunedForwardSm120):
             mask_fn(acc_S, n_block=n_block)
         row_scale = softmax.online_softmax(acc_S, is_first=is_first_n_block, check_inf=check_inf)
         softmax.rescale_O(mma_params.acc_O, row_scale)
-        if const_expr(self.pv_fp8):  # FP8 PV: P x 448 in e4m3, its registers the A fragment as they lie
-            rP = cute.make_fragment_like(acc_S, self.qk_dtype)
-            rP.store((acc_S.load() * Float32(PV_P_SCALE)).to(self.qk_dtype))
-            tOrP = cute.make_tensor(rP.iterator, pv_frgA_layout(rP))
+        if const_expr(self.pv_fp8):  # FP8 PV: P x 448 in e4m3, gathered into A's order before the cast
+            tOrP = pv_p_fragment(acc_S, self.qk_dtype)
         else:
             rP = cute.make_fragment_like(acc_S, self.dtype)
             rP.store(acc_S.load().to(self.dtype))

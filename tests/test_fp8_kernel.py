@@ -4,6 +4,9 @@ for fp8 classes, the host path's one-line errors, and its sm_120a facts from rea
 own compile and through the harness's static check (registers, the shared storage equal to its formula, S on QMMA)."""
 
 import json
+import re
+import struct
+from collections import Counter
 from dataclasses import replace
 import subprocess
 import sys
@@ -147,7 +150,12 @@ def test_fp8_pv_keys_follow_the_registers_the_s_mma_leaves():
     keys follow fa4tune.fp8.pv_key_order. Emulated from PTX's fragment definitions (C of m16n8k16/k32: lane 4 g + t
     holds rows g and g + 8, columns 2 t and 2 t + 1 of each n8 tile; e4m3 A: a[i + 4 r + 8 h] is row g + 8 r, k
     16 h + 4 t + i) through the kernel's register map (pv_frgA_layout: A's value (c, j mod 2, r, h) is C's c + 2 r
-    of tile 2 h + j mod 2) and the host's V^T (B[k, n] = V^T[n, k]): the MMA's A @ B is P V."""
+    of tile 2 h + j mod 2) and the host's V^T (B[k, n] = V^T[n, k]): the MMA's A @ B is P V.
+
+    This checks the map the kernel means, derived here again as pv_frgA_layout encodes it; not what the compiled
+    kernel does with it: the first version viewed the e4m3 C-order registers through this layout and cute.gemm packed
+    A's registers from their storage order instead (the GPU's rel L2 ~1). test_fp8_pv_ptx_pairs_each_p_with_its_v_key
+    runs the PTX."""
     order = fp8.pv_key_order()
     assert sorted(order) == list(range(32))
     torch.manual_seed(0)
@@ -197,3 +205,195 @@ def test_fp8_pv_rules_name_what_fails(tile_n, head_dim_v, rule):
     verdict = check_forward(config, ProblemClass(head_dim_v, head_dim_v, False, 1, "fp8"), TARGET)
     assert not verdict and verdict.rule == rule, verdict
     assert check_forward(replace(config, tile_n=64), ProblemClass(head_dim_v, head_dim_v, False, 1, "fp8"), TARGET)
+
+
+# -- pv_fp8 in the PTX: the one-warp P V of tests/fp8_probe.py --pv-ptx, run lane by lane on labels --------------------
+
+_GLOBAL = 1 << 40  # kernel parameter i's global buffer starts at (i + 1) << 40 here; shared memory at 0
+
+
+def _operands(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += (ch in "{[") - (ch in "}]")
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()] if cur.strip() else out
+
+
+def _regs(text: str) -> list[str]:
+    return [r.strip() for r in text.strip("{}").split(",")]
+
+
+def run_pv_ptx(ptx: str, keys: int, dim: int) -> dict:
+    """O as the PTX of tests/fp8_probe.py --pv-ptx computes it, on labels: S's fp32 (row, key) elements, V^T's e4m3
+    (dim, position) bytes. Lane by lane in lockstep (the kernel is straight-line): integer arithmetic on the lane's
+    registers and %tid.x; cp.async of 16 bytes; mul.f32x2 scales the labels; cvt.rn.satfinite.e4m3x2.f32 d, a, b puts
+    b in d's low byte (PTX); mov.b32 / mov.b64 {lo, hi} pack and unpack; ldmatrix.x4 gives lane l of matrix q the 4
+    bytes at column 4 (l % 4) of the row whose address lane 8 q + l / 4 holds; mma.sync m16n8k32 by PTX's fragments:
+    a[x] byte i is A (row g + 8 (x % 2), k 16 (x / 2) + 4 t + i), b[y] byte i is B (k 16 y + 4 t + i, column g), c/d[z]
+    is (row g + 8 (z / 2), column 2 t + z % 2), lane 4 g + t. Returns {(row, dim): Counter of the products
+    (P's row, P's key, its factor, V^T's dim, V^T's position)} as the stores write O (fp32, rows x dim, row-major).
+    An instruction it does not know fails the test (a new code shape to look at, not a pass)."""
+    body = re.sub(r"//[^\n]*", "", ptx[ptx.index("{", ptx.index(".entry")) + 1: ptx.rindex("}")])
+    lanes = [dict() for _ in range(32)]
+    shared, stores = {}, {}
+
+    def val(lane, op):
+        if op == "%tid.x":
+            return lane
+        if op.startswith("%"):
+            return lanes[lane][op]
+        if op.startswith("0f"):
+            return ("const", struct.unpack(">f", bytes.fromhex(op[2:]))[0])
+        return 0 if op.startswith("__dynamic_shmem__") else int(op, 0)
+
+    def address(lane, op):
+        m = re.fullmatch(r"\[(%\w+)(?:\+(-?\d+))?\]", op.replace(" ", ""))
+        return val(lane, m[1]) + int(m[2] or 0)
+
+    def load(at, nbytes):
+        buffer, offset = divmod(at, _GLOBAL)
+        if buffer == 1:  # S: fp32 (rows, keys)
+            assert offset % 4 == 0 and nbytes % 4 == 0
+            return [("f32", divmod(offset // 4 + j, keys), 1.0) for j in range(nbytes // 4)]
+        assert buffer == 2, f"load from kernel parameter {buffer - 1}"  # V^T: e4m3 (dim, keys)
+        return [("v",) + divmod(offset + j, keys) for j in range(nbytes)]
+
+    for ins in (" ".join(i.split()) for i in body.split(";")):
+        if not ins or ins.startswith("."):
+            continue
+        op, _, rest = ins.partition(" ")
+        ops = _operands(rest)
+        if op in ("cp.async.commit_group", "cp.async.wait_group", "bar.sync", "ret"):
+            continue
+        if op.startswith("ld.param"):
+            index = int(re.search(r"_param_(\d+)\]", ops[1])[1])
+            for regs in lanes:
+                regs[ops[0]] = (index + 1) * _GLOBAL
+        elif op == "shfl.sync.idx.b32":
+            got = val(int(ops[2]), ops[1])
+            for regs in lanes:
+                regs[ops[0]] = got
+        elif op == "cp.async.cg.shared.global":
+            assert ops[2] == "16", ins
+            for lane in range(32):
+                dst = address(lane, ops[0])
+                for j, byte in enumerate(load(address(lane, ops[1]), 16)):
+                    shared[dst + j] = byte
+        elif op == "ldmatrix.sync.aligned.m8n8.x4.shared.b16":
+            rows_at = [address(lane, ops[1]) for lane in range(32)]
+            for lane, regs in enumerate(lanes):
+                for q, reg in enumerate(_regs(ops[0])):
+                    regs[reg] = [shared[rows_at[8 * q + lane // 4] + 4 * (lane % 4) + j] for j in range(4)]
+        elif op == "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32":
+            d, a, b, c = (_regs(o) for o in ops)
+            A, B, C = {}, {}, {}
+            for lane, regs in enumerate(lanes):
+                g, t = divmod(lane, 4)
+                for x, reg in enumerate(a):
+                    for i, byte in enumerate(regs[reg]):
+                        A[g + 8 * (x % 2), 16 * (x // 2) + 4 * t + i] = byte
+                for y, reg in enumerate(b):
+                    for i, byte in enumerate(regs[reg]):
+                        B[16 * y + 4 * t + i, g] = byte
+                for z, reg in enumerate(c):
+                    C[g + 8 * (z // 2), 2 * t + z % 2] = Counter() if regs[reg] == ("const", 0.0) else regs[reg]
+            for lane, regs in enumerate(lanes):
+                g, t = divmod(lane, 4)
+                for z, reg in enumerate(d):
+                    m, n = g + 8 * (z // 2), 2 * t + z % 2
+                    acc = Counter(C[m, n])
+                    for k in range(32):
+                        assert A[m, k][0] == "p" and B[k, n][0] == "v", (A[m, k], B[k, n])
+                        acc[A[m, k][1:] + B[k, n][1:]] += 1
+                    regs[reg] = acc
+        elif op == "st.global.v2.b32":
+            for lane, regs in enumerate(lanes):
+                buffer, offset = divmod(address(lane, ops[0]), _GLOBAL)
+                assert buffer == 3, ins
+                for j, reg in enumerate(_regs(ops[1])):
+                    stores[divmod(offset // 4 + j, dim)] = regs[reg]
+        elif op.startswith("ld.global."):  # .b32, .b64, .v2.b32, .v4.b32: S's fp32 one label, V^T's bytes a list
+            dsts = _regs(ops[0])
+            vector = int(op.split(".")[2][1:]) if op.split(".")[2].startswith("v") else 1
+            for lane, regs in enumerate(lanes):
+                loaded = load(address(lane, ops[1]), vector * int(op.split(".")[-1][1:]) // 8)
+                step = len(loaded) // len(dsts)
+                for j, reg in enumerate(dsts):
+                    part = loaded[j * step:(j + 1) * step]
+                    regs[reg] = part[0] if part == [part[0]] and part[0][0] == "f32" else part
+        elif op.startswith("mov.b") and ops[0].startswith("{"):  # unpack
+            dsts = _regs(ops[0])
+            for regs in lanes:
+                src = list(regs[ops[1]])
+                step = len(src) // len(dsts)
+                for j, reg in enumerate(dsts):
+                    regs[reg] = src[j] if step == 1 else src[j * step:(j + 1) * step]
+        else:
+            for lane, regs in enumerate(lanes):
+                regs[ops[0]] = _alu(op, ops, regs, [val(lane, o) if o[0] not in "{[" else None for o in ops[1:]])
+    return stores
+
+
+def _alu(op: str, ops: list[str], regs: dict, args: list):
+    if op.startswith("mov.b") and ops[1].startswith("{"):  # pack: bytes concatenate, 32-bit values pair up
+        parts = [regs[r] for r in _regs(ops[1])]
+        return [x for p in parts for x in p] if all(isinstance(p, list) for p in parts) else tuple(parts)
+    if op in ("mov.u32", "mov.b32", "cvt.u64.u32"):
+        return args[0]
+    if op == "mul.f32x2":
+        (x, y), (cx, cy) = args
+        assert cx[0] == cy[0] == "const", args
+        return (x[:2] + (x[2] * cx[1],), y[:2] + (y[2] * cy[1],))
+    if op == "cvt.rn.satfinite.e4m3x2.f32":
+        hi, lo = args
+        return [("p",) + lo[1] + (lo[2],), ("p",) + hi[1] + (hi[2],)]
+    if op == "setp.eq.b32":
+        return args[0] == args[1]
+    if op == "selp.b32":
+        return args[0] if args[2] else args[1]
+    if op == "mad.lo.s32":
+        return (args[0] * args[1] + args[2]) & 0xFFFFFFFF
+    arith = {"shr": lambda a, b: a >> b, "shl": lambda a, b: a << b, "and": lambda a, b: a & b,
+             "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+             "mul": lambda a, b: a * b}
+    name = op.split(".")[0]
+    if name in arith and op in (f"{name}.{t}" for t in ("b32", "u32", "s32", "s64", "lo.s32", "lo.u32", "wide.u32")):
+        result = arith[name](*args)
+        return result if op.endswith(("64", "wide.u32")) else result & 0xFFFFFFFF
+    raise AssertionError(f"PTX instruction not emulated: {op} {ops}")
+
+
+PV_PTX_CASES = [[16, 64, 16], [32, 64, 16], [64, 64, 16], [16, 128, 32], [16, 96, 32],
+                [16, 64, 16, True], [32, 64, 16, True]]  # [rows, keys, dim(, the first version's P: must fail)]
+
+
+def test_fp8_pv_ptx_pairs_each_p_with_its_v_key(tmp_path):
+    """pv_fp8 end to end in the compiled code (CPU, sm_120a PTX): a one-warp kernel of the kernel's own P V pieces
+    (pv_p_fragment, fp8_tiled_mma, vt_gmem_tiled_copy / vt_smem_layout, fp8_ldmatrix_atom, sm80_utils.gemm_rs) run
+    lane by lane on labels (run_pv_ptx) writes O[row, dim] = sum over the tile's keys c of P[row, c] x 448 x V^T[dim,
+    position of c in fa4tune.fp8.vt_keys]: every key once, nothing from another row. 1, 2 and 4 m16 tiles (MMA_M), 2
+    to 4 k-blocks, 64-, 128- and 32-byte V^T rows (the three swizzles). The negative control is the first version
+    (P's e4m3 registers in the C fragment's order seen through pv_frgA_layout): cute.gemm packs A's registers from
+    their storage, so a0 held row g + 8's weights too and every output is wrong (on an H100: rel L2 ~1, cosine ~0.6)."""
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "fp8_probe.py"), str(tmp_path), "--pv-ptx"],
+                          input=json.dumps(PV_PTX_CASES), capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ptxs = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(ptxs) == len(PV_PTX_CASES)
+    for (rows, keys, dim, *first_version), ptx in zip(PV_PTX_CASES, ptxs):
+        mmas = ptx.count("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32")
+        assert mmas == (rows // 16) * (keys // 32) * (dim // 8), mmas
+        stores = run_pv_ptx(ptx, keys, dim)
+        assert len(stores) == rows * dim
+        position = {key: p for p, key in enumerate(fp8.vt_keys(keys).tolist())}
+        wrong = [(r, d) for r in range(rows) for d in range(dim)
+                 if stores[r, d] != Counter({(r, c, fp8.FP8_MAX, d, position[c]): 1 for c in range(keys)})]
+        if first_version:
+            assert len(wrong) == rows * dim, (rows, keys, dim, len(wrong))
+        else:
+            assert not wrong, (rows, keys, dim, wrong[:3], sorted(stores[wrong[0]].items())[:8])

@@ -108,6 +108,9 @@ for step in "$@"; do
       # the fused quantization's GPU test (e4m3 bytes against torch's), then P V on e4m3 against the default, gated
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_quant.py > "$OUT/fp8quant.log" 2>&1
       echo "fp8quant rc $?"; tail -3 "$OUT/fp8quant.log"
+      # P V's pairing of P and V^T on structured inputs (one-hot P, uniform P, random), the fused V^T's bytes
+      timeout 200 python3 docs/measurements/data/2026-12-06-fp8-pv-probe.py > "$OUT/fp8pvprobe.log" 2>&1
+      echo "fp8pvprobe rc $?"; tail -30 "$OUT/fp8pvprobe.log"
       timeout 440 python3 bench/fp8_forward.py --configs default,64x64s2p,64x128s2p > "$OUT/fp8pv.log" 2>&1
       echo "fp8pv rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8pv.log" ;;
     ut0|ut1|ut2|ut3)
