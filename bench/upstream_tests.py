@@ -56,6 +56,7 @@ import pytest
 TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
 REPORT = os.environ.get("FA4TUNE_UPSTREAM_REPORT", "")
 DONE = os.environ.get("FA4TUNE_UPSTREAM_DONE", "")
+GPUS = [g for g in os.environ.get("FA4TUNE_UPSTREAM_GPUS", "").split(",") if g]
 _controller = []
 _sticky = []
 _poisoned = []
@@ -141,6 +142,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    worker = getattr(config, "workerinput", {}).get("workerid", "")
+    if GPUS and worker:  # --gpus: worker gwN on the N-th GPU of the list, round robin, before anything starts CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = GPUS[int(worker[2:]) % len(GPUS)]
     if not hasattr(config, "workerinput"):  # xdist's controller (or a run without xdist) writes the report
         _controller.append(True)
         if getattr(config.option, "numprocesses", None):  # the tests run in the workers: no torch here
@@ -258,12 +262,12 @@ def finished(path: Path) -> set[str]:
 
 
 def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: float, report: Path | None = None,
-            done: Path | None = None, append: bool = False) -> int:
+            done: Path | None = None, append: bool = False, gpus: str = "") -> int:
     """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
     (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log` (after
     an earlier call's where `append`), each test's outcome in `report` as it lands, the cases listed in `done` (one
-    id a line) deselected. The plugin, pytest's cache and the series' added tests live beside `site` (the --work
-    directory)."""
+    id a line) deselected; `gpus` (comma-separated CUDA device indices): each xdist worker on one of them, round
+    robin. The plugin, pytest's cache and the series' added tests live beside `site` (the --work directory)."""
     work = site.parent
     plugin_dir = work / "plugin"
     plugin_dir.mkdir(exist_ok=True)
@@ -273,7 +277,7 @@ def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: fl
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
                FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((work / "added-tests").resolve())]),
                FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "",
-               FA4TUNE_UPSTREAM_DONE=str(done.resolve()) if done else "")
+               FA4TUNE_UPSTREAM_DONE=str(done.resolve()) if done else "", FA4TUNE_UPSTREAM_GPUS=gpus)
     with open(log, "a" if append else "w") as stream:
         process = subprocess.Popen(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -316,7 +320,7 @@ RERUN = ("out of memory", "ALLOC_FAILED", "CUDA error", "crashed")
 
 
 def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], added: list[Path], k: str | None,
-                workers: int, out: Path, timeout: float, resume: bool = False) -> Outcome:
+                workers: int, out: Path, timeout: float, resume: bool = False, gpus: str = "") -> Outcome:
     """pytest on the variant: the targets (files or an @file of node ids) and the test files the patches add, with -k
     where given, over `workers` xdist processes (a worker ended by a sticky CUDA error is replaced). Then, in the time
     left, the tests that failed for want of GPU memory or with their worker run again one at a time, in one process:
@@ -351,7 +355,7 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
         args += ["-n", str(workers), "--max-worker-restart", "100000"]
     code = 0  # every case finished earlier: no pass
     if targets or added:
-        code = _pytest(site, tests_dir, args, out / f"{stem}.log", timeout, report, done, resume)
+        code = _pytest(site, tests_dir, args, out / f"{stem}.log", timeout, report, done, resume, gpus)
     tests = read_report(report) if report.exists() else {}
     ended = finished(report) if report.exists() else set()
     if earlier and code in (0, 1, 5):
@@ -367,7 +371,7 @@ def run_variant(name: str, site: Path, tests_dir: Path, targets: list[str], adde
         if not resume:
             rerun.unlink(missing_ok=True)
         args = ["@" + str(ids.resolve()), "-q", "-rN", "-n", "1", "--max-worker-restart", "100000"]
-        code_again = _pytest(site, tests_dir, args, out / f"{stem}.rerun.log", left, rerun, append=resume)
+        code_again = _pytest(site, tests_dir, args, out / f"{stem}.rerun.log", left, rerun, append=resume, gpus=gpus)
         code = -1 if code_again == -1 else code
     if (ran or resume) and rerun.exists():
         tests.update(read_report(rerun))
@@ -438,6 +442,9 @@ def main(argv=None) -> int:
                         "pristine.rerun.jsonl beside it counts too)")
     parser.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (compiles run in parallel)")
     parser.add_argument("--timeout", type=float, default=3000, help="seconds per variant")
+    parser.add_argument("--gpus", default="", help="comma-separated CUDA device indices (physical: each worker's "
+                        "CUDA_VISIBLE_DEVICES is set to one of them): the xdist workers take one each, round robin "
+                        "(default: the devices the process sees, every worker on the first)")
     parser.add_argument("--out", type=Path, default=Path("out/upstream-tests"), help="reports, logs, selected.txt")
     parser.add_argument("--resume", action="store_true", help="continue the variants an earlier call, cut off, left "
                         "in --out (its selected.txt, each variant's reports): the cases it finished keep their "
@@ -445,6 +452,9 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, default=None, help="the variants' packages, pytest's plugin and cache "
                         "(default: --out; elsewhere keeps --out small, e.g. for a device call's $OUT)")
     args = parser.parse_args(argv)
+    if args.gpus and not all(g.isdigit() for g in args.gpus.split(",")):
+        raise SystemExit(f"upstream_tests: --gpus {args.gpus}: comma-separated CUDA device indices, e.g. 0,1 (rule: "
+                         "one index a GPU)")
     files = [f for f in args.files.split(",") if f]
     missing = [f for f in files if not (args.tests / f).is_file()]
     if missing:
@@ -487,7 +497,7 @@ def main(argv=None) -> int:
             targets = ["@" + str((args.out / "selected.txt").resolve())] if ids else []
             print(f"{len(ids)} cases selected (--sample {args.sample:g}): {args.out / 'selected.txt'}", flush=True)
         outcome = run_variant(name, site, tests_dir, targets, added, args.k, args.workers, args.out, args.timeout,
-                              args.resume)
+                              args.resume, args.gpus)
         outcomes.append(outcome)
         print(f"{name}: {outcome.count('passed')} passed, {outcome.count('failed')} failed, "
               f"{outcome.count('error')} errors, {outcome.count('skipped')} skipped in {outcome.seconds:.0f} s", flush=True)

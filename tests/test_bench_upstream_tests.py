@@ -509,3 +509,34 @@ def test_a_baseline_counts_the_outcomes_of_its_failures_run_again_alone(tmp_path
     (tmp_path / "pristine.rerun.jsonl").write_text("".join(json.dumps(r) + "\n" for r in phases("t.py::a", "passed")))
     assert {t: o for t, (o, _) in upstream_tests.read_baseline(first).items()} == {"t.py::a": "passed", "t.py::b": "passed"}
     assert upstream_tests.read_baseline(tmp_path / "pristine.xml") == {}
+
+
+SEES_GPU = """
+import os
+
+import pytest
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_where(i):
+    assert False, os.environ.get("CUDA_VISIBLE_DEVICES")
+"""
+
+
+def test_gpus_put_each_worker_on_one_of_them_round_robin(tmp_path, monkeypatch):
+    """--gpus 5,7 with 2 workers: worker gw0 sees device 5 only, gw1 device 7 (CUDA_VISIBLE_DEVICES set in each worker
+    before anything starts CUDA), so a variant can spread its workers over the GPUs of a larger machine; a list that is
+    not device indices is refused with the rule."""
+    monkeypatch.delenv("FLASH_ATTENTION_ARCH", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    tests, prefix = _stand_in(tmp_path, "test_sees_gpu.py", SEES_GPU)
+    out = tmp_path / "out"
+    upstream_tests.main(["--tests", str(tests), "--files", "test_sees_gpu.py", "--series", str(prefix), "--out",
+                         str(out), "--variants", "0", "-k", "not added_by_patch", "--workers", "2", "--gpus", "5,7"])
+    rows = [json.loads(line) for line in (out / "pristine.jsonl").read_text().splitlines()]
+    seen = {(r["worker"], r["message"]) for r in rows if r["when"] == "call"}
+    assert {m for _, m in seen} == {"AssertionError: 5", "AssertionError: 7"}, seen
+    assert all(m == {"gw0": "AssertionError: 5", "gw1": "AssertionError: 7"}[w] for w, m in seen), seen
+    with pytest.raises(SystemExit, match="--gpus 0,x: comma-separated CUDA device indices"):
+        upstream_tests.main(["--tests", str(tests), "--files", "test_sees_gpu.py", "--series", str(prefix), "--out",
+                             str(out), "--gpus", "0,x"])

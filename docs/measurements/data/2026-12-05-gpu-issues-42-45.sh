@@ -8,7 +8,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh decode   # #43: the decode table for the split-KV PR text (vs upstream, SDPA)
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut0      # #43: upstream's tests, pristine (carry .upstream-tests; copy
 #                                                   $OUT/ut/* back to .upstream-tests/runs/ after each call); ut3, ut1, ut2: the series' patches
-#   ... utpar       # #43: on an nvidia-h100-x4: the series' variants 1-3 and the series + the varlen GQA fix, one per GPU
+#   ... utpar       # #43: on an nvidia-h100-x8 (or x4): the series' variants 1-3 and the series + the varlen GQA fix at once
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin class (K in registers for dQ)
@@ -125,22 +125,25 @@ for step in "$@"; do
         "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/$step.log" 2>&1; echo "$step rc $?"; tail -40 "$OUT/$step.log" ;;
     utpar)
       # on a machine of several GPUs: the series' variants 1-3 and 4 = the series + the separate varlen GQA dK/dV fix
-      # (data/2026-12-05-upstream-fix-0001), each on its own GPU at once (UT_VARIANTS to choose), against the pristine
-      # reports in .upstream-tests/runs/; each variant has its own kernel cache and packages; --resume as for utN
+      # (data/2026-12-05-upstream-fix-0001), all at once (UT_VARIANTS to choose), the GPUs shared out among them (on 8
+      # GPUs two a variant, 8 workers a GPU: UT_WORKERS), against the pristine reports in .upstream-tests/runs/; each
+      # variant has its own kernel cache and packages; --resume as for utN
       mkdir -p "$OUT/ut" /tmp/series4; cp .upstream-tests/runs/* "$OUT/ut/" 2>/dev/null
       for f in docs/measurements/data/2026-12-06-upstream-series-000[123]-*.patch; do cp "$f" "/tmp/series4/s-${f#*series-}"; done
       cp docs/measurements/data/2026-12-05-upstream-fix-0001-varlen-gqa-dkv-offset.patch /tmp/series4/s-0004-varlen-gqa-dkv-offset.patch
-      gpus=$(nvidia-smi -L | wc -l); i=0
-      for n in ${UT_VARIANTS:-1 2 3 4}; do
-        more=(--variants "$n" --baseline "$OUT/ut/pristine.jsonl" --series /tmp/series4/s-)
+      variants=(${UT_VARIANTS:-1 2 3 4}); gpus=$(nvidia-smi -L | wc -l)
+      per=$((gpus / ${#variants[@]})); ((per < 1)) && per=1; i=0
+      for n in "${variants[@]}"; do
+        list=$(for ((g = 0; g < per; g++)); do echo $(((i * per + g) % gpus)); done | paste -sd,)
+        more=(--variants "$n" --baseline "$OUT/ut/pristine.jsonl" --series /tmp/series4/s- --gpus "$list")
         [[ -f "$OUT/ut/selected.txt" ]] && more+=(--resume)
-        CUDA_VISIBLE_DEVICES=$((i % gpus)) FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-$n \
+        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-$n \
           timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work "/tmp/ut-work-$n" \
-          --workers "${UT_WORKERS:-8}" "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/ut$n.log" 2>&1 &
-        i=$((i + 1))
+          --workers "${UT_WORKERS:-$((8 * per))}" "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/ut$n.log" 2>&1 &
+        echo "ut$n on GPUs $list"; i=$((i + 1))
       done
       wait
-      for n in ${UT_VARIANTS:-1 2 3 4}; do echo "== ut$n"; grep -v "^  " "$OUT/ut$n.log" | tail -14; done ;;
+      for n in "${variants[@]}"; do echo "== ut$n"; grep -v "^  " "$OUT/ut$n.log" | tail -14; done ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
