@@ -127,7 +127,8 @@ for step in "$@"; do
       # on a machine of several GPUs: the series' variants 1-3 and 4 = the series + the separate varlen GQA dK/dV fix
       # (data/2026-12-05-upstream-fix-0001), all at once (UT_VARIANTS to choose), the GPUs shared out among them (on 8
       # GPUs two a variant, 8 workers a GPU: UT_WORKERS), against the pristine reports in .upstream-tests/runs/; each
-      # variant has its own kernel cache and packages; --resume as for utN
+      # variant has its own packages; --resume as for utN. No persistent kernel cache: it showed no clear gain, and a
+      # clear() in one worker (upstream's retry_on_oom calls it) deletes the files the others load
       mkdir -p "$OUT/ut" /tmp/series4; cp .upstream-tests/runs/* "$OUT/ut/" 2>/dev/null
       for f in docs/measurements/data/2026-12-06-upstream-series-000[123]-*.patch; do cp "$f" "/tmp/series4/s-${f#*series-}"; done
       cp docs/measurements/data/2026-12-05-upstream-fix-0001-varlen-gqa-dkv-offset.patch /tmp/series4/s-0004-varlen-gqa-dkv-offset.patch
@@ -137,8 +138,7 @@ for step in "$@"; do
         list=$(for ((g = 0; g < per; g++)); do echo $(((i * per + g) % gpus)); done | paste -sd,)
         more=(--variants "$n" --baseline "$OUT/ut/pristine.jsonl" --series /tmp/series4/s- --gpus "$list")
         [[ -f "$OUT/ut/selected.txt" ]] && more+=(--resume)
-        FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=/tmp/fa4-jit-$n \
-          timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work "/tmp/ut-work-$n" \
+        timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work "/tmp/ut-work-$n" \
           --workers "${UT_WORKERS:-$((8 * per))}" "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/ut$n.log" 2>&1 &
         echo "ut$n on GPUs $list"; i=$((i + 1))
       done
