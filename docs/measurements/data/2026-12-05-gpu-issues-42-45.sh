@@ -18,8 +18,9 @@
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after
 #   ... fp8check    # #45: the FP8 forward prototype against the fp32 reference on dequantized inputs
 #   ... fp8std      # #45: the FP8 prototype gated on the standard prefill shapes (3 input kinds, K smoothed), timed
-#   ... fp8pv       # #45: the fused quantization's GPU test, then P V on e4m3 (pv_fp8) against the default, gated, timed
-#                     against the bf16 table; then bench/mma_rate.py (the H200/H100's e4m3 and bf16 mma.sync rates)
+#   ... fp8pv       # #45: fp8probe then fp8time in one call (about 7 min; split them after the installs' call)
+#   ... fp8probe    # #45: the fused quantization's GPU test, then the P V probe (exits nonzero on a mismatch)
+#   ... fp8time     # #45: P V on e4m3 (pv_fp8) against the default, gated, timed against the bf16 table
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 #   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
@@ -106,12 +107,16 @@ for step in "$@"; do
       timeout 560 python3 bench/fp8_forward.py --configs default,64x64s1,64x64s2 > "$OUT/fp8class.log" 2>&1
       echo "fp8class rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8class.log" ;;
     fp8pv)
+      # both halves below in one call (about 7 min)
+      OUT="$OUT" bash "$0" fp8probe fp8time ;;
+    fp8probe)
       # the fused quantization's GPU test (e4m3 bytes against torch's), then P V on e4m3 against the default, gated
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_quant.py > "$OUT/fp8quant.log" 2>&1
       echo "fp8quant rc $?"; tail -3 "$OUT/fp8quant.log"
       # P V's pairing of P and V^T on structured inputs (one-hot P, uniform P, random), the fused V^T's bytes
       timeout 200 python3 docs/measurements/data/2026-12-06-fp8-pv-probe.py > "$OUT/fp8pvprobe.log" 2>&1
-      echo "fp8pvprobe rc $?"; tail -30 "$OUT/fp8pvprobe.log"
+      echo "fp8pvprobe rc $?"; tail -30 "$OUT/fp8pvprobe.log" ;;
+    fp8time)
       timeout 440 python3 bench/fp8_forward.py --configs default,64x64s2p,64x128s2p > "$OUT/fp8pv.log" 2>&1
       echo "fp8pv rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8pv.log" ;;
     ut0|ut1|ut2|ut3)
