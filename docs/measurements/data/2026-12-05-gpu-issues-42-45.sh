@@ -20,7 +20,7 @@
 #   ... fp8std      # #45: the FP8 prototype gated on the standard prefill shapes (3 input kinds, K smoothed), timed
 #   ... fp8pv       # #45: fp8probe then fp8time in one call (about 7 min; split them after the installs' call)
 #   ... fp8probe    # #45: the fused quantization's GPU test, then the P V probe (exits nonzero on a mismatch)
-#   ... fp8time     # #45: P V on e4m3 (pv_fp8) against the default, gated, timed against the bf16 table
+#   ... fp8time     # #45: P V on e4m3 (pv_fp8) against the default, gated, timed against the bf16 table (FP8_CONFIGS)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 #   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
@@ -117,7 +117,7 @@ for step in "$@"; do
       timeout 200 python3 docs/measurements/data/2026-12-06-fp8-pv-probe.py > "$OUT/fp8pvprobe.log" 2>&1
       echo "fp8pvprobe rc $?"; tail -30 "$OUT/fp8pvprobe.log" ;;
     fp8time)
-      timeout 440 python3 bench/fp8_forward.py --configs default,64x64s2p,64x128s2p > "$OUT/fp8pv.log" 2>&1
+      timeout 440 python3 bench/fp8_forward.py --configs "${FP8_CONFIGS:-default,64x64s2p,64x128s2p}" > "$OUT/fp8pv.log" 2>&1
       echo "fp8pv rc $?"; grep -E "^\| .*(FAIL|refused)|pass the FP8|^\| .*x \|$|emulated" "$OUT/fp8pv.log" ;;
     ut0|ut1|ut2|ut3)
       # one variant a call (0 pristine, n: the series' first n patches), 8 workers, the kernel cache shared; a variant
