@@ -9,6 +9,7 @@
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh ut0      # #43: upstream's tests, pristine (carry .upstream-tests; copy
 #                                                   $OUT/ut/* back to .upstream-tests/runs/ after each call); ut3, ut1, ut2: the series' patches
 #   ... bwdcta      # #44: the backward's fixed cost a CTA (prologue, epilogue) against its cost a tile pair, causal and not
+#   ... bwdcalls    # #44: the standard d128 problems' backward calls kernel by kernel (outside the main kernel), 1 min
 #   ... utpar       # #43: on an nvidia-h100-x8 (or x4): the series' variants 1-3 and the series + the varlen GQA fix at once
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
@@ -150,6 +151,10 @@ for step in "$@"; do
       done
       wait
       for n in "${variants[@]}"; do echo "== ut$n"; grep -v "^  " "$OUT/ut$n.log" | tail -14; done ;;
+    bwdcalls)
+      # each standard d128 problem's backward call kernel by kernel (what lies outside the main kernel), table and upstream
+      timeout 300 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py --calls > "$OUT/bwdcalls.log" 2>&1
+      echo "bwdcalls rc $?"; grep -Ev "span [0-9.]+ us$|UserWarning|exe_args" "$OUT/bwdcalls.log" | tail -24 ;;
     bwdcta)
       # what a backward CTA pays once (prologue, epilogue), fixed CTAs and growing pairs, causal and not, table vs upstream
       timeout 560 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py > "$OUT/bwdcta.log" 2>&1

@@ -13,6 +13,12 @@ diagonal pair's extra work). Per mask and per config (the table's entry, upstrea
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py
     python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py --dry-run     # the shapes, counts and the fit, CPU
+
+The first GPU run (2026-12-06-h100-s5-fp8pv-cta-ut1.md section 2) put the fixed cost at 1.3-1.6 pairs' time a CTA,
+2.4-4.6 % of the causal entry's main kernel on the standard problems: too little for the gap. `--calls` looks at the
+rest of the call on the standard d128 problems themselves: every kernel of one backward call (the dPsum preprocess,
+the main kernel, the dQ postprocess, the memsets) and the call's span, so what lies outside the main kernel, and the
+main kernel's time a pair at those shapes (wave quantization and the causal CTAs' unequal lengths included).
 """
 
 from __future__ import annotations
@@ -98,6 +104,52 @@ def report(rows: list[tuple[str, bool, object, list[tuple[int, int, int, float]]
     return lines + [""] + summary
 
 
+PROBLEMS = ((1, 8192), (2, 4096))  # the standard suite's d128 problems (batch, seqlen), 16 heads
+
+
+def calls_report(rows: list[tuple[str, bool, object, int, int, dict, float]], sms: int) -> list[str]:
+    """One line per (problem, mask, config): the main kernel (the longest), the rest of the call's kernels, the span,
+    and the main kernel's time a pair on one SM; rows are (problem, causal, config, CTAs, pairs, {kernel: us}, span)."""
+    lines = ["| problem | mask | config | main us | other kernels us | span us | outside main | main us a pair on one SM |",
+             "|---|---|---|---|---|---|---|---|"]
+    for problem, causal, config, ctas, pairs, kernels, span in rows:
+        main = max(kernels.values())
+        others = sum(kernels.values()) - main
+        lines.append(f"| {problem} | {'causal' if causal else 'non-causal'} | {config.m_block_size}x{config.n_block_size} "
+                     f"t{config.num_threads} | {main:.1f} | {others:.1f} | {span:.1f} | {1 - main / span:.1%} | "
+                     f"{main * sms / pairs:.3f} |")
+    lines.append("")
+    for problem, causal, config, _, _, kernels, _ in rows:
+        lines.append(f"{problem} {'causal' if causal else 'non-causal'} {config.m_block_size}x{config.n_block_size}: "
+                     + "; ".join(f"{name[:60]} {us:.1f}" for name, us in sorted(kernels.items(), key=lambda kv: -kv[1])))
+    return lines
+
+
+def calls(sms: int) -> list[str]:
+    """--calls on the GPU: each standard d128 problem's backward call, profiled kernel by kernel."""
+    import torch
+
+    import experiment
+    from bench.gpu_call_profile import profile
+
+    rows = []
+    for batch, seqlen in PROBLEMS:
+        for causal in (False, True):
+            for name, config in configs(causal):
+                torch.manual_seed(0)
+                q, k, v = (torch.randn(batch, seqlen, HEADS, DIM, device="cuda", dtype=torch.bfloat16,
+                                       requires_grad=True) for _ in range(3))
+                out = experiment.attention(q, k, v, causal=causal, bwd_config=config)
+                grad = torch.randn_like(out)
+                kernels, span, _ = profile(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), 10)
+                n_blocks = -(-seqlen // config.n_block_size)
+                per_batch = counts(seqlen, causal, config.m_block_size, config.n_block_size)[1] // (TOKENS // seqlen)
+                rows.append((f"b{batch} s{seqlen} {name}", causal, config, batch * HEADS * n_blocks,
+                             batch * per_batch, kernels, span))
+                print(f"{rows[-1][0]} {'causal' if causal else 'non-causal'}: span {span:.1f} us", flush=True)
+    return calls_report(rows, sms)
+
+
 def dry_run() -> int:
     """The shapes and counts, and the fit on synthetic times (2 us a CTA, 0.9 us a pair on 132 SMs): the fit must
     give them back."""
@@ -117,18 +169,28 @@ def dry_run() -> int:
     a, b = fit([(p, ms) for _, _, p, ms in rows[1][3]])
     assert abs(a * 1000 * 132 / rows[1][3][0][1] - 2.0) < 1e-6 and abs(b * 1000 * 132 - 0.9) < 1e-9
     print("dry run ok: the fit gives the synthetic costs back")
+    ctas, pairs = counts(4096, True, 64, 64)
+    lines = calls_report([("b2 s4096 synthetic", True, cfg, ctas // 4, pairs // 4,
+                           {"preprocess": 40.0, "main": 1250.0, "postprocess": 60.0}, 1400.0)], 132)
+    print("\n".join(lines))
+    assert "| 1250.0 | 100.0 | 1400.0 | 10.7% |" in lines[2], lines[2]
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="no GPU: the shapes, the counts and the fit")
+    parser.add_argument("--calls", action="store_true", help="each standard d128 problem's call, kernel by kernel")
     args = parser.parse_args(argv)
     if args.dry_run:
         return dry_run()
     import torch
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.calls:
+        print("\n".join(calls(sms)))
+        print(f"{torch.cuda.get_device_name(0)}; SM120 kernels emulated where not SM 12.0 (FLASH_ATTENTION_ARCH=sm_120)")
+        return 0
     rows = []
     for causal in (False, True):
         for name, config in configs(causal):
