@@ -56,10 +56,11 @@ def fp8_forward(pc: ProblemClass) -> ForwardConfig:
     (docs/measurements/2026-12-06-h100-models-opaque-fp8-wide.md section 3): it led every causal, d64 and d96
     shape by 3-26 % and trailed d128 non-causal by 2-3 %, where 128 x 64 spills 124 B on sm_120a and it does not;
     the d128 causal GQA 4 study chose it too."""
+    # P V in bf16: FP8 P V (the class's knob pv_fp8) passes the gate but runs 0.85x on an H100, whose e4m3 mma.sync is
+    # lowered to 0.64x bf16's rate (2026-12-06-h100-s5-fp8pv-cta-ut1.md section 1); on SM120, where e4m3 runs at
+    # twice bf16's rate, an FP8 study chooses it
     return ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, Q_in_regs=False, kernel="sm120_fp8",
-                         extra={"pv_fp8": False})  # P V in bf16: FP8 P V (the knob) passes the gate, 0.85x on an H100
-    # (e4m3 mma.sync lowered there, 0.64x bf16's rate: 2026-12-06-h100-s5-fp8pv-cta-ut1.md section 1); on SM120, where
-    # e4m3 runs at twice bf16's rate, an FP8 study chooses it
+                         extra={"pv_fp8": False})
 
 
 def fallback_configs(direction: str, pc: ProblemClass) -> tuple:

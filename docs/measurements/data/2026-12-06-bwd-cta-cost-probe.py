@@ -14,7 +14,7 @@ diagonal pair's extra work). Per mask and per config (the table's entry, upstrea
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py
     python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py --dry-run     # the shapes, counts and the fit, CPU
 
-The first GPU run (2026-12-06-h100-s5-fp8pv-cta-ut1.md section 2) put the fixed cost at 1.3-1.6 pairs' time a CTA,
+The first GPU run (2026-12-06-h100-s5-fp8pv-cta-ut1.md section 2) put the fixed cost at 1.1-1.6 pairs' time a CTA,
 2.4-4.6 % of the causal entry's main kernel on the standard problems: too little for the gap. `--calls` looks at the
 rest of the call on the standard d128 problems themselves: every kernel of one backward call (the dPsum preprocess,
 the main kernel, the dQ postprocess, the memsets) and the call's span, so what lies outside the main kernel, and the
