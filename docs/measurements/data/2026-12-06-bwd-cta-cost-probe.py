@@ -16,9 +16,10 @@ diagonal pair's extra work). Per mask and per config (the table's entry, upstrea
 
 The first GPU run (2026-12-06-h100-s5-fp8pv-cta-ut1.md section 2) put the fixed cost at 1.1-1.6 pairs' time a CTA,
 2.4-4.6 % of the causal entry's main kernel on the standard problems: too little for the gap. `--calls` looks at the
-rest of the call on the standard d128 problems themselves: every kernel of one backward call (the dPsum preprocess,
-the main kernel, the dQ postprocess, the memsets) and the call's span, so what lies outside the main kernel, and the
-main kernel's time a pair at those shapes (wave quantization and the causal CTAs' unequal lengths included).
+rest of the call on the standard d128 problems themselves: every kernel of one backward call (the dPsum preprocess
+that also zeroes the fp32 dQ buffer, the main kernel, the dQ postprocess) and the call's span: what lies outside the
+main kernel, and the main kernel's time a pair at those shapes (wave quantization and the causal CTAs' unequal lengths
+included).
 """
 
 from __future__ import annotations
