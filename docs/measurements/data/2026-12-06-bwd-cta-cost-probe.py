@@ -72,18 +72,22 @@ def main_kernel_ms(run, calls: int = 10) -> float:
     return max(per_kernel.values()) / 1000
 
 
-def measure(causal: bool, config, seqlen: int) -> float:
+def backward_call(batch: int, seqlen: int, causal: bool, config):
+    """One backward call of a d128 bf16 problem with `config`, as a function of no arguments."""
     import torch
 
     import experiment
 
     torch.manual_seed(0)
-    batch = TOKENS // seqlen
     q, k, v = (torch.randn(batch, seqlen, HEADS, DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                for _ in range(3))
     out = experiment.attention(q, k, v, causal=causal, bwd_config=config)
     grad = torch.randn_like(out)
-    return main_kernel_ms(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True))
+    return lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+
+def measure(causal: bool, config, seqlen: int) -> float:
+    return main_kernel_ms(backward_call(TOKENS // seqlen, seqlen, causal, config))
 
 
 def report(rows: list[tuple[str, bool, object, list[tuple[int, int, int, float]]]], sms: int) -> list[str]:
@@ -128,21 +132,13 @@ def calls_report(rows: list[tuple[str, bool, object, int, int, dict, float]], sm
 
 def calls(sms: int) -> list[str]:
     """--calls on the GPU: each standard d128 problem's backward call, profiled kernel by kernel."""
-    import torch
-
-    import experiment
     from bench.gpu_call_profile import profile
 
     rows = []
     for batch, seqlen in PROBLEMS:
         for causal in (False, True):
             for name, config in configs(causal):
-                torch.manual_seed(0)
-                q, k, v = (torch.randn(batch, seqlen, HEADS, DIM, device="cuda", dtype=torch.bfloat16,
-                                       requires_grad=True) for _ in range(3))
-                out = experiment.attention(q, k, v, causal=causal, bwd_config=config)
-                grad = torch.randn_like(out)
-                kernels, span, _ = profile(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), 10)
+                kernels, span, _ = profile(backward_call(batch, seqlen, causal, config), 10)
                 n_blocks = -(-seqlen // config.n_block_size)
                 per_batch = counts(seqlen, causal, config.m_block_size, config.n_block_size)[1] // (TOKENS // seqlen)
                 rows.append((f"b{batch} s{seqlen} {name}", causal, config, batch * HEADS * n_blocks,
