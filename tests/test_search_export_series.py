@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import lzma
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,46 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
     assert "flash_attn/cute/mask.py" not in (out / f"{SERIES[1]}.patch").read_text() + (out / f"{SERIES[2]}.patch").read_text()
     # the carried split-KV file is our class's source, cut as the TMA class's is
     assert (checkout / carry.SPLITKV.upstream_path).read_text() == carry.upstream_source(carry.SPLITKV)
+
+
+# The TMA test's config pinning, run in the patched tree at a decode length: its monkeypatches of the config tables
+# (read from the test file itself) are applied, then upstream's _get_fwd_config is asked for seqlen_q = 1. On the GPU
+# the test once pinned only _tile_size_fwd_sm120, and patch 2's decode table took every seqlen_q = 1 case to the
+# split-KV class (48 failures, 2026-12-06-h100-s6-bwdcalls-ut.md section 2).
+PINNING = """
+import re, sys
+from pathlib import Path
+from _pytest.monkeypatch import MonkeyPatch
+from flash_attn.cute import interface
+from flash_attn.cute.interface import FwdConfig
+test = Path("tests/cute/test_flash_attn_sm120_tma.py").read_text()
+lines = [l.strip() for l in test.splitlines() if re.match(r'\\s*monkeypatch\\.setattr\\(interface, "_tile_size_fwd_sm120', l)]
+assert lines, "the test pins no config table"
+cfg = FwdConfig(128, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)
+for pinned in (False, True):
+    monkeypatch = MonkeyPatch()
+    for line in lines[: len(lines) if pinned else 1]:
+        exec(line, {"monkeypatch": monkeypatch, "interface": interface, "cfg": cfg})
+    got = interface._get_fwd_config(
+        arch=120, head_dim=128, head_dim_v=128, max_seqlen_q=1, max_seqlen_k=128, num_head_kv=2, qhead_per_kvhead=1,
+        pack_gqa=False, batch_size=2, causal=False, local=False, window_size_left=None, window_size_right=None,
+        num_splits=1, device=None)
+    print(len(lines) if pinned else 1, got.m_block_size, got.n_block_size, got.num_stages, got.use_tma, got.use_split_kv)
+    monkeypatch.undo()
+"""
+
+
+def test_the_tma_tests_config_reaches_the_dispatch_at_decode_lengths(series, tmp_path):
+    _, out, _, _ = series
+    checkout = _pristine_checkout(tmp_path / "fa")
+    for stem in SERIES:
+        assert _apply(checkout, out / f"{stem}.patch").returncode == 0, stem
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", PINNING], check=False, cwd=checkout, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    only_first, all_of_them = done.stdout.split("\n")[:2]
+    assert only_first == "1 32 64 2 False True"  # the first pin alone: the decode table's split-KV config wins
+    assert all_of_them == "2 128 64 2 True False"  # with the test's second pin, its own TMA config
 
 
 def test_patch_1_applies_alone_and_2_and_3_need_the_ones_before(series, tmp_path):

@@ -145,8 +145,8 @@ for step in "$@"; do
         list=$(for ((g = 0; g < per; g++)); do echo $(((i * per + g) % gpus)); done | paste -sd,)
         more=(--variants "$n" --baseline "$OUT/ut/pristine.jsonl" --series /tmp/series4/s- --gpus "$list")
         [[ -f "$OUT/ut/selected.txt" ]] && more+=(--resume)
-        timeout 575 python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work "/tmp/ut-work-$n" \
-          --workers "${UT_WORKERS:-$((8 * per))}" "${more[@]}" --timeout 545 --out "$OUT/ut" > "$OUT/ut$n.log" 2>&1 &
+        timeout $((${UT_TIMEOUT:-545} + 30)) python3 bench/upstream_tests.py --tests .upstream-tests/tests/cute --work "/tmp/ut-work-$n" \
+          --workers "${UT_WORKERS:-$((8 * per))}" "${more[@]}" --timeout "${UT_TIMEOUT:-545}" --out "$OUT/ut" > "$OUT/ut$n.log" 2>&1 &
         echo "ut$n on GPUs $list"; i=$((i + 1))
       done
       wait
@@ -154,7 +154,7 @@ for step in "$@"; do
     bwdcalls)
       # each standard d128 problem's backward call kernel by kernel (what lies outside the main kernel), table and upstream
       timeout 300 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py --calls > "$OUT/bwdcalls.log" 2>&1
-      echo "bwdcalls rc $?"; grep -Ev "span [0-9.]+ us$|UserWarning|exe_args" "$OUT/bwdcalls.log" | tail -24 ;;
+      echo "bwdcalls rc $?"; grep -Ev "main [0-9.]+ us$|UserWarning|exe_args" "$OUT/bwdcalls.log" | tail -24 ;;
     bwdcta)
       # what a backward CTA pays once (prologue, epilogue), fixed CTAs and growing pairs, causal and not, table vs upstream
       timeout 560 python3 docs/measurements/data/2026-12-06-bwd-cta-cost-probe.py > "$OUT/bwdcta.log" 2>&1
