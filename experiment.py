@@ -19,15 +19,21 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
+import dataclasses
 from dataclasses import replace
+from functools import partial
 from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.kernel_class import backward_kernel, forward_kernel
 from fa4tune.verdict import OK, Verdict
 from kernels.backward_sm120 import BackwardSm120
-from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
+from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120, CoordinateMask
+from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
 
 # ---------------------------------------------------------------------------------------------
 # Kernel classes. A class defined here is tunable as soon as it declares, as kernels/tma_forward_sm120.py does:
@@ -38,6 +44,54 @@ from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 # .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n allowed). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
+
+
+def tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, minimum=min):
+    """Whether the causal coordinate mask cuts an element of tile (m_block, n_block): its last column against its
+    first row's limit (a row's limit only grows with the row); `minimum` is cutlass.min in a kernel."""
+    return (n_block + 1) * tile_n > minimum(m_block * tile_m + 1 + seqlen_k - seqlen_q, seqlen_k)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoMask(CoordinateMask):
+    """The mask of a tile that tile_needs_mask clears: nothing to apply."""
+
+    def apply_mask(self, acc_S, *args, **kwargs):
+        pass
+
+
+@cute.jit
+def _either(cond: cutlass.Boolean, then, otherwise):
+    if cond:
+        then()
+    else:
+        otherwise()
+
+
+class DiagonalMaskBackwardSm120(KRegsBackwardSm120):
+    """K in registers for dQ, and the causal mask on the tiles that hold a masked element only (kernel
+    "sm120_cmask_diag"; not searched until the GPU gate and a timing against its base have run). Upstream masks every
+    query block of a causal CTA (flash_bwd.py: mask_causal on each m_block), while a 64 x 64 tile pair is off the
+    diagonal and inside seqlen_k on all but one or two of a CTA's blocks. A branch inside the mask is not enough:
+    ptxas predicates its 40-odd instructions, which still issue. So each query block traces twice, masked and not,
+    under one branch on tile_needs_mask (2026-12-06-diag-mask-static.md)."""
+
+    name = "sm120_cmask_diag"
+    searched = False
+
+    def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
+        mask = mask_fn.func.__self__
+        body = super().compute_one_m_block
+        if cutlass.const_expr(not self.is_causal or self.is_local or self.SdP_swapAB or mask.seqlen_info.has_cu_seqlens_q
+                              or mask.seqlen_info.has_cu_seqlens_k):  # swapped S/dP also masks rows; packed: as gated
+            return body(m_block, *args, mask_fn=mask_fn, **kwargs)
+        fields = [getattr(mask, f.name) for f in dataclasses.fields(mask)]
+        masked, unmasked = (partial(body, m_block, *args, mask_fn=partial(cls(*fields).apply_mask, *mask_fn.args,
+                                                                          **mask_fn.keywords), **kwargs)
+                            for cls in (CoordinateMask, NoMask))
+        needs = tile_needs_mask(m_block, mask_fn.keywords["n_block"], self.m_block_size, self.n_block_size,
+                                mask.seqlen_q, mask.seqlen_k, cutlass.min)
+        _either(needs, masked, unmasked)
 
 
 def kernel_class(config) -> type:

@@ -59,8 +59,8 @@ class CausalAnyWarpsBackwardSm120(BackwardSm120):
         return OK
 
     def compute_one_m_block(self, *args, mask_fn=None, **kwargs):
-        if mask_fn is not None:  # partial(AttentionMask(...).apply_mask, ...): the same mask, our class
-            mask = mask_fn.func.__self__
+        mask = None if mask_fn is None else mask_fn.func.__self__
+        if mask is not None and not isinstance(mask, CoordinateMask):  # upstream's AttentionMask: the same, ours
             ours = CoordinateMask(*(getattr(mask, f.name) for f in dataclasses.fields(mask)))
             mask_fn = partial(ours.apply_mask, *mask_fn.args, **mask_fn.keywords)
         return BackwardSm120.compute_one_m_block(self, *args, mask_fn=mask_fn, **kwargs)

@@ -91,13 +91,32 @@ exp = load_experiment(ROOT + "/experiment.py")
 config = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_threads=256, AtomLayoutMSdP=4,
                         AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_cmask")  # 8 warps on a d128 causal tile
 from dataclasses import replace
-for kernel in ("sm120_cmask", "sm120_cmask_kregs"):  # the second keeps K in registers for dQ: one gemm routed
-    facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
-    print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
 from kernels.cmask_backward_sm120 import CoordinateMask
 from kernels.cmask_kregs_backward_sm120 import _DQFromRegisters
-print("traced", CoordinateMask.traces, "routed", _DQFromRegisters.routed)
+# the second keeps K in registers for dQ (one gemm routed); the third traces each query block twice, masked and not
+for kernel in ("sm120_cmask", "sm120_cmask_kregs", "sm120_cmask_diag"):
+    facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
+    print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
+    print("traced", CoordinateMask.traces, "routed", _DQFromRegisters.routed)
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-3:] == ["spills 0 True read"] * 2 + ["traced 2 routed 1"], done.stdout[-500:]
+    assert done.stdout.splitlines()[-6:] == ["spills 0 True read", "traced 1 routed 0", "spills 0 True read",
+                                             "traced 2 routed 1", "spills 0 True read", "traced 3 routed 3"], done.stdout[-500:]
+
+
+@pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (32, 128), (128, 32), (64, 128)])
+def test_tile_needs_mask_is_whether_the_coordinate_mask_cuts_an_element_of_the_tile(tile_m, tile_n):
+    import numpy as np
+
+    checked = skipped = 0
+    for seqlen_q, seqlen_k in ((256, 256), (200, 256), (256, 200), (1, 300), (300, 1), (129, 63), (64, 64)):
+        for m_block in range(-(-seqlen_q // tile_m)):
+            for n_block in range(-(-seqlen_k // tile_n)):
+                rows = m_block * tile_m + np.arange(tile_m)[:, None]
+                cols = n_block * tile_n + np.arange(tile_n)[None, :]
+                cut = (cols >= np.minimum(rows + 1 + seqlen_k - seqlen_q, seqlen_k)).any()  # CoordinateMask's rule
+                needs = experiment.tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k)
+                assert needs == cut, (seqlen_q, seqlen_k, m_block, n_block)
+                checked, skipped = checked + 1, skipped + (not needs)
+    assert 0 < skipped < checked  # below the diagonal and inside seqlen_k: the tiles the diagonal class leaves unmasked

@@ -13,7 +13,7 @@
 #   ... utpar       # #43: on an nvidia-h100-x8 (or x4): the series' variants 1-3 and the series + the varlen GQA fix at once
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh varlensuite # #42: the varlen suite through prepare.py, then its baselines
 #   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh fp16twins   # #42: the fp16 models rows' entry against its TMA twins
-#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin class (K in registers for dQ)
+#   bash docs/measurements/data/2026-12-05-gpu-issues-42-45.sh twins  # #44 (alias headsfirst): the backward twin class (the diagonal-only mask)
 #                                                   vs the table's coordinate-mask entries and upstream, the causal problems
 #   ... table44     # #44: bench/table_vs_upstream.py, the standard suite's backward steps (ONLY= to split), 2 runs, FA2 beside
 #   ... ncubwd      # #44: Nsight Compute on the table's d128 backward entries (causal: the 8-warp class), the profile after

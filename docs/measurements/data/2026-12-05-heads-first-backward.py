@@ -1,10 +1,11 @@
 """experiment.py's backward twin classes against the table's backward entries and upstream's SM120 default: per backward
 problem of the suites, the three gated, then timed interleaved in one step (fa4tune.harness.steps.measure_step), the
 list run twice with the order reversed; speedups from the mean medians. With --static (no GPU): the sm_120a static
-facts of each entry and its twin. The twin since 2026-12-06: K kept in registers for the dQ gemm
-("sm120_cmask_kregs"), a twin of each coordinate-mask entry. Earlier twins, measured losers that left the tree: heads
-first (data/2026-12-06-heads-first-backward.patch), V in registers (data/2026-12-06-vregs-backward.patch); the
-8-warp coordinate-mask twin became the causal d128 entries.
+facts of each entry and its twin. The twin since 2026-12-06 (session 6): the causal mask on the diagonal's tiles only
+("sm120_cmask_diag", experiment.py), a twin of each K-in-registers entry (2026-12-06-diag-mask-static.md). Earlier
+twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
+(data/2026-12-06-heads-first-backward.patch) and V in registers (data/2026-12-06-vregs-backward.patch) lost and left
+the tree; the 8-warp coordinate-mask twin became the causal d128 entries.
 
     uv run python docs/measurements/data/2026-12-05-heads-first-backward.py --static
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 python3 docs/measurements/data/2026-12-05-heads-first-backward.py
@@ -25,7 +26,7 @@ from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  #
 from fa4tune.suites import load_suite  # noqa: E402
 
 TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
-    "K in registers": lambda b, pc: replace(b, kernel="sm120_cmask_kregs") if b.kernel == "sm120_cmask" else None,
+    "diagonal mask": lambda b, pc: replace(b, kernel="sm120_cmask_diag") if b.kernel == "sm120_cmask_kregs" else None,
 }
 NAMES = ("table", *TWINS, "upstream")
 
