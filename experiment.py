@@ -46,10 +46,11 @@ from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
 # ---------------------------------------------------------------------------------------------
 
 
-def tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, minimum=min):
-    """Whether the causal coordinate mask cuts an element of tile (m_block, n_block): its last column against its
-    first row's limit (a row's limit only grows with the row); `minimum` is cutlass.min in a kernel."""
-    return (n_block + 1) * tile_n > minimum(m_block * tile_m + 1 + seqlen_k - seqlen_q, seqlen_k)
+def tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal=True, minimum=min):
+    """Whether the backward's mask cuts an element of tile (m_block, n_block): its last column against its first
+    row's limit (causal: a row's limit only grows with the row), else against seqlen_k; `minimum`: cutlass.min."""
+    limit = minimum(m_block * tile_m + 1 + seqlen_k - seqlen_q, seqlen_k) if causal else seqlen_k
+    return (n_block + 1) * tile_n > limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,30 +69,42 @@ def _either(cond: cutlass.Boolean, then, otherwise):
         otherwise()
 
 
-class DiagonalMaskBackwardSm120(KRegsBackwardSm120):
-    """K in registers for dQ, and the causal mask on the tiles that hold a masked element only (kernel
-    "sm120_cmask_diag"; not searched until the GPU gate and a timing against its base have run). Upstream masks every
-    query block of a causal CTA (flash_bwd.py: mask_causal on each m_block), while a 64 x 64 tile pair is off the
-    diagonal and inside seqlen_k on all but one or two of a CTA's blocks. A branch inside the mask is not enough:
-    ptxas predicates its 40-odd instructions, which still issue. So each query block traces twice, masked and not,
-    under one branch on tile_needs_mask (2026-12-06-diag-mask-static.md)."""
-
-    name = "sm120_cmask_diag"
-    searched = False
+class MaskWhereCut:
+    """A backward body's mask on the tiles it cuts only: upstream masks every query block of a CTA (flash_bwd.py:
+    mask_fn on each m_block, seqlen_k always, causal too where causal), while a tile pair off the diagonal and inside
+    seqlen_k needs none. A branch inside the mask is not enough: ptxas predicates its 40-odd instructions, which still
+    issue. So each query block traces twice, with the class's mask and with none, under one branch on
+    tile_needs_mask (2026-12-06-diag-mask-static.md). Local windows, swapped S/dP (its mask also cuts rows past
+    seqlen_q) and packed batches (as gated) trace the body unchanged."""
 
     def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
         mask = mask_fn.func.__self__
         body = super().compute_one_m_block
-        if cutlass.const_expr(not self.is_causal or self.is_local or self.SdP_swapAB or mask.seqlen_info.has_cu_seqlens_q
-                              or mask.seqlen_info.has_cu_seqlens_k):  # swapped S/dP also masks rows; packed: as gated
+        if cutlass.const_expr(self.is_local or self.SdP_swapAB or mask.seqlen_info.has_cu_seqlens_q
+                              or mask.seqlen_info.has_cu_seqlens_k):
             return body(m_block, *args, mask_fn=mask_fn, **kwargs)
-        fields = [getattr(mask, f.name) for f in dataclasses.fields(mask)]
-        masked, unmasked = (partial(body, m_block, *args, mask_fn=partial(cls(*fields).apply_mask, *mask_fn.args,
-                                                                          **mask_fn.keywords), **kwargs)
-                            for cls in (CoordinateMask, NoMask))
+        none = NoMask(*(getattr(mask, f.name) for f in dataclasses.fields(mask)))
         needs = tile_needs_mask(m_block, mask_fn.keywords["n_block"], self.m_block_size, self.n_block_size,
-                                mask.seqlen_q, mask.seqlen_k, cutlass.min)
-        _either(needs, masked, unmasked)
+                                mask.seqlen_q, mask.seqlen_k, self.is_causal, cutlass.min)
+        _either(needs, partial(body, m_block, *args, mask_fn=mask_fn, **kwargs),
+                partial(body, m_block, *args, mask_fn=partial(none.apply_mask, *mask_fn.args, **mask_fn.keywords),
+                        **kwargs))
+
+
+class DiagonalMaskBackwardSm120(MaskWhereCut, KRegsBackwardSm120):
+    """K in registers for dQ, the causal mask on the diagonal's (and seqlen_k's last) tiles only ("sm120_cmask_diag";
+    not searched until its GPU gate and timing have run)."""
+
+    name = "sm120_cmask_diag"
+    searched = False
+
+
+class EdgeMaskBackwardSm120(MaskWhereCut, BackwardSm120):
+    """Upstream's backward with its mask on the tiles it cuts only: for a non-causal problem the last key block past
+    seqlen_k ("sm120_edge"; not searched until its GPU gate and timing have run)."""
+
+    name = "sm120_edge"
+    searched = False
 
 
 def kernel_class(config) -> type:

@@ -78,10 +78,11 @@ def agent(tmp_path_factory):
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
     # experiment.py's classes are registered; the searched one (the 8-warp causal class) adds a `kernel` knob, which
     # a class only upstream's class runs (non-causal) does not get: its studies keep the stored signature. The
-    # diagonal-mask candidate is registered but not searched: the domain below does not name it
+    # mask-where-cut candidates are registered but not searched: the domain below does not name them
     assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
                                             "sm120_cmask_kregs": KRegsBackwardSm120,
-                                            "sm120_cmask_diag": experiment.DiagonalMaskBackwardSm120}
+                                            "sm120_cmask_diag": experiment.DiagonalMaskBackwardSm120,
+                                            "sm120_edge": experiment.EdgeMaskBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
     searched = backward_space(backward_kernels(experiment))
     assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask", "sm120_cmask_kregs")} and searched.kernel_knobs["sm120"] == ()
@@ -97,6 +98,7 @@ def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent)
     assert backward_kernels() == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
                                   "sm120_cmask_kregs": KRegsBackwardSm120,
                                   "sm120_cmask_diag": agent.DiagonalMaskBackwardSm120,  # its copy of experiment.py
+                                  "sm120_edge": agent.EdgeMaskBackwardSm120,
                                   "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")

@@ -98,15 +98,21 @@ for kernel in ("sm120_cmask", "sm120_cmask_kregs", "sm120_cmask_diag"):
     facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
     print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
     print("traced", CoordinateMask.traces, "routed", _DQFromRegisters.routed)
+# upstream's class with its seqlen_k mask on the last key block only: the non-causal d128 entry's twin
+entry = replace(exp.BACKWARD_DISPATCH["d128-noncausal-bf16"], kernel="sm120_edge")
+facts = fake_compile.compile_shapes(exp, "bwd", entry, [Problem(1, 256, 256, 2, 2, 128, 128, False)])
+print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-6:] == ["spills 0 True read", "traced 1 routed 0", "spills 0 True read",
-                                             "traced 2 routed 1", "spills 0 True read", "traced 3 routed 3"], done.stdout[-500:]
+    assert done.stdout.splitlines()[-7:] == ["spills 0 True read", "traced 1 routed 0", "spills 0 True read",
+                                             "traced 2 routed 1", "spills 0 True read", "traced 3 routed 3",
+                                             "spills 0 True read"], done.stdout[-500:]
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("tile_m, tile_n", [(64, 64), (32, 128), (128, 32), (64, 128)])
-def test_tile_needs_mask_is_whether_the_coordinate_mask_cuts_an_element_of_the_tile(tile_m, tile_n):
+def test_tile_needs_mask_is_whether_the_mask_cuts_an_element_of_the_tile(tile_m, tile_n, causal):
     import numpy as np
 
     checked = skipped = 0
@@ -115,8 +121,9 @@ def test_tile_needs_mask_is_whether_the_coordinate_mask_cuts_an_element_of_the_t
             for n_block in range(-(-seqlen_k // tile_n)):
                 rows = m_block * tile_m + np.arange(tile_m)[:, None]
                 cols = n_block * tile_n + np.arange(tile_n)[None, :]
-                cut = (cols >= np.minimum(rows + 1 + seqlen_k - seqlen_q, seqlen_k)).any()  # CoordinateMask's rule
-                needs = experiment.tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k)
+                limit = np.minimum(rows + 1 + seqlen_k - seqlen_q, seqlen_k) if causal else seqlen_k
+                cut = (cols >= limit).any()  # CoordinateMask's rule; without causal, upstream's seqlen_k mask
+                needs = experiment.tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal)
                 assert needs == cut, (seqlen_q, seqlen_k, m_block, n_block)
                 checked, skipped = checked + 1, skipped + (not needs)
-    assert 0 < skipped < checked  # below the diagonal and inside seqlen_k: the tiles the diagonal class leaves unmasked
+    assert 0 < skipped < checked  # below the diagonal (causal) and inside seqlen_k: the tiles left unmasked

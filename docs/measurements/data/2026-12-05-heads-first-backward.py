@@ -1,8 +1,9 @@
 """experiment.py's backward twin classes against the table's backward entries and upstream's SM120 default: per backward
 problem of the suites, the three gated, then timed interleaved in one step (fa4tune.harness.steps.measure_step), the
 list run twice with the order reversed; speedups from the mean medians. With --static (no GPU): the sm_120a static
-facts of each entry and its twin. The twin since 2026-12-06 (session 6): the causal mask on the diagonal's tiles only
-("sm120_cmask_diag", experiment.py), a twin of each K-in-registers entry (2026-12-06-diag-mask-static.md). Earlier
+facts of each entry and its twins. The twins since 2026-12-06 (session 6): the mask on the tiles it cuts only
+(experiment.py's MaskWhereCut, 2026-12-06-diag-mask-static.md), "sm120_cmask_diag" of each K-in-registers (causal)
+entry and "sm120_edge" of each non-causal entry on upstream's class. Earlier
 twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
 (data/2026-12-06-heads-first-backward.patch) and V in registers (data/2026-12-06-vregs-backward.patch) lost and left
 the tree; the 8-warp coordinate-mask twin became the causal d128 entries.
@@ -27,6 +28,7 @@ from fa4tune.suites import load_suite  # noqa: E402
 
 TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
     "diagonal mask": lambda b, pc: replace(b, kernel="sm120_cmask_diag") if b.kernel == "sm120_cmask_kregs" else None,
+    "edge mask": lambda b, pc: replace(b, kernel="sm120_edge") if b.kernel == "sm120" and not pc.causal else None,
 }
 NAMES = ("table", *TWINS, "upstream")
 

@@ -1,10 +1,10 @@
-"""The causal backward's main loop with the mask on every query block against the diagonal only (issue 44, CPU).
+"""The backward's main loop with the mask on every query block against the tiles it cuts only (issue 44, CPU).
 
     uv run python docs/measurements/data/2026-12-06-diag-mask-sass.py [--arch sm_120a|sm_90a]
 
-Compiles the d128 causal and GQA 4 entries (`sm120_cmask_kregs`) and their twins on `sm120_cmask_diag`
-(experiment.py: the same kernel, its coordinate mask under a branch that skips tiles with no masked element), for
-sm_120a or sm_90a, through fa4tune.fake_compile (fake tensors, no GPU). For each it prints the registers, the spills,
+Compiles the d128 causal and GQA 4 entries (`sm120_cmask_kregs`) and their twins on `sm120_cmask_diag`, and the
+d128 non-causal entry (`sm120`) and its twin on `sm120_edge` (experiment.py's MaskWhereCut: each query block traced
+with the mask and without, under one branch on whether the mask cuts the tile), for sm_120a or sm_90a, through fa4tune.fake_compile (fake tensors, no GPU). For each it prints the registers, the spills,
 the main loop's instructions (the innermost backward branch with >= 64 HMMA, bench/sass_loops.main_loops) and the
 longest forward branch inside that loop that jumps over instructions (the mask skipped off the diagonal), with the
 FSEL (select) count of the loop and of that region. Record: docs/measurements/2026-12-06-diag-mask-static.md.
@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-CLASSES = ("d128-causal-bf16", "d128-causal-gqa4-bf16")
+CLASSES = {"d128-causal-bf16": "sm120_cmask_diag", "d128-causal-gqa4-bf16": "sm120_cmask_diag",
+           "d128-noncausal-bf16": "sm120_edge"}  # class: its entry's twin
 
 
 def skipped_region(body: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -66,13 +67,13 @@ def main(argv=None) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)
     fake_compile._clear_dumps = lambda: None
     print(f"arch {args.arch}\n")
-    print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | skipped off the diagonal: "
+    print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | the longest skipped region: "
           "instructions | FSEL |\n|---|---|---|---|---|---|---|---|")
-    for name in CLASSES:
+    for name, twin in CLASSES.items():
         entry = experiment.BACKWARD_DISPATCH[name]
         gqa = 4 if "gqa4" in name else 1
-        problem = Problem(1, 1024, 1024, 2 * gqa, 2, 128, 128, True)
-        for kernel in (entry.kernel, "sm120_cmask_diag"):
+        problem = Problem(1, 1024, 1024, 2 * gqa, 2, 128, 128, "noncausal" not in name)
+        for kernel in (entry.kernel, twin):
             for path in dump.glob("*"):
                 path.unlink()
             fake_compile.compile_shapes(experiment, "bwd", replace(entry, kernel=kernel), [problem], read_facts=False)
