@@ -74,8 +74,8 @@ class MaskWhereCut:
     mask_fn on each m_block, seqlen_k always, causal too where causal), while a tile pair off the diagonal and inside
     seqlen_k needs none. A branch inside the mask is not enough: ptxas predicates its 40-odd instructions, which still
     issue. So each query block traces twice, with the class's mask and with none, under one branch on
-    tile_needs_mask (2026-12-06-diag-mask-static.md). Local windows, swapped S/dP (its mask also cuts rows past
-    seqlen_q) and packed batches (as gated) trace the body unchanged."""
+    tile_needs_mask (2026-12-06-diag-mask-static.md). Local windows, swapped S/dP (upstream's transposed mask, not
+    checked against the rule) and packed batches (as gated) trace the body unchanged."""
 
     def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
         mask = mask_fn.func.__self__
