@@ -68,7 +68,8 @@ def main() -> int:
     parser.add_argument("--suites", default="standard,generalization")
     parser.add_argument("--static", action="store_true")
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--only", default="", help="comma-separated substrings: the problems whose label has one")
+    parser.add_argument("--only", default="", help="comma-separated substrings: the problems whose label has one "
+                        "(one ending in $: the label itself)")
     args = parser.parse_args()
     experiment = load_experiment(EXPERIMENT_PATH)
     suites = args.suites.split(",")
@@ -80,7 +81,8 @@ def main() -> int:
     from fa4tune.harness.steps import make_flusher, measure_step
 
     settings = Settings(gate_seed=new_gate_seed())
-    todo = [c for c in cases(experiment, suites) if not args.only or any(s in c[0].label for s in args.only.split(","))]
+    todo = [c for c in cases(experiment, suites) if not args.only or any(
+        c[0].label == s[:-1] if s.endswith("$") else s in c[0].label for s in args.only.split(","))]
     compile_ahead([(k, c[i], p) for p, cs in todo for c in cs.values() for k, i in (("fwd", 0), ("bwd", 1))],
                   settings, default_compile_jobs())
     device = torch.device("cuda")
