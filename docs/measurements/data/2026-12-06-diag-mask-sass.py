@@ -5,9 +5,9 @@
 Compiles the d128 causal and GQA 4 entries (`sm120_cmask_kregs`) and their twins on `sm120_cmask_diag`, and the
 d128 non-causal entry (`sm120`) and its twin on `sm120_edge` (experiment.py's MaskWhereCut: each query block traced
 with the mask and without, under one branch on whether the mask cuts the tile), for sm_120a or sm_90a, through fa4tune.fake_compile (fake tensors, no GPU). For each it prints the registers, the spills,
-the main loop's instructions (the innermost backward branch with >= 64 HMMA, bench/sass_loops.main_loops) and the
-longest forward branch inside that loop that jumps over instructions (the mask skipped off the diagonal), with the
-FSEL (select) count of the loop and of that region. Record: docs/measurements/2026-12-06-diag-mask-static.md.
+the main loop's instructions (the innermost backward branch with >= 64 HMMA, bench/sass_loops.main_loops) and its
+FSEL (select) count; for a twin also the instructions of its two paths through the loop (`paths`: the masked copy
+with the common head and tail, and the unmasked one), and the unmasked path against the entry's loop. Record: docs/measurements/2026-12-06-diag-mask-static.md.
 """
 
 from __future__ import annotations
@@ -29,20 +29,24 @@ CLASSES = {"d128-causal-bf16": "sm120_cmask_diag", "d128-causal-gqa4-bf16": "sm1
            "d128-noncausal-bf16": "sm120_edge"}  # class: its entry's twin
 
 
-def skipped_region(body: list[tuple[int, str]]) -> list[tuple[int, str]]:
-    """The instructions the longest predicated forward branch of a loop body jumps over (empty: none)."""
-    best: list[tuple[int, str]] = []
-    for i, (_, ins) in enumerate(body):
-        if not ins.startswith("@") or " BRA " not in f" {ins} ":
-            continue
-        m = re.search(r"0x([0-9a-f]+)", ins)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        region = [x for x in body[i + 1:] if x[0] < target]
-        if body[-1][0] >= target > body[i][0] and len(region) > len(best):
-            best = region
-    return best
+def paths(body: list[tuple[int, str]]) -> tuple[list, list] | None:
+    """A twin's loop body as its two paths, (masked, unmasked): the body's first forward branch (to the unmasked
+    copy) and the unconditional branch that ends the copy before it (to the common tail); None: no such pair."""
+    from bench.sass_loops import opcode
+
+    addresses = [a for a, _ in body]
+    first = next((j for j, (_, ins) in enumerate(body) if opcode(ins).startswith("BRA")), None)
+    last = next((j for j, (_, ins) in enumerate(body) if re.match(r"BRA 0x", ins)), None)
+    if first is None or last is None:
+        return None
+    to_else, to_tail = (int(re.search(r"0x([0-9a-f]+)", body[j][1]).group(1), 16) for j in (first, last))
+    if to_else not in addresses or to_tail not in addresses:
+        return None
+    k_else, k_tail = addresses.index(to_else), addresses.index(to_tail)
+    one = body[:last + 1] + body[k_tail:]
+    other = body[:first + 1] + body[k_else:]
+    fsel = [sum(opcode(ins) == "FSEL" for _, ins in path) for path in (one, other)]
+    return (one, other) if fsel[0] >= fsel[1] else (other, one)
 
 
 def main(argv=None) -> int:
@@ -67,12 +71,13 @@ def main(argv=None) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)
     fake_compile._clear_dumps = lambda: None
     print(f"arch {args.arch}\n")
-    print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | the longest skipped region: "
-          "instructions | FSEL |\n|---|---|---|---|---|---|---|---|")
+    print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | masked path | unmasked path "
+          "| unmasked / entry's loop |\n|---|---|---|---|---|---|---|---|---|")
     for name, twin in CLASSES.items():
         entry = experiment.BACKWARD_DISPATCH[name]
         gqa = 4 if "gqa4" in name else 1
         problem = Problem(1, 1024, 1024, 2 * gqa, 2, 128, 128, "noncausal" not in name)
+        entry_loop = None
         for kernel in (entry.kernel, twin):
             for path in dump.glob("*"):
                 path.unlink()
@@ -88,11 +93,13 @@ def main(argv=None) -> int:
             if args.loops:
                 args.loops.mkdir(parents=True, exist_ok=True)
                 (args.loops / f"{name}-{kernel}.sass").write_text("".join(f"/*{a:04x}*/ {i}\n" for a, i in body))
-            region = skipped_region(body)
             fsel = sum(opcode(ins) == "FSEL" for _, ins in body)
+            split = paths(body) if kernel == twin else None
+            shown = (f"{len(split[0])} | {len(split[1])} | {len(split[1]) / entry_loop - 1:+.1%}" if split
+                     else "- | - | -")
             print(f"| {name} | {kernel} | {facts.registers} | {facts.spill_store_bytes} / {facts.spill_load_bytes} | "
-                  f"{len(body)} | {fsel} | {len(region)} | {sum(opcode(ins) == 'FSEL' for _, ins in region)} |",
-                  flush=True)
+                  f"{len(body)} | {fsel} | {shown} |", flush=True)
+            entry_loop = entry_loop or len(body)
     return 0
 
 
