@@ -19,21 +19,15 @@ if __name__ == "__main__":
 
     raise SystemExit(experiment_main(__file__))
 
-import dataclasses
 from dataclasses import replace
-from functools import partial
 from types import SimpleNamespace
-
-import cutlass
-import cutlass.cute as cute
 
 from fa4tune import api
 from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
 from fa4tune.kernel_class import backward_kernel, forward_kernel
 from fa4tune.verdict import OK, Verdict
 from kernels.backward_sm120 import BackwardSm120
-from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120, CoordinateMask
-from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
+from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 
 # ---------------------------------------------------------------------------------------------
 # Kernel classes. A class defined here is tunable as soon as it declares, as kernels/tma_forward_sm120.py does:
@@ -44,67 +38,6 @@ from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
 # .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n allowed). Override what you change; every
 # knob of a config arrives through the constructor.
 # ---------------------------------------------------------------------------------------------
-
-
-def tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal=True, minimum=min):
-    """Whether the backward's mask cuts an element of tile (m_block, n_block): its last column against its first
-    row's limit (causal: a row's limit only grows with the row), else against seqlen_k; `minimum`: cutlass.min."""
-    limit = minimum(m_block * tile_m + 1 + seqlen_k - seqlen_q, seqlen_k) if causal else seqlen_k
-    return (n_block + 1) * tile_n > limit
-
-
-@dataclasses.dataclass(frozen=True)
-class NoMask(CoordinateMask):
-    """The mask of a tile that tile_needs_mask clears: nothing to apply."""
-
-    def apply_mask(self, acc_S, *args, **kwargs):
-        pass
-
-
-@cute.jit
-def _either(cond: cutlass.Boolean, then, otherwise):
-    if cond:
-        then()
-    else:
-        otherwise()
-
-
-class MaskWhereCut:
-    """A backward body's mask on the tiles it cuts only: upstream masks every query block of a CTA (flash_bwd.py:
-    mask_fn on each m_block, seqlen_k always, causal too where causal), while a tile pair off the diagonal and inside
-    seqlen_k needs none. A branch inside the mask is not enough: ptxas predicates its 40-odd instructions, which still
-    issue. So each query block traces twice, with the class's mask and with none, under one branch on
-    tile_needs_mask (2026-12-06-diag-mask-static.md). Local windows, swapped S/dP (upstream's transposed mask, not
-    checked against the rule) and packed batches (as gated) trace the body unchanged."""
-
-    def compute_one_m_block(self, m_block, *args, mask_fn=None, **kwargs):
-        mask = mask_fn.func.__self__
-        body = super().compute_one_m_block
-        if cutlass.const_expr(self.is_local or self.SdP_swapAB or mask.seqlen_info.has_cu_seqlens_q
-                              or mask.seqlen_info.has_cu_seqlens_k):
-            return body(m_block, *args, mask_fn=mask_fn, **kwargs)
-        none = NoMask(*(getattr(mask, f.name) for f in dataclasses.fields(mask)))
-        needs = tile_needs_mask(m_block, mask_fn.keywords["n_block"], self.m_block_size, self.n_block_size,
-                                mask.seqlen_q, mask.seqlen_k, self.is_causal, cutlass.min)
-        _either(needs, partial(body, m_block, *args, mask_fn=mask_fn, **kwargs),
-                partial(body, m_block, *args, mask_fn=partial(none.apply_mask, *mask_fn.args, **mask_fn.keywords),
-                        **kwargs))
-
-
-class DiagonalMaskBackwardSm120(MaskWhereCut, KRegsBackwardSm120):
-    """K in registers for dQ, the causal mask on the diagonal's (and seqlen_k's last) tiles only ("sm120_cmask_diag";
-    not searched until its GPU gate and timing have run)."""
-
-    name = "sm120_cmask_diag"
-    searched = False
-
-
-class EdgeMaskBackwardSm120(MaskWhereCut, BackwardSm120):
-    """Upstream's backward with its mask on the tiles it cuts only: for a non-causal problem the last key block past
-    seqlen_k ("sm120_edge"; not searched until its GPU gate and timing have run)."""
-
-    name = "sm120_edge"
-    searched = False
 
 
 def kernel_class(config) -> type:
@@ -173,7 +106,8 @@ CMASK8 = replace(BWD, kernel="sm120_cmask", num_threads=256, AtomLayoutMSdP=4)  
 CMASK4 = replace(BWD, kernel="sm120_cmask", num_stages_Q=1, dQ_swapAB=True)  # 4 warps 2 x 2, causal: 2026-12-06-h200-table44-and-twins.md
 # K in registers for dQ (d128, GQA 4, d64 causal), 1.007-1.025x the coordinate-mask entries: 2026-12-06-h100-models-twins-varlen.md
 BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
-    "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4),
+    "d128-noncausal-bf16": replace(BWD, m_block_size=32, n_block_size=128, num_stages_Q=1, num_threads=256, AtomLayoutNdKV=4,
+                                   kernel="sm120_edge"),  # 1.004-1.015x sm120: 2026-12-06-h100-s7-twins-ut.md
     "d128-causal-bf16": replace(CMASK8, dQ_swapAB=True, kernel="sm120_cmask_kregs"),
     "d96-noncausal-bf16": BWD,
     "d96-causal-bf16": CMASK4,

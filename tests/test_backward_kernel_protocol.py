@@ -17,6 +17,7 @@ from fa4tune.targets import get_target
 from kernels.backward_sm120 import BackwardSm120
 from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120
+from kernels.edge_mask_backward_sm120 import EdgeMaskBackwardSm120
 from search.reviewing import export
 from search.space import backward_space, get_space
 from test_kernel_protocol import ROOT, load_agent
@@ -76,33 +77,31 @@ def agent(tmp_path_factory):
 
 
 def test_upstreams_class_is_registered_and_leaves_the_space_as_stored_studies_have_it():
-    # experiment.py's classes are registered; the searched one (the 8-warp causal class) adds a `kernel` knob, which
-    # a class only upstream's class runs (non-causal) does not get: its studies keep the stored signature. The
-    # mask-where-cut candidates are registered but not searched: the domain below does not name them
-    assert backward_kernels(experiment) == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
-                                            "sm120_cmask_kregs": KRegsBackwardSm120,
-                                            "sm120_cmask_diag": experiment.DiagonalMaskBackwardSm120,
-                                            "sm120_edge": experiment.EdgeMaskBackwardSm120}
+    # our classes are registered and searched: causal classes draw the coordinate-mask ones, non-causal classes the
+    # edge-mask one (a `kernel` knob in both, so their studies since then are new storages); upstream's class alone
+    # adds no `kernel` knob: the same signature as the stored studies before any other class
+    registry = backward_kernels(experiment)
+    assert registry == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
+                        "sm120_cmask_kregs": KRegsBackwardSm120, "sm120_edge": EdgeMaskBackwardSm120}
     assert experiment.kernel_class(BackwardConfig()) is BackwardSm120
-    searched = backward_space(backward_kernels(experiment))
-    assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask", "sm120_cmask_kregs")} and searched.kernel_knobs["sm120"] == ()
+    searched = backward_space(registry)
+    assert searched.domain == {**BACKWARD_DOMAIN, "kernel": ("sm120", "sm120_cmask", "sm120_cmask_kregs", "sm120_edge")}
+    assert searched.kernel_knobs["sm120"] == ()
     plain = backward_space({"sm120": BackwardSm120})
     assert plain.domain == BACKWARD_DOMAIN and plain.kernel_knobs == {}  # no `kernel` knob: the same signature as before
-    noncausal = searched.for_class(D64, TARGET)
-    assert noncausal.signature(TARGET) == plain.for_class(D64, TARGET).signature(TARGET)
+    assert searched.for_class(D64, TARGET).domain["kernel"] == ("sm120", "sm120_edge")
     assert searched.for_class(D64_CAUSAL, TARGET).domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs")
     assert upstream_class(BackwardSm120) is not None and export._is_upstream(BackwardConfig())
+    assert not export._is_upstream(BackwardConfig(kernel="sm120_edge"))  # a class of ours: not exported as upstream's
 
 
 def test_an_agents_class_is_a_kernel_value_with_its_own_knob_in_the_space(agent):
     assert backward_kernels() == {"sm120": BackwardSm120, "sm120_cmask": CausalAnyWarpsBackwardSm120,
-                                  "sm120_cmask_kregs": KRegsBackwardSm120,
-                                  "sm120_cmask_diag": agent.DiagonalMaskBackwardSm120,  # its copy of experiment.py
-                                  "sm120_edge": agent.EdgeMaskBackwardSm120,
+                                  "sm120_cmask_kregs": KRegsBackwardSm120, "sm120_edge": EdgeMaskBackwardSm120,
                                   "sm120_spare": agent.SpareBackwardSm120}
     assert guards.check_module(agent) == []
     space = get_space("bwd")
-    assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
+    assert space.domain["kernel"] == ("sm120", "sm120_cmask", "sm120_cmask_kregs", "sm120_edge", "sm120_spare") and space.domain["spare_kb"] == (1, 2)
     assert space.signature(TARGET) != backward_space(backward_kernels(experiment)).signature(TARGET)
     cut = _cut(space)
     own = [c for c in cut.feasible(D64, TARGET) if c.kernel == "sm120_spare"]

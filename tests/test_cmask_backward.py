@@ -1,6 +1,7 @@
 """The backward class that fixes an upstream bug (issue 44 item 3; kernels/cmask_backward_sm120.py). sm120_cmask: a
 causal mask by each element's coordinates, so causal S/dP MMAs may put warps along n (8 warps on a 64x64 tile); it is
-exempt from that one rule (`fixes`). (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
+exempt from that one rule (`fixes`). sm120_edge (kernels/edge_mask_backward_sm120.py): upstream's class with its mask
+on the tiles it cuts only, each query block traced masked and not. (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
 docs/measurements/data/2026-12-06-vregs-backward.patch.)"""
 
 import subprocess
@@ -15,6 +16,7 @@ from fa4tune.feasibility import GATE_RULES, check_backward
 from fa4tune.targets import get_target
 from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 from kernels.cmask_kregs_backward_sm120 import KRegsBackwardSm120, _DQFromRegisters
+from kernels.edge_mask_backward_sm120 import EdgeMaskBackwardSm120, tile_needs_mask
 
 TARGET = get_target("sm120")
 D128 = ProblemClass(128, 128, False)
@@ -38,6 +40,14 @@ def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask
     # off causal problems the class is upstream's kernel under another name: refused, so a study never draws it twice
     noncausal = check_backward(BackwardConfig(**{**eight.to_dict(), "kernel": "sm120_cmask"}), D128, TARGET)
     assert not noncausal.ok and noncausal.rule == "cmask_causal_only" and "d128-noncausal-bf16 is not causal" in noncausal.message
+
+
+def test_the_edge_mask_class_holds_the_d128_non_causal_entry_and_refuses_causal_problems():
+    entry = experiment.BACKWARD_DISPATCH["d128-noncausal-bf16"]
+    assert experiment.kernel_class(entry) is EdgeMaskBackwardSm120 and check_backward(entry, D128, TARGET).ok
+    # measured on non-causal problems only; on the causal K-in-registers class the same mixin lost (retired)
+    causal = check_backward(entry, D128_CAUSAL, TARGET)
+    assert not causal.ok and causal.rule == "causal_supported"
 
 
 def test_the_k_in_registers_twin_routes_only_the_dq_gemm_and_restores_upstream_s_helpers():
@@ -93,21 +103,23 @@ config = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_th
 from dataclasses import replace
 from kernels.cmask_backward_sm120 import CoordinateMask
 from kernels.cmask_kregs_backward_sm120 import _DQFromRegisters
-# the second keeps K in registers for dQ (one gemm routed); the third traces each query block twice, masked and not
-for kernel in ("sm120_cmask", "sm120_cmask_kregs", "sm120_cmask_diag"):
+# the second keeps K in registers for dQ (one gemm routed)
+for kernel in ("sm120_cmask", "sm120_cmask_kregs"):
     facts = fake_compile.compile_shapes(exp, "bwd", replace(config, kernel=kernel), [Problem(1, 256, 256, 2, 2, 128, 128, True)])
     print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
     print("traced", CoordinateMask.traces, "routed", _DQFromRegisters.routed)
-# upstream's class with its seqlen_k mask on the last key block only: the non-causal d128 entry's twin
-entry = replace(exp.BACKWARD_DISPATCH["d128-noncausal-bf16"], kernel="sm120_edge")
+# the non-causal d128 entry: upstream's class with its seqlen_k mask on the last key block only, each query block
+# traced twice (masked and not)
+from kernels.edge_mask_backward_sm120 import MaskWhereCut
+entry = exp.BACKWARD_DISPATCH["d128-noncausal-bf16"]
 facts = fake_compile.compile_shapes(exp, "bwd", entry, [Problem(1, 256, 256, 2, 2, 128, 128, False)])
 print("spills", facts.spill_store_bytes, facts.registers <= 255, facts.cubin_error or "read")
+print(entry.kernel, "split", MaskWhereCut.split)
 """.replace("ROOT", repr(str(Path(experiment.__file__).parent)))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-7:] == ["spills 0 True read", "traced 1 routed 0", "spills 0 True read",
-                                             "traced 2 routed 1", "spills 0 True read", "traced 3 routed 3",
-                                             "spills 0 True read"], done.stdout[-500:]
+    assert done.stdout.splitlines()[-6:] == ["spills 0 True read", "traced 1 routed 0", "spills 0 True read",
+                                             "traced 2 routed 1", "spills 0 True read", "sm120_edge split 1"], done.stdout[-500:]
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -123,7 +135,7 @@ def test_tile_needs_mask_is_whether_the_mask_cuts_an_element_of_the_tile(tile_m,
                 cols = n_block * tile_n + np.arange(tile_n)[None, :]
                 limit = np.minimum(rows + 1 + seqlen_k - seqlen_q, seqlen_k) if causal else seqlen_k
                 cut = (cols >= limit).any()  # CoordinateMask's rule; without causal, upstream's seqlen_k mask
-                needs = experiment.tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal)
+                needs = tile_needs_mask(m_block, n_block, tile_m, tile_n, seqlen_q, seqlen_k, causal)
                 assert needs == cut, (seqlen_q, seqlen_k, m_block, n_block)
                 checked, skipped = checked + 1, skipped + (not needs)
     assert 0 < skipped < checked  # below the diagonal (causal) and inside seqlen_k: the tiles left unmasked

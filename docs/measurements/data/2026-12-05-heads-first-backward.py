@@ -1,10 +1,10 @@
 """experiment.py's backward twin classes against the table's backward entries and upstream's SM120 default: per backward
 problem of the suites, the three gated, then timed interleaved in one step (fa4tune.harness.steps.measure_step), the
 list run twice with the order reversed; speedups from the mean medians. With --static (no GPU): the sm_120a static
-facts of each entry and its twins. The twins since 2026-12-06 (session 6): the mask on the tiles it cuts only
-(experiment.py's MaskWhereCut, 2026-12-06-diag-mask-static.md), "sm120_cmask_diag" of each K-in-registers (causal)
-entry and "sm120_edge" of each non-causal entry on upstream's class. Earlier
-twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
+facts of each entry and its twins. The twin since 2026-12-06 (session 7): "sm120_edge" (the mask on the tiles it
+cuts only, kernels/edge_mask_backward_sm120.py) of each non-causal entry still on upstream's class; it won the d128
+non-causal entry ("edge off" times that entry back on upstream's class), and its causal sibling "sm120_cmask_diag" lost (2026-12-06-h100-s7-twins-ut.md; its twin line and
+data/2026-12-06-retired-cmask-diag.patch re-add it). Earlier twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
 (data/2026-12-06-heads-first-backward.patch) and V in registers (data/2026-12-06-vregs-backward.patch) lost and left
 the tree; the 8-warp coordinate-mask twin became the causal d128 entries.
 
@@ -27,8 +27,9 @@ from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  #
 from fa4tune.suites import load_suite  # noqa: E402
 
 TWINS = {  # the table's backward entry, changed (None: no such twin); a twin that fails the static rules is left out
-    "diagonal mask": lambda b, pc: replace(b, kernel="sm120_cmask_diag") if b.kernel == "sm120_cmask_kregs" else None,
+    # retired: "diagonal mask": lambda b, pc: replace(b, kernel="sm120_cmask_diag") if b.kernel == "sm120_cmask_kregs" else None,
     "edge mask": lambda b, pc: replace(b, kernel="sm120_edge") if b.kernel == "sm120" and not pc.causal else None,
+    "edge off": lambda b, pc: replace(b, kernel="sm120") if b.kernel == "sm120_edge" else None,  # the entry it won
 }
 NAMES = ("table", *TWINS, "upstream")
 

@@ -3,11 +3,14 @@
     uv run python docs/measurements/data/2026-12-06-diag-mask-sass.py [--arch sm_120a|sm_90a]
 
 Compiles the d128 causal and GQA 4 entries (`sm120_cmask_kregs`) and their twins on `sm120_cmask_diag`, and the
-d128 non-causal entry (`sm120`) and its twin on `sm120_edge` (experiment.py's MaskWhereCut: each query block traced
+d128 non-causal entry (`sm120`) and its twin on `sm120_edge` (MaskWhereCut: each query block traced
 with the mask and without, under one branch on whether the mask cuts the tile), for sm_120a or sm_90a, through fa4tune.fake_compile (fake tensors, no GPU). For each it prints the registers, the spills,
 the main loop's instructions (the innermost backward branch with >= 64 HMMA, bench/sass_loops.main_loops) and its
 FSEL (select) count; for a twin also the instructions of its two paths through the loop (`paths`: the masked copy
 with the common head and tail, and the unmasked one), and the unmasked path against the entry's loop. Record: docs/measurements/2026-12-06-diag-mask-static.md.
+Since 2026-12-06 (session 7) `sm120_cmask_diag` is retired (it lost, 2026-12-06-h100-s7-twins-ut.md): its rows need
+`git apply docs/measurements/data/2026-12-06-retired-cmask-diag.patch`; `sm120_edge` is kernels/edge_mask_backward_sm120.py
+and the non-causal d128 entry's kernel.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-CLASSES = {"d128-causal-bf16": "sm120_cmask_diag", "d128-causal-gqa4-bf16": "sm120_cmask_diag",
-           "d128-noncausal-bf16": "sm120_edge"}  # class: its entry's twin
+CLASSES = {"d128-causal-bf16": ("sm120_cmask_kregs", "sm120_cmask_diag"),
+           "d128-causal-gqa4-bf16": ("sm120_cmask_kregs", "sm120_cmask_diag"),
+           "d128-noncausal-bf16": ("sm120", "sm120_edge")}  # class: (the entry's kernel when this ran, its twin)
 
 
 def paths(body: list[tuple[int, str]]) -> tuple[list, list] | None:
@@ -73,12 +77,17 @@ def main(argv=None) -> int:
     print(f"arch {args.arch}\n")
     print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | masked path | unmasked path "
           "| unmasked / entry's loop |\n|---|---|---|---|---|---|---|---|---|")
-    for name, twin in CLASSES.items():
-        entry = experiment.BACKWARD_DISPATCH[name]
+    from fa4tune.kernel_class import backward_kernels
+
+    for name, (base, twin) in CLASSES.items():
+        if twin not in backward_kernels(experiment):
+            print(f"| {name} | {twin} | not registered: apply data/2026-12-06-retired-cmask-diag.patch |")
+            continue
+        entry = replace(experiment.BACKWARD_DISPATCH[name], kernel=base)
         gqa = 4 if "gqa4" in name else 1
         problem = Problem(1, 1024, 1024, 2 * gqa, 2, 128, 128, "noncausal" not in name)
         entry_loop = None
-        for kernel in (entry.kernel, twin):
+        for kernel in (base, twin):
             for path in dump.glob("*"):
                 path.unlink()
             fake_compile.compile_shapes(experiment, "bwd", replace(entry, kernel=kernel), [problem], read_facts=False)
