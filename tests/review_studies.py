@@ -75,7 +75,9 @@ def run_study(url: str, direction: str, class_name: str, table: Path, script: li
     problems = tuple(p for p in load_suite(SUITE) if p.problem_class == pc and (direction == "fwd" or p.backward))
     spec = StudySpec(direction, pc, problems, get_target("sm120"))
     study = open_study(open_storage(url), spec, make_sampler("random", seed))
-    proposer = ScriptedProposer([c.to_dict() for c in script], RATIONALE)
+    # a space of several kernel classes asks every proposal to name its class (to_dict leaves the default out)
+    named = "kernel" in spec.space.domain
+    proposer = ScriptedProposer([{**c.to_dict(), **({"kernel": c.kernel} if named else {})} for c in script], RATIONALE)
     weights = {"scripted": 1.0, "random": 1.0 if sampler_trials else 1e-6}
     settings = LoopSettings(n_trials=1 + len(script) + sampler_trials, k=len(script), confirmations=confirmations, results_path=None)
     evaluator = evaluator or ReplayEvaluator(load_table(str(table)))
