@@ -1,6 +1,6 @@
 """The backward's main loop with the mask on every query block against the tiles it cuts only (issue 44, CPU).
 
-    uv run python docs/measurements/data/2026-12-06-diag-mask-sass.py [--arch sm_120a|sm_90a]
+    uv run python docs/measurements/data/2026-12-06-diag-mask-sass.py [--arch sm_120a|sm_90a] [--opcodes]
 
 Compiles the d128 causal and GQA 4 entries (`sm120_cmask_kregs`) and their twins on `sm120_cmask_diag`, and the
 d128 non-causal entry (`sm120`) and its twin on `sm120_edge` (MaskWhereCut: each query block traced
@@ -53,10 +53,24 @@ def paths(body: list[tuple[int, str]]) -> tuple[list, list] | None:
     return (one, other) if fsel[0] >= fsel[1] else (other, one)
 
 
+def opcode_changes(entry: list, masked: list, unmasked: list) -> list[str]:
+    """The opcodes (without modifiers) whose count differs between the entry's loop and a twin's paths."""
+    from collections import Counter
+
+    from bench.sass_loops import opcode
+
+    counts = [Counter(opcode(ins).split(".")[0] for _, ins in body) for body in (entry, masked, unmasked)]
+    names = sorted(set().union(*counts), key=lambda k: (-counts[0][k], k))
+    return [f"{k} {counts[0][k]} / {counts[1][k]} / {counts[2][k]}" for k in names
+            if not counts[0][k] == counts[1][k] == counts[2][k]]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="sm_120a", choices=("sm_120a", "sm_90a"))
     parser.add_argument("--loops", type=Path, default=None, help="a folder to write each main loop's SASS into")
+    parser.add_argument("--opcodes", action="store_true", help="also the opcodes whose count differs between each "
+                        "entry's loop and its twin's paths")
     args = parser.parse_args(argv)
     dump = Path(tempfile.mkdtemp(prefix="diag-sass-"))
     if "cutlass" in sys.modules:
@@ -75,6 +89,7 @@ def main(argv=None) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)
     fake_compile._clear_dumps = lambda: None
     print(f"arch {args.arch}\n")
+    changes = []
     print("| class | kernel | registers | spills st / ld B | loop instructions | loop FSEL | masked path | unmasked path "
           "| unmasked / entry's loop |\n|---|---|---|---|---|---|---|---|---|")
     from fa4tune.kernel_class import backward_kernels
@@ -86,7 +101,7 @@ def main(argv=None) -> int:
         entry = replace(experiment.BACKWARD_DISPATCH[name], kernel=base)
         gqa = 4 if "gqa4" in name else 1
         problem = Problem(1, 1024, 1024, 2 * gqa, 2, 128, 128, "noncausal" not in name)
-        entry_loop = None
+        entry_loop = entry_body = None
         for kernel in (base, twin):
             for path in dump.glob("*"):
                 path.unlink()
@@ -108,7 +123,12 @@ def main(argv=None) -> int:
                      else "- | - | -")
             print(f"| {name} | {kernel} | {facts.registers} | {facts.spill_store_bytes} / {facts.spill_load_bytes} | "
                   f"{len(body)} | {fsel} | {shown} |", flush=True)
-            entry_loop = entry_loop or len(body)
+            if split and args.opcodes:
+                changes.append(f"{name}: " + ", ".join(opcode_changes(entry_body, *split)))
+            entry_loop, entry_body = entry_loop or len(body), entry_body or body
+    if changes:
+        print("\nopcodes whose count differs (entry's loop / masked path / unmasked path; every other opcode, LDSM, "
+              "HMMA, BAR and memory ones included, the same):\n" + "\n".join(changes))
     return 0
 
 
