@@ -3,8 +3,9 @@ problem of the suites, the three gated, then timed interleaved in one step (fa4t
 list run twice with the order reversed; speedups from the mean medians. With --static (no GPU): the sm_120a static
 facts of each entry and its twins. The twin since 2026-12-06 (session 7): "sm120_edge" (the mask on the tiles it
 cuts only, kernels/edge_mask_backward_sm120.py) of each non-causal entry still on upstream's class; it won the d128
-non-causal entry ("edge off" times that entry back on upstream's class), and its causal sibling "sm120_cmask_diag" lost (2026-12-06-h100-s7-twins-ut.md; its twin line and
-data/2026-12-06-retired-cmask-diag.patch re-add it). Earlier twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
+non-causal entry ("edge off" times that entry back on upstream's class), and its causal sibling "sm120_cmask_diag"
+lost (2026-12-06-h100-s7-twins-ut.md; its twin line and data/2026-12-06-retired-cmask-diag.patch re-add it). Earlier
+twins: K in registers for the dQ gemm ("sm120_cmask_kregs") won and graduated; heads first
 (data/2026-12-06-heads-first-backward.patch) and V in registers (data/2026-12-06-vregs-backward.patch) lost and left
 the tree; the 8-warp coordinate-mask twin became the causal d128 entries.
 
