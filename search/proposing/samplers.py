@@ -112,8 +112,8 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
     config). Plain TPE reads the feasibility constraint the loop stores (Optuna 5 reads trial.constraints, so a
     constraints_func changes nothing), yet on causal backward spaces it proposed refused configs for about half of 60
     asks, and for all of them when its startup drew no feasible config (docs/measurements/2026-12-06-tpe-constraints.md).
-    The first trial of an empty study is still drawn at random (no joint space yet; a run enqueues upstream's default
-    there). One ask at a time (the loop asks under its lock): `_searching` holds the space being sampled."""
+    Before any trial has finished, TPE has no joint space: the class's knobs stand for it (a random feasible config).
+    One ask at a time (the loop asks under its lock): `_searching` holds the space being sampled."""
 
     TRIES = 16
 
@@ -137,6 +137,15 @@ class FeasibleTPESampler(optuna.samplers.TPESampler):
         full = {name: values[0] for name, values in space.domain.items() if len(values) == 1} | params
         self._feasible_points()
         return _config_of(space, full) in self._keys
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        """TPE's joint space; before any trial has finished (a run's first asks, its slots all in flight) that is
+        empty and TPE would draw each knob apart, unrestricted: the class's own knobs instead, so that the draw is a
+        random feasible config (an H100 study's first TPE trial was refused, 2026-12-06-h100-s8-edge-ut-gqa4.md)."""
+        space = super().infer_relative_search_space(study, trial)
+        if space:
+            return space
+        return {name: d for name, d in self.spec.space.distributions().items() if not d.single()}
 
     def _compute_acquisition_func(self, samples, mpe_below, mpe_above):
         """TPE's acquisition, minus infinity at candidates the rules refuse (TPE proposes the best feasible one)."""
