@@ -143,6 +143,14 @@ def test_an_entry_that_does_not_sit_on_its_own_lines_is_refused():
         dispatch_table.edit_dispatch(source, "fwd", "d128-causal-bf16", ForwardConfig())
 
 
+def test_an_entry_with_a_comment_after_it_is_replaced_with_its_comment():
+    source = ('BACKWARD_DISPATCH = {\n    # kept: a comment above\n'
+              '    "d64-noncausal-bf16": replace(BWD, kernel="sm120_edge"),  # 1.01x sm120: a record\n}\n')
+    edited = dispatch_table.edit_dispatch(source, "bwd", "d64-noncausal-bf16", BackwardConfig(num_threads=256))
+    assert "# kept: a comment above" in edited and "a record" not in edited
+    assert BackwardConfig.from_dict(dispatch_table.entry_config(edited, "bwd", "d64-noncausal-bf16")) == BackwardConfig(num_threads=256)
+
+
 def test_an_entry_that_already_holds_the_winner_keeps_its_own_line_breaks():
     """the shipped decode entries are one short line each (`DECODE`, a name for the regime's default); a decision that
     changes nothing leaves them as written, one that changes an entry rewrites that line alone"""

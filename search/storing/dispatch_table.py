@@ -41,7 +41,8 @@ def _literal(value) -> str:
 
 
 def edit_dispatch(source: str, direction: str, key: str, config) -> str:
-    """The source with the dispatch entry for `key` replaced (or added before the closing brace)."""
+    """The source with the dispatch entry for `key` replaced (or added before the closing brace). A comment after
+    the entry on its last line goes with it: it spoke of the config replaced."""
     table = _dispatch_node(source, DISPATCH[direction])
     lines = source.splitlines(keepends=True)
     entry = render_entry(key, config) + "\n"
@@ -49,7 +50,7 @@ def edit_dispatch(source: str, direction: str, key: str, config) -> str:
         if isinstance(k, ast.Constant) and k.value == key:
             first, last = k.lineno - 1, v.end_lineno - 1
             before, after = lines[first][: k.col_offset], lines[last][v.end_col_offset:]
-            if before.strip() or after.strip() not in (",", ""):
+            if before.strip() or after.split("#", 1)[0].strip() not in (",", ""):
                 raise ConfigError("dispatch_format", f"{DISPATCH[direction]}[{key!r}] does not sit on lines of its own; edit it by hand")
             return "".join(lines[:first] + [entry] + lines[last + 1:])
     closing = table.end_lineno - 1

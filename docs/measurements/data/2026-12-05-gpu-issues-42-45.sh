@@ -23,6 +23,7 @@
 #   ... fp8probe    # #45: the fused quantization's GPU test, then the P V probe (exits nonzero on a mismatch)
 #   ... fp8time     # #45: P V on e4m3 (pv_fp8) against the default, gated, timed against the bf16 table (FP8_CONFIGS)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
+#   ... studiesedge # #44: the non-causal backward studies drawing sm120_edge (d128, d96, d64; EDGE_CLASSES=, STUDY_TIMEOUT=)
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 #   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
 #                     tilings gated under the FP8 gate on the standard prefill shapes, timed against the bf16 table
@@ -95,6 +96,12 @@ for step in "$@"; do
           --storage sqlite:///$OUT/bwd-cmask.db > "$OUT/study-$pc.log" 2>&1; echo "study $pc rc $?"
       done
       python3 -m search report --storage sqlite:///$OUT/bwd-cmask.db 2>&1 | tail -40 ;;
+    studiesedge)  # the non-causal backward classes with sm120_edge drawn (new storage: the space gained `kernel`)
+      for pc in ${EDGE_CLASSES:-d128-noncausal-bf16 d96-noncausal-bf16 d64-noncausal-bf16}; do
+        timeout ${STUDY_TIMEOUT:-175} python3 -m search run --suite standard --problem-class $pc --direction bwd --n-trials 30 \
+          --storage sqlite:///$OUT/bwd-edge.db > "$OUT/study-$pc.log" 2>&1; echo "study $pc rc $?"
+      done
+      python3 -m search report --storage sqlite:///$OUT/bwd-edge.db 2>&1 | tail -40 ;;
     fp16gqa4)
       timeout 200 python3 bench/table_vs_upstream.py --suites models --only fp16 --runs 2 --out "$OUT/fp16-before.jsonl" \
         > "$OUT/fp16-before.log" 2>&1; echo "before rc $?"; grep -E "^models|geomean" "$OUT/fp16-before.log"
