@@ -55,8 +55,8 @@ def test_tpe_with_the_spec_proposes_feasible_causal_backward_configs_where_plain
 
 def test_asks_before_any_trial_finished_are_feasible():
     """A run's first asks come while its slots are all in flight: no trial has finished, TPE has no joint space, and
-    without the spec it drew each knob apart (on the H100, 2026-12-06-h100-s8-edge-ut-gqa4.md, the first TPE trial
-    of the GQA 4 causal study was refused for 115712 B of shared memory)."""
+    it drew each knob apart, outside the feasible configs (on the H100, 2026-12-06-h100-s8-edge-ut-gqa4.md, the first
+    TPE trial of the GQA 4 causal study was refused for 115712 B of shared memory)."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     s = spec("bwd", "d128-causal-gqa4-bf16")
     study = optuna.create_study(direction="maximize", sampler=make_sampler("tpe", 0, s))
