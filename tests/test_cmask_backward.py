@@ -1,8 +1,8 @@
 """The backward class that fixes an upstream bug (issue 44 item 3; kernels/cmask_backward_sm120.py). sm120_cmask: a
 causal mask by each element's coordinates, so causal S/dP MMAs may put warps along n (8 warps on a 64x64 tile); it is
 exempt from that one rule (`fixes`). sm120_edge (kernels/edge_mask_backward_sm120.py): upstream's class with its mask
-on the tiles it cuts only, each query block traced masked and not. (V in registers, sm120_vregs, left the tree on 2026-12-06 with its tests:
-docs/measurements/data/2026-12-06-vregs-backward.patch.)"""
+on the tiles it cuts only, each query block traced masked and not. (V in registers, sm120_vregs, left the tree on
+2026-12-06 with its tests: docs/measurements/data/2026-12-06-vregs-backward.patch.)"""
 
 import subprocess
 import sys
@@ -42,9 +42,12 @@ def test_causal_warps_along_n_binds_upstream_s_class_and_not_the_coordinate_mask
     assert not noncausal.ok and noncausal.rule == "cmask_causal_only" and "d128-noncausal-bf16 is not causal" in noncausal.message
 
 
-def test_the_edge_mask_class_holds_the_d128_non_causal_entry_and_refuses_causal_problems():
+def test_the_edge_mask_class_holds_the_non_causal_entries_and_refuses_causal_problems():
+    for d in (128, 96, 64):  # d96 / d64 since 2026-12-06-h100-s8-edge-ut-gqa4.md
+        entry = experiment.BACKWARD_DISPATCH[f"d{d}-noncausal-bf16"]
+        assert experiment.kernel_class(entry) is EdgeMaskBackwardSm120
+        assert check_backward(entry, ProblemClass(d, d, False), TARGET).ok
     entry = experiment.BACKWARD_DISPATCH["d128-noncausal-bf16"]
-    assert experiment.kernel_class(entry) is EdgeMaskBackwardSm120 and check_backward(entry, D128, TARGET).ok
     # measured on non-causal problems only; on the causal K-in-registers class the same mixin lost (retired)
     causal = check_backward(entry, D128_CAUSAL, TARGET)
     assert not causal.ok and causal.rule == "causal_supported"
