@@ -24,6 +24,8 @@
 #   ... fp8time     # #45: P V on e4m3 (pv_fp8) against the default, gated, timed against the bf16 table (FP8_CONFIGS)
 #   ... studies44   # #44: the causal backward studies (GQA 4, d96, d64; 30 trials each, STUDY_TIMEOUT s each), then report
 #   ... studiesedge # #44: the non-causal backward studies drawing sm120_edge (d128, d96, d64; EDGE_CLASSES=, STUDY_TIMEOUT=)
+#   ... vregs       # #44: the V-in-registers patch applied, its configs upstream refuses on d128 non-causal (128 and 256
+#                     threads), VREGS_BUDGET s (default 300), the best 12 printed; the patch taken off again
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 #   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
 #                     tilings gated under the FP8 gate on the standard prefill shapes, timed against the bf16 table
@@ -102,6 +104,13 @@ for step in "$@"; do
           --storage sqlite:///$OUT/bwd-edge.db > "$OUT/study-$pc.log" 2>&1; echo "study $pc rc $?"
       done
       python3 -m search report --storage sqlite:///$OUT/bwd-edge.db 2>&1 | tail -40 ;;
+    vregs)  # patch on, sweep, patch off: the tree is as it came whatever the sweep does
+      git apply docs/measurements/data/2026-12-06-vregs-backward.patch && echo "vregs patch applied"
+      timeout $(( ${VREGS_BUDGET:-300} + 60 )) python3 bench/bwd_sweep.py --out "$OUT/vregs" --kernel sm120_vregs --opened \
+        --classes d128-noncausal-bf16 --time-budget ${VREGS_BUDGET:-300} > "$OUT/vregs.log" 2>&1; echo "vregs rc $?"
+      git apply -R docs/measurements/data/2026-12-06-vregs-backward.patch && echo "vregs patch off"
+      grep -E "^ *[0-9]+ +[0-9]+s " "$OUT/vregs.log" | awk '{print $5, $0}' | sort -rn | head -12 | cut -d' ' -f2-
+      grep -cE " ok " "$OUT/vregs.log"; grep -E "configs to measure|^done" "$OUT/vregs.log" ;;
     fp16gqa4)
       timeout 200 python3 bench/table_vs_upstream.py --suites models --only fp16 --runs 2 --out "$OUT/fp16-before.jsonl" \
         > "$OUT/fp16-before.log" 2>&1; echo "before rc $?"; grep -E "^models|geomean" "$OUT/fp16-before.log"
