@@ -26,6 +26,7 @@
 #   ... studiesedge # #44: the non-causal backward studies drawing sm120_edge (d128, d96, d64; EDGE_CLASSES=, STUDY_TIMEOUT=)
 #   ... vregs       # #44: the V-in-registers patch applied, its configs upstream refuses on d128 non-causal (128 and 256
 #                     threads), VREGS_BUDGET s (default 300), the best 12 printed; the patch taken off again
+#   ... s9twins     # #44: the non-causal entries against session 9's study winners and the V-in-registers best (patch on)
 #   ... fp16gqa4    # #42: the models table's fp16 rows before and after applying the fp16 GQA 4 study's winner
 #   ... fp8class    # #45: the registered FP8 class (kernels/fp8_forward_sm120.py) through bench/fp8_forward.py: three
 #                     tilings gated under the FP8 gate on the standard prefill shapes, timed against the bf16 table
@@ -75,6 +76,11 @@ for step in "$@"; do
       timeout 540 python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites ${SUITES:-standard} \
         --only "${ONLY:-causal,gqa prefill 2k,gqa prefill 8k}" > "$OUT/headsfirst.log" 2>&1
       echo "headsfirst rc $?"; tail -40 "$OUT/headsfirst.log" ;;
+    s9twins)  # #44 session 9: the non-causal entries against the studies' winners and the V-in-registers best, patch on
+      git apply docs/measurements/data/2026-12-06-vregs-backward.patch && echo "vregs patch applied"
+      timeout ${TWINS_TIMEOUT:-300} python3 docs/measurements/data/2026-12-05-heads-first-backward.py --suites standard,generalization \
+        --only "${ONLY:-b2 s4096 h16 d128\$,b2 s4096 h16 d96\$,b4 s2048 h32 d64\$,b4 s2048 h16 d128\$,b1 s3000 h24 d128\$,b4 s1537 h16 d96\$,b8 s1024 h32 d64\$}" > "$OUT/s9twins.log" 2>&1; echo "s9twins rc $?"
+      git apply -R docs/measurements/data/2026-12-06-vregs-backward.patch && echo "vregs patch off"; tail -20 "$OUT/s9twins.log" ;;
     table44)
       timeout ${TABLE_TIMEOUT:-540} python3 bench/table_vs_upstream.py --suites ${SUITES:-standard} --runs 2 --fa2 --direction bwd --only "${ONLY:-}" --out "$OUT/table44.jsonl" \
         > "$OUT/table44.log" 2>&1; echo "table44 rc $?"; grep -v -e Warning -e generate_mlir "$OUT/table44.log" | tail -60 ;;

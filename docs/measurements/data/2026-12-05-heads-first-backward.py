@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import compile_ahead, default_compile_jobs  # noqa: E402
 from fa4tune import defaults  # noqa: E402
+from fa4tune.config import BackwardConfig  # noqa: E402
 from fa4tune.harness.candidates import experiment_candidate, load_experiment  # noqa: E402
 from fa4tune.harness.settings import EXPERIMENT_PATH, Settings, new_gate_seed  # noqa: E402
 from fa4tune.suites import load_suite  # noqa: E402
@@ -31,7 +32,18 @@ TWINS = {  # the table's backward entry, changed (None: no such twin); a twin th
     # retired: "diagonal mask": lambda b, pc: replace(b, kernel="sm120_cmask_diag") if b.kernel == "sm120_cmask_kregs" else None,
     "edge mask": lambda b, pc: replace(b, kernel="sm120_edge") if b.kernel == "sm120" and not pc.causal else None,
     "edge off": lambda b, pc: replace(b, kernel="sm120") if b.kernel == "sm120_edge" else None,  # the entry it won
+    # session 9: the non-causal studies' winners drawing sm120_edge (data/2026-12-06-h100-s9-bwd-edge.db.xz), and the
+    # V-in-registers sweep's best at 256 threads (only with data/2026-12-06-vregs-backward.patch applied)
+    "study winner": lambda b, pc: STUDY_WINNERS.get(pc.name),
+    "vregs 256": lambda b, pc: VREGS_256 if pc.name == "d128-noncausal-bf16" else None,
 }
+_BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128,
+                      AtomLayoutMSdP=2, AtomLayoutNdKV=2, AtomLayoutMdQ=2, kernel="sm120_edge")
+STUDY_WINNERS = {"d96-noncausal-bf16": replace(_BWD, dQ_swapAB=True),  # trial 23, 246.5 TFLOPS vs the entry's 240.9
+                 "d64-noncausal-bf16": replace(_BWD, num_threads=256, AtomLayoutMSdP=4, AtomLayoutNdKV=4,
+                                               AtomLayoutMdQ=4)}  # trial 23, 215.8 vs 215.1
+VREGS_256 = replace(_BWD, m_block_size=32, n_block_size=128, num_threads=256, dQ_swapAB=True, AtomLayoutMSdP=1,
+                    AtomLayoutNdKV=2, AtomLayoutMdQ=1, V_in_regs=True, kernel="sm120_vregs")  # 298.2 TFLOPS, the sweep's best
 NAMES = ("table", *TWINS, "upstream")
 
 
