@@ -63,6 +63,19 @@ def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path,
     assert experiment_copy.read_text() == before
 
 
+def test_a_best_trial_that_is_the_table_s_entry_owes_no_confirmation(tmp_path, experiment_copy):
+    """a study whose incumbent (the entry, enqueued after the baseline) stays best changes nothing: a note, exit 0"""
+    url = _search(tmp_path, confirmations=0)
+    best = winner(records(optuna.load_study(study_name=STUDY, storage=open_storage(url))))
+    experiment_copy.write_text(dispatch_table.edit_dispatch(experiment_copy.read_text(), "fwd", CLASS,
+                                                            ForwardConfig.from_dict(best.config)))
+    before = experiment_copy.read_text()
+    done = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert f"{STUDY}: best trial #{best.number} (" in done.stdout and "the entry holds, nothing to write" in done.stdout
+    assert experiment_copy.read_text() == before
+
+
 def test_a_study_killed_before_its_first_trial_ended_is_named_empty_not_failed(tmp_path, experiment_copy):
     """a run cut by its time limit leaves the study's trials RUNNING: nothing failed the gate, nothing finished."""
     from search.proposing.samplers import make_sampler

@@ -43,6 +43,8 @@ def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | N
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         decision = _decide(summary.study_name, meta, records(study), needed, allow_replay)
+        if source is not None and decision.refusal.startswith("unconfirmed_winner:"):
+            decision = _entry_holds(decision, source, records(study))
         if decision.config is not None:
             decision = _check_shortest_problem(decision, meta.get(schema.TARGET))
         if source is not None and decision.config is not None:
@@ -68,6 +70,18 @@ def _check_shortest_problem(decision: Decision, target_name: str | None) -> Deci
         f"entry_refuses_short_problems: {decision.note.split(', confirmed')[0]} would be {DISPATCH['fwd']}"
         f"[{decision.problem_class!r}], which runs every problem of the class, and its rules refuse {pc.shortest_problem().name}: "
         f"{verdict}; a config whose choice depends on the length (num_splits=0: the heuristic) can be the entry"))
+
+
+def _entry_holds(decision: Decision, source: str, history) -> Decision:
+    """The decision, or a note that the study's best is the table's entry itself: nothing would change, so no
+    confirmation is owed (a study whose incumbent wins, as the enqueued entry often does, is not a refusal)."""
+    space, w = get_space(decision.direction), winner(history)
+    written = effective_entry_config(source, decision.direction, ProblemClass.parse(decision.problem_class))
+    if written is None or space.config(written) != space.config(w.config):
+        return decision
+    return replace(decision, refusal="", note=(
+        f"{decision.study}: best trial #{w.number} ({w.value:.1f} TFLOPS) is {DISPATCH[decision.direction]}"
+        f"[{decision.problem_class!r}] as the table holds it: the entry holds, nothing to write"))
 
 
 def _check_incumbent(decision: Decision, source: str, history) -> Decision:
