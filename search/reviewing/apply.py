@@ -42,13 +42,14 @@ def decide(storage, needed: int = 2, allow_replay: bool = False, target: str | N
         if schema.DIRECTION not in meta or (target and meta.get(schema.TARGET) != target):
             continue
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
-        decision = _decide(summary.study_name, meta, records(study), needed, allow_replay)
+        history = records(study)
+        decision = _decide(summary.study_name, meta, history, needed, allow_replay)
         if source is not None and decision.refusal.startswith("unconfirmed_winner:"):
-            decision = _entry_holds(decision, source, records(study))
+            decision = _entry_holds(decision, source, history)
         if decision.config is not None:
             decision = _check_shortest_problem(decision, meta.get(schema.TARGET))
         if source is not None and decision.config is not None:
-            decision = _check_incumbent(decision, source, records(study))
+            decision = _check_incumbent(decision, source, history)
         decisions.append(decision)
     return decisions
 
