@@ -1,26 +1,26 @@
 """Upstream's host path (flash_attn.cute.interface) with every SM120 knob passed through.
 
-Upstream's `_flash_attn_fwd` forces 128 threads, 1 stage and Q_in_regs=False for SM120 and leaves
-num_stages / Q_in_regs out of its compile key; `_flash_attn_bwd` overwrites every SM120 backward knob
-and pins the dQ/dK/dV postprocess to 128 threads. Rather than copy ~2,000 lines of host code, we take
-the pinned version's source of those two functions, make a few exact, checked edits (each must match
-once, else we stop with an error naming the flash-attn-4 version), and compile them into a private
-copy of the interface module's namespace. Upstream's module is not modified.
+flash-attn-4 4.0.0b40 selects a typed config per call (`FwdConfig` / `BwdConfig` from flash_attn/cute/config.py)
+and validates it: for SM120 the forward takes a tile (`tile_mn`) but one split, 128 threads, one stage and no
+Q_in_regs (all written into its constructor call), and `validate_bwd_config` refuses every backward config but
+upstream's one default. Rather than copy ~2,000 lines of host code, we take the pinned version's source of the host
+functions, make a few exact, checked edits (each must match once, else we stop with an error naming the
+flash-attn-4 version), and compile them into a private copy of the interface module's namespace. Upstream's module
+is not modified.
 
-The edits: a `sm120_config` argument; the config's knobs replace the hard-coded ones, and its kernel class's
-own knobs (`extra`) join the constructor's arguments; the kernel class comes from the config
-(`kernel_class(config)`); our key (config + class) leads every compile key; the
-postprocess uses the main kernel's thread count; the preprocess's thread count is an argument
-(`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and `_compile_bwd_preprocess` are rewritten
-for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for whatever GPU is present, or for sm_120a
-when CUTE_DSL_ARCH says so). Split-KV: the number of
-splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits); above 1,
-upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
-(splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`), and the SM120
-assertion against split-KV only holds for classes that do not split. The combine is upstream's kernel, launched as a
-programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the default): its CTAs are scheduled
-while the split kernel drains and wait in the kernel's own `griddepcontrol_wait` until the partials are
-complete and visible (upstream's combine has that wait; the split kernel triggers it with
+The edits: a `sm120_config` argument; after upstream's selection and validation, the forward's FwdConfig gets our
+split count and the backward's BwdConfig our knobs (`sm120_bwd_config`); the constructor takes our threads, stages,
+Q_in_regs and the kernel class's own knobs (`extra`); the kernel class comes from the config (`kernel_class(config)`);
+our key (config + class) leads every compile key; the postprocess uses the main kernel's thread count; the
+preprocess's thread count is an argument (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and
+`_compile_bwd_preprocess` are rewritten for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for
+whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so), with the local GPU's SM count. Split-KV: the
+number of splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits);
+above 1, upstream's own split path runs unchanged (fp32 `out_partial` (splits, b, s, h, d) and `lse_partial`
+(splits, b, h, s) into the kernel, then upstream's combine kernel, `_flash_attn_fwd_combine`). The combine is
+upstream's kernel, launched as a programmatic dependent launch (PDL, `use_pdl`) when COMBINE_PDL is set (the
+default): its CTAs are scheduled while the split kernel drains and wait in the kernel's own `griddepcontrol_wait`
+until the partials are complete and visible (upstream's combine has that wait; the split kernel triggers it with
 `griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
 `PdlForwardCombine`, in a compile cache of its own.
 """
@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import inspect
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, Problem
 from fa4tune.kernel_cache import CompileCache, new_cache  # in memory, or on disk under FA4TUNE_KERNEL_CACHE
 
-PINNED_FLASH_ATTN_VERSION = "4.0.0b36"
+PINNED_FLASH_ATTN_VERSION = "4.0.0b40"
 SM120_ARCH = 120
 MAX_SPLITS = 256  # upstream's combine kernel (interface._flash_attn_fwd_combine asserts num_splits <= 256)
 TORCH_DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -58,99 +58,76 @@ def _replace_once(src: str, old: str, new: str, what: str) -> str:
     return src.replace(old, new)
 
 
-def fwd_constructor(cls: str, num_stages: str, Q_in_regs: str, extra: str = "") -> str:
-    """The source of _flash_attn_fwd's SM120 constructor call, with these expressions for the class and two knobs
+def fwd_constructor(cls: str, num_stages: str, num_threads: str, Q_in_regs: str, extra: str = "") -> str:
+    """The source of _flash_attn_fwd's SM120 constructor call, with these expressions for the class and three knobs
     (and `extra`, a mapping expression of more keyword arguments, when given)."""
     return (
         f"            fa_fwd = {cls}(\n"
         "                dtype,\n                head_dim,\n                head_dim_v,\n                qhead_per_kvhead,\n"
-        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=pack_gqa,\n"
-        f"                tile_m=tile_m,\n                tile_n=tile_n,\n                num_stages={num_stages},\n"
-        f"                num_threads=num_threads,\n                Q_in_regs={Q_in_regs},\n"
+        "                is_causal=causal,\n                is_local=local,\n                pack_gqa=config.pack_gqa,\n"
+        "                tile_m=config.tile_m,\n                tile_n=config.tile_n,\n"
+        f"                num_stages={num_stages},\n                num_threads={num_threads},\n"
+        f"                Q_in_regs={Q_in_regs},\n"
         + (f"                **{extra},\n" if extra else "")
     )
 
 
-UPSTREAM_FWD_CONSTRUCTOR = fwd_constructor("FlashAttentionForwardSm120", "1", "False")  # as the pinned version has it
+# as the pinned version has it
+UPSTREAM_FWD_CONSTRUCTOR = fwd_constructor("FlashAttentionForwardSm120", "1", "128", "False")
 
 
+# The forward: upstream selects a FwdConfig (its SM120 tile, or ours through tile_mn) and validates it; the split
+# count, threads, stages and Q_in_regs then come from our config (its validation allows SM120 one split only).
 FORWARD_EDITS = [
     (
-        "    gather_bwd_recompute_p: bool = False,\n) -> Tuple[",
-        "    gather_bwd_recompute_p: bool = False,\n    sm120_config=None,\n) -> Tuple[",
+        "    config: FwdConfig | MlaFwdConfig | None = None,\n) -> Tuple[",
+        "    config: FwdConfig | MlaFwdConfig | None = None,\n    sm120_config=None,\n) -> Tuple[",
         "forward signature",
     ),
     (
-        "    if arch // 10 in [8, 12]:\n        num_threads = 128\n",
-        "    if arch // 10 in [8, 12]:\n        num_threads = sm120_config.num_threads if arch // 10 == 12 else 128\n",
-        "forward num_threads",
-    ),
-    (
-        "    compile_key = (\n        mla_1cta,\n",
-        "    compile_key = (\n        _fa4tune_key(sm120_config),\n        mla_1cta,\n",
-        "forward compile key",
-    ),
-    (
-        "    num_splits = fwd_cfg.num_splits\n",
-        "    num_splits = _fa4tune_num_splits(sm120_config, batch_size, max_seqlen_q, max_seqlen_k, num_head, num_head_kv,\n"
-        "                                     head_dim, head_dim_v, causal, q_dtype, num_sms)\n",
+        "    num_splits = config.num_splits\n",
+        "    config = _fa4tune_fwd_config(sm120_config, config, batch_size, host_max_seqlen_q, host_max_seqlen_k, num_head,\n"
+        "                                 num_head_kv, head_dim, head_dim_v, causal, q_dtype, num_sms)\n"
+        "    num_splits = config.num_splits\n",
         "forward num_splits",
     ),
     (
-        '            assert not is_split_kv, "SplitKV not supported on SM 12.0 in this PR"\n',
-        "            pass  # split-KV: the kernel class chose it (num_splits_for), the class runs it\n",
-        "forward SM120 split-KV assertion",
+        "    compile_key = (\n        # use_dynamic_varlen only decides",
+        "    compile_key = (\n        _fa4tune_key(sm120_config),\n        # use_dynamic_varlen only decides",
+        "forward compile key",
     ),
     (
         UPSTREAM_FWD_CONSTRUCTOR,
-        fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
+        fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.num_threads",
+                        "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
         "forward SM120 constructor",
     ),
 ]
 
-# _flash_attn_bwd's hard-coded SM120 knobs, as the pinned version has them (num_threads is set further down)
-UPSTREAM_BWD_KNOBS = (
-    "        m_block_size = 64\n        n_block_size = 64\n        if head_dim <= 64:\n"
-    "            num_stages_Q = 2\n            num_stages_dO = 2\n        else:\n"
-    "            num_stages_Q = 1\n            num_stages_dO = 1\n"
-    "        SdP_swapAB = False\n        dKV_swapAB = False\n        dQ_swapAB = False\n"
-    "        AtomLayoutMSdP = 4\n        AtomLayoutNdKV = 4\n        AtomLayoutMdQ = 4\n"
-    "        V_in_regs = False\n"
-)
-
-
-def bwd_knobs_from(config: str) -> str:
-    """Source that sets each backward knob but num_threads from the object `config` names, one per line."""
-    return "".join(f"        {f.name} = {config}.{f.name}\n" for f in fields(BackwardConfig)
-                   if f.name not in ("num_threads", "kernel", "extra"))
-
-
+# The backward: upstream's one SM120 BwdConfig (its validation refuses any other) becomes ours after validation.
 BACKWARD_EDITS = [
     (
-        "    learnable_sink: Optional[torch.Tensor] = None,\n) -> Tuple[torch.Tensor, ...]:",
-        "    learnable_sink: Optional[torch.Tensor] = None,\n    sm120_config=None,\n    sm120_preprocess_threads=256,\n"
+        "    config: BwdConfig | None = None,\n) -> Tuple[torch.Tensor, ...]:",
+        "    config: BwdConfig | None = None,\n    sm120_config=None,\n    sm120_preprocess_threads=256,\n"
         ") -> Tuple[torch.Tensor, ...]:",
         "backward signature",
     ),
     (
-        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n    )\n    # num_threads: SM90 derives",
-        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n        num_threads=sm120_preprocess_threads,\n"
-        "    )\n    # num_threads: SM90 derives",
-        "backward preprocess threads",
-    ),
-    (
-        UPSTREAM_BWD_KNOBS,
-        bwd_knobs_from("sm120_config"),
+        "        validate_bwd_config(config, inputs)\n    tile_m, tile_n = config.tile_m, config.tile_n\n",
+        "        validate_bwd_config(config, inputs)\n    config = _fa4tune_bwd_config(sm120_config, config)\n"
+        "    tile_m, tile_n = config.tile_m, config.tile_n\n",
         "backward SM120 knobs",
     ),
     (
-        "        num_threads = 128\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
-        "        num_threads = sm120_config.num_threads\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
-        "backward num_threads",
+        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n    )\n    # Backward kernel: compute dk",
+        "        fake_mode=fake_mode,\n        hdim_multiple_of=hdim_multiple_of,\n        num_threads=sm120_preprocess_threads,\n"
+        "    )\n    # Backward kernel: compute dk",
+        "backward preprocess threads",
     ),
     (
-        "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n            arch,\n",
-        "    if arch // 10 in [8, 9, 12]:\n        compile_key = (\n            _fa4tune_key(sm120_config),\n            arch,\n",
+        "    compile_key = (\n        arch,\n        dtype,\n        head_dim,\n        head_dim_v,\n        qhead_per_kvhead,\n",
+        "    compile_key = (\n        _fa4tune_key(sm120_config),\n        arch,\n        dtype,\n        head_dim,\n        head_dim_v,\n"
+        "        qhead_per_kvhead,\n",
         "backward compile key",
     ),
     (
@@ -159,19 +136,28 @@ BACKWARD_EDITS = [
         "backward SM120 class",
     ),
     (
-        "                V_in_regs=V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
+        "                V_in_regs=config.V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
         "            )\n        elif arch // 10 == 9:",
-        "                V_in_regs=V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
+        "                V_in_regs=config.V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
         "                **(sm120_config.extra_knobs if arch // 10 == 12 else {}),\n            )\n        elif arch // 10 == 9:",
         "backward SM120 class's own knobs",
     ),
     (
-        "            num_threads_post_dQ = 128\n            num_threads_post_dKV = 128\n",
-        "            # the postprocess must read dQ/dK/dV accumulators in the main kernel's MMA layout\n"
-        "            num_threads_post_dQ = num_threads\n            num_threads_post_dKV = num_threads\n",
+        "    else:\n        num_threads_post_dQ = 128\n        num_threads_post_dKV = 128\n",
+        "    else:\n        # the postprocess must read dQ/dK/dV accumulators in the main kernel's MMA layout\n"
+        "        num_threads_post_dQ = config.num_threads\n        num_threads_post_dKV = config.num_threads\n",
         "backward postprocess threads",
     ),
 ]
+
+# Our BackwardConfig's names for upstream's BwdConfig fields where they differ.
+BWD_FIELD_NAMES = {"m_block_size": "tile_m", "n_block_size": "tile_n"}
+
+
+def sm120_bwd_config(config: BackwardConfig, upstream):
+    """Upstream's SM120 BwdConfig with our config's knobs (all but kernel and extra, which reach the class)."""
+    return replace(upstream, **{BWD_FIELD_NAMES.get(f.name, f.name): getattr(config, f.name)
+                                for f in fields(BackwardConfig) if f.name not in ("kernel", "extra")})
 
 
 # The backward preprocess (dPsum = rowsum(O * dO), LSE * log2 e, dQaccum zeroed): upstream builds it with its
@@ -230,6 +216,18 @@ def pdl_combine_class() -> type:
     return PdlForwardCombine
 
 
+def local_num_sms(device_index, arch) -> int:
+    """FLASH_ATTENTION_NUM_SMS where set (a cross-compile names its target's), else the local GPU's SM count."""
+    import os
+
+    import torch
+
+    override = os.environ.get("FLASH_ATTENTION_NUM_SMS")
+    if override is not None:
+        return int(override)
+    return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
+
+
 @dataclass
 class PatchedInterface:
     """The two rewritten host functions and their compile caches."""
@@ -272,22 +270,33 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
             cls = class_for(config)
             return (config.key(), f"{cls.__module__}.{cls.__qualname__}")
 
-        def num_splits(config, batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal, dtype, num_sms):
+        def fwd_config(config, upstream, batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal,
+                       dtype, num_sms):
             problem = Problem(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal,
                               TORCH_DTYPE_NAMES.get(str(dtype), "bf16"), backward=False)
             splits = class_for(config).num_splits_for(config, problem, num_sms)
             if not 1 <= splits <= MAX_SPLITS:
                 raise ValueError(f"num_splits_domain: {class_for(config).__name__}.num_splits_for gave {splits} splits, "
                                  f"the combine kernel takes 1 to {MAX_SPLITS}")
-            return splits
+            if (upstream.tile_m, upstream.tile_n) != (config.tile_m, config.tile_n):
+                raise UpstreamMismatch(f"upstream chose tile {upstream.tile_m}x{upstream.tile_n} for tile_mn="
+                                       f"({config.tile_m}, {config.tile_n}): tile_mn no longer reaches the SM120 config")
+            return replace(upstream, num_splits=splits)
+
+        def bwd_config(config, upstream):
+            if config is None:
+                raise ValueError("the fa4tune host path needs an sm120_config")
+            return sm120_bwd_config(config, upstream)
 
         namespace = dict(vars(interface))
         namespace["_fa4tune_key"] = key
         namespace["_fa4tune_class"] = class_for
-        namespace["_fa4tune_num_splits"] = num_splits
+        namespace["_fa4tune_fwd_config"] = fwd_config
+        namespace["_fa4tune_bwd_config"] = bwd_config
 
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
+        namespace["get_num_sms_for_selection"] = local_num_sms  # emulated: the local GPU's SMs, not an SM120's
         fwd = _rewrite(namespace, interface._flash_attn_fwd, FORWARD_EDITS)
         namespace["_fa4tune_combine_class"] = pdl_combine_class()
         _rewrite(namespace, interface._compile_fwd_combine, COMBINE_COMPILE_EDITS)
