@@ -1,5 +1,5 @@
-"""Upstream's current SM120 settings (flash-attn-4 4.0.0b36 interface.py), as our configs; and ours for head dims
-whose upstream tiles do not fit SM120's shared memory.
+"""Upstream's current SM120 settings, read from the pinned flash-attn-4's own config code (fa4tune.upstream), as our
+configs; and ours for head dims whose upstream tiles do not fit SM120's shared memory.
 
 The baseline every tuned config is compared with, and the seed of experiment.py's dispatch tables.
 
@@ -12,25 +12,24 @@ spills at d256, GQA 1 and 2, bf16 and fp16; upstream's class spills 40 B at d256
 32x32 blocks with two Q stages, no spills at d256 non-causal.
 """
 
+from fa4tune import upstream
 from fa4tune.config import FP8, BackwardConfig, ForwardConfig, ProblemClass
 
 UPSTREAM_KERNEL = "sm120"  # the kernel class that runs upstream's SM120 forward code (kernels/tuned_forward_sm120.py)
 
 
 def upstream_forward(pc: ProblemClass) -> ForwardConfig:
-    """`_get_fwd_config` for SM120: 128x128 for head_dim <= 64, else 128x64; 128 threads, 1 stage."""
-    tile_n = 128 if pc.head_dim <= 64 else 64
-    return ForwardConfig(tile_m=128, tile_n=tile_n, num_threads=128, num_stages=1, Q_in_regs=False)
+    """Upstream's SM120 forward: the tile of its `select_initial_fwd_tile` (b40: 128x128 for head_dim <= 64, else
+    128x64) and the threads, stages and Q_in_regs its interface passes the SM120 class (128, 1, False)."""
+    tile_m, tile_n = upstream.sm120_forward_tile(pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead)
+    return ForwardConfig(tile_m=tile_m, tile_n=tile_n, **upstream.SM120_FWD_KNOBS)
 
 
 def upstream_backward(pc: ProblemClass) -> BackwardConfig:
-    """`_flash_attn_bwd` for SM120: 64x64 blocks, 2 stages if head_dim <= 64 else 1, atom layouts 4."""
-    stages = 2 if pc.head_dim <= 64 else 1
-    return BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=stages, num_stages_dO=stages, num_threads=128,
-        SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False,
-        AtomLayoutMSdP=4, AtomLayoutNdKV=4, AtomLayoutMdQ=4, V_in_regs=False,
-    )
+    """Upstream's one SM120 backward (its `sm120_bwd_fields`; b40: 64x64 blocks, 2 stages if head_dim <= 64 else 1,
+    atom layouts 4, 128 threads)."""
+    fields = upstream.sm120_backward_fields(pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead)
+    return BackwardConfig(**{name: fields[name] for name in BackwardConfig.__dataclass_fields__ if name in fields})
 
 
 def wide_forward(pc: ProblemClass) -> ForwardConfig:

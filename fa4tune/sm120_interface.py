@@ -34,9 +34,10 @@ from typing import Callable
 
 from fa4tune import emulated_occupancy
 from fa4tune.config import BackwardConfig, Problem
+from fa4tune.upstream import BWD_FIELD_NAMES, PINNED_VERSION, SM120_FWD_KNOBS
 from fa4tune.kernel_cache import CompileCache, new_cache  # in memory, or on disk under FA4TUNE_KERNEL_CACHE
 
-PINNED_FLASH_ATTN_VERSION = "4.0.0b40"
+PINNED_FLASH_ATTN_VERSION = PINNED_VERSION
 SM120_ARCH = 120
 MAX_SPLITS = 256  # upstream's combine kernel (interface._flash_attn_fwd_combine asserts num_splits <= 256)
 TORCH_DTYPE_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
@@ -73,7 +74,8 @@ def fwd_constructor(cls: str, num_stages: str, num_threads: str, Q_in_regs: str,
 
 
 # as the pinned version has it
-UPSTREAM_FWD_CONSTRUCTOR = fwd_constructor("FlashAttentionForwardSm120", "1", "128", "False")
+UPSTREAM_FWD_CONSTRUCTOR = fwd_constructor("FlashAttentionForwardSm120", *(repr(SM120_FWD_KNOBS[name]) for name in
+                                                                        ("num_stages", "num_threads", "Q_in_regs")))
 
 
 # The forward: upstream selects a FwdConfig (its SM120 tile, or ours through tile_mn) and validates it; the split
@@ -150,10 +152,6 @@ BACKWARD_EDITS = [
     ),
 ]
 
-# Our BackwardConfig's names for upstream's BwdConfig fields where they differ.
-BWD_FIELD_NAMES = {"m_block_size": "tile_m", "n_block_size": "tile_n"}
-
-
 def sm120_bwd_config(config: BackwardConfig, upstream):
     """Upstream's SM120 BwdConfig with our config's knobs (all but kernel and extra, which reach the class)."""
     return replace(upstream, **{BWD_FIELD_NAMES.get(f.name, f.name): getattr(config, f.name)
@@ -226,6 +224,27 @@ def local_num_sms(device_index, arch) -> int:
     if override is not None:
         return int(override)
     return torch.cuda.get_device_properties(device_index or 0).multi_processor_count
+
+
+# Each rewritten host function of flash_attn.cute.interface and its edits.
+EDITED = (("_flash_attn_fwd", FORWARD_EDITS), ("_compile_fwd_combine", COMBINE_COMPILE_EDITS),
+          ("_compile_bwd_preprocess", COMPILE_PREPROCESS_EDITS), ("_bwd_preprocess", PREPROCESS_EDITS),
+          ("_flash_attn_bwd", BACKWARD_EDITS))
+
+
+def edit_problems() -> dict[str, str]:
+    """Each edit that does not match the installed interface.py exactly once: its name -> the one-line reason."""
+    from flash_attn.cute import interface
+
+    problems = {}
+    for name, edits in EDITED:
+        src = inspect.getsource(getattr(interface, name))
+        for old, new, what in edits:
+            try:
+                src = _replace_once(src, old, new, what)
+            except UpstreamMismatch as err:
+                problems[what] = str(err)
+    return problems
 
 
 @dataclass
