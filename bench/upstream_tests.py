@@ -467,13 +467,13 @@ def main(argv=None) -> int:
                              "call's pristine.jsonl)")
     patches = series_patches(args.series)
     package = installed_package()
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = args.work or args.out
-    work.mkdir(parents=True, exist_ok=True)
-    tests_dir = args.tests.resolve()
     wanted = [int(v) for v in args.variants.split(",") if v] or list(range(len(patches) + 1))
     if any(not 0 <= v <= len(patches) for v in wanted):
         raise SystemExit(f"upstream_tests: --variants {args.variants}: indices run from 0 (pristine) to {len(patches)}")
+    args.out.mkdir(parents=True, exist_ok=True)  # only once the arguments hold: a refusal writes nothing
+    work = args.work or args.out
+    work.mkdir(parents=True, exist_ok=True)
+    tests_dir = args.tests.resolve()
     added = added_tests(package, patches, work)
     outcomes, targets = [], None
     if args.baseline is not None:  # the pristine run of an earlier call: its cases, so the same ones run here

@@ -122,7 +122,8 @@ class _Worker:
 
 
 def compile_env(target: Target, dump_dir: str | None = None) -> dict:
-    """Environment that makes the DSL compile SM120 kernels for the target without a GPU (cubins kept in dump_dir)."""
+    """Environment that makes the DSL compile SM120 kernels for the target without a GPU (cubins kept in dump_dir, by
+    default a new temporary folder: never the working directory, which is where the DSL writes them otherwise)."""
     env = {
         "FLASH_ATTENTION_ARCH": target.arch,
         "CUTE_DSL_ARCH": target.cute_arch,
@@ -130,7 +131,7 @@ def compile_env(target: Target, dump_dir: str | None = None) -> dict:
         "CUTE_DSL_KEEP": "cubin,ptx",
         "PYTHONWARNINGS": "ignore",
     }
-    return {**env, "CUTE_DSL_DUMP_DIR": dump_dir} if dump_dir else env
+    return {**env, "CUTE_DSL_DUMP_DIR": dump_dir or tempfile.mkdtemp(prefix="fa4tune-cubins-")}
 
 
 def job_spec(job: StaticJob, experiment_path: str) -> dict:

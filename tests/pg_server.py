@@ -1,5 +1,7 @@
 """A throwaway PostgreSQL server for the tests: initdb into a temporary folder, started on a free port of
 127.0.0.1, stopped and deleted afterwards. Password authentication over TCP, as workers on other machines use.
+A watchdog process stops and deletes it once the process that started it is gone, however that process ended
+(a finished session, Ctrl-C on pytest, a killed xdist worker), so no server outlives its tests.
 
 The server binaries come from the Debian package `postgresql` (.ci/run installs it). initdb refuses to run as
 root, so as root the server runs as the `postgres` user the package creates. Without the binaries the
@@ -13,6 +15,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +38,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# Run by the watchdog: wait for the owner to go, then stop the server (immediate) and delete its folder.
+WATCHDOG = """
+import os, shutil, subprocess, sys, time
+owner, root, stop = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+while True:
+    try:
+        os.kill(owner, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(0.2)
+subprocess.run(stop, capture_output=True, timeout=120)
+shutil.rmtree(root, ignore_errors=True)
+"""
 
 
 class PostgresServer:
@@ -62,14 +80,27 @@ class PostgresServer:
         self._run(str(self.bin_dir / "initdb"), "-D", str(self.data), "-U", SUPERUSER, f"--pwfile={pwfile}",
                   "--auth-local=trust", "--auth-host=scram-sha-256", "--no-sync", "-E", "UTF8", "--locale=C")
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        stop = [*self.as_user, str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"]
+        # its own session: a Ctrl-C sent to pytest's process group does not reach it
+        self.watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG, str(os.getpid()), str(self.root), *stop],
+                                         start_new_session=True, stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.root / "log"), "-w", "-t", "60", "start")
         return self
+
+    def postmaster_pid(self) -> int | None:
+        """The server's process id while it runs (its postmaster.pid), else None."""
+        try:
+            return int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def stop(self) -> None:
         try:
             self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+            self.watchdog.kill()
 
     def url(self, user: str = SUPERUSER, password: str = SUPERUSER_PASSWORD, database: str = "postgres") -> str:
         return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}"

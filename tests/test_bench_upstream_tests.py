@@ -169,7 +169,9 @@ def test_a_sticky_cuda_error_fails_its_own_test_only_and_the_failures_run_again_
     assert [r[0] for r in again.values()] == ["failed", "passed"]  # the fault is the kernel's own; the memory was not
 
 
-def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
+def test_bad_input_gets_one_error_naming_the_rule(tmp_path, monkeypatch):
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where --out's default lies
     with pytest.raises(SystemExit, match=r"test_flash_attn.py, test_flash_attn_combine.py not in .* \(rule: --tests is tests/cute\)"):
         upstream_tests.main(["--tests", str(tmp_path)])
     (tmp_path / "t.py").write_text("")
@@ -186,6 +188,7 @@ def test_bad_input_gets_one_error_naming_the_rule(tmp_path):
                              "--out", str(tmp_path / "out")])
     with pytest.raises(SystemExit, match=r"--variants 0,4: indices run from 0 \(pristine\) to 3"):
         upstream_tests.main(["--tests", str(tmp_path), "--files", "t.py", "--variants", "0,4"])  # the shipped three
+    assert list((tmp_path / "cwd").iterdir()) == []  # a refusal writes nothing (no out/ where it was called)
 
 
 def test_the_sample_keeps_small_functions_whole_and_takes_a_fixed_share_of_large_ones():

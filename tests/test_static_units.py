@@ -1,5 +1,7 @@
 """Pure parts of the static check: cubin tool output parsing, occupancy, metric lines, patch anchors."""
 
+from pathlib import Path
+
 import pytest
 
 from fa4tune.cubin import local_traffic_bytes, parse_resource_usage
@@ -99,7 +101,15 @@ def test_patch_stops_on_unknown_upstream_source():
 
     with pytest.raises(UpstreamMismatch) as err:
         _replace_once("def f():\n    pass\n", "num_threads = 128\n", "x", "forward num_threads")
-    assert "forward num_threads" in str(err.value) and "4.0.0b36" in str(err.value)
+    assert "forward num_threads" in str(err.value) and "4.0.0b40" in str(err.value)
+
+
+def test_the_static_compile_environment_keeps_cubins_out_of_the_working_directory():
+    from fa4tune.static_check import compile_env
+
+    dump = Path(compile_env(TARGET)["CUTE_DSL_DUMP_DIR"])
+    assert dump.is_dir() and not dump.resolve().is_relative_to(Path.cwd().resolve())
+    assert compile_env(TARGET, "/tmp/given")["CUTE_DSL_DUMP_DIR"] == "/tmp/given"
 
 
 def test_patched_functions_build_against_the_pinned_upstream():

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import optuna
+import pytest
 
 from fa4tune.suites import load_suite
 from search_helpers import SUITE, run_cli, write_table
@@ -238,3 +245,34 @@ def test_prepare_py_refuses_an_unknown_suite_or_experiment_file_before_importing
         done = subprocess.run([sys.executable, "-c", probe, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.stdout.split() == ["2", "False", "False"], done.stdout + done.stderr
         assert done.stderr.startswith(f"error: {needle}") and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+@pytest.mark.postgres
+def test_a_killed_test_process_leaves_no_postgresql_server_running(tmp_path):
+    """Ctrl-C on `uv run pytest` (issue 67): the process that started the tests' server can end any way, even
+    SIGKILLed before its fixture's teardown, and the server stops and its folder goes."""
+    from pg_server import server_bin
+
+    if server_bin() is None:
+        pytest.skip("PostgreSQL server binaries not found")
+    script = ("import sys, time; sys.path.insert(0, 'tests'); from pg_server import PostgresServer, server_bin\n"
+              "server = PostgresServer(server_bin()).start()\n"
+              "print(server.postmaster_pid(), server.root, flush=True); time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid, root = child.stdout.readline().split()
+    assert _alive(int(pid))  # the server runs
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    deadline = time.time() + 30
+    while time.time() < deadline and (_alive(int(pid)) or Path(root).exists()):
+        time.sleep(0.2)
+    assert not _alive(int(pid)), "the PostgreSQL server outlived the process that started it"
+    assert not Path(root).exists()
+
+
+def _alive(pid: int) -> bool:
+    """The process runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
