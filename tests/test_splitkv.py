@@ -205,12 +205,11 @@ def test_decode_suite_is_forward_only_gqa_decode_and_a_causal_chunked_prefill():
 
 def test_host_path_asks_the_class_for_splits_and_lets_split_classes_through():
     edits = {what: new for _, new, what in FORWARD_EDITS}
-    assert "_fa4tune_num_splits(sm120_config" in edits["forward num_splits"]
-    assert "assert" not in edits["forward SM120 split-KV assertion"]
+    assert "config = _fa4tune_fwd_config(sm120_config, config" in edits["forward num_splits"]
     from fa4tune.sm120_interface import build
 
     host = build(experiment.kernel_class)  # every edit matched the pinned upstream source once
-    assert "_fa4tune_num_splits" in host.flash_attn_fwd.__globals__
+    assert "_fa4tune_fwd_config" in host.flash_attn_fwd.__globals__
 
 
 # ---- compiles (sm_120a, fake tensors) ----
@@ -301,22 +300,36 @@ def test_gpu_bench_hbm_bound_reads_k_and_v_once():
     assert tflops == pytest.approx(4 * 32 * 4096 * 128 / ((kv_bytes + qo_bytes) / 4.8e12) / 1e12)
 
 
+@dataclasses.dataclass(frozen=True)
+class UpstreamFwdConfig:
+    """The fields of upstream's FwdConfig the host hook reads and writes."""
+
+    tile_m: int
+    tile_n: int
+    num_splits: int = 1
+
+
 def test_host_hook_builds_the_problem_and_refuses_splits_the_combine_cannot_take():
     import torch
 
-    from fa4tune.sm120_interface import build
+    from fa4tune.sm120_interface import UpstreamMismatch, build
 
-    hook = build(experiment.kernel_class).flash_attn_fwd.__globals__["_fa4tune_num_splits"]
-    # (config, batch, seqlen_q, seqlen_k, heads, kv heads, head_dim, head_dim_v, causal, dtype, SMs), as the host calls it
-    assert hook(split_config(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170) == 32
-    assert hook(split_config(), 8, 1, 65536, 32, 8, 128, 128, False, torch.float16, 170) == 5
-    assert hook(ForwardConfig(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170) == 1  # sm120 never splits
+    hook = build(experiment.kernel_class).flash_attn_fwd.__globals__["_fa4tune_fwd_config"]
+    # (config, upstream's config, batch, seqlen_q, seqlen_k, heads, kv heads, head_dim, head_dim_v, causal, dtype, SMs),
+    # as the host calls it: upstream's FwdConfig comes back with the class's split count
+    chosen = UpstreamFwdConfig(16, 64)
+    assert hook(split_config(), chosen, 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170).num_splits == 32
+    assert hook(split_config(), chosen, 8, 1, 65536, 32, 8, 128, 128, False, torch.float16, 170).num_splits == 5
+    plain = UpstreamFwdConfig(128, 64)
+    assert hook(ForwardConfig(), plain, 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170) == plain  # never splits
+    with pytest.raises(UpstreamMismatch, match="tile_mn no longer reaches the SM120 config"):
+        hook(ForwardConfig(), UpstreamFwdConfig(128, 128), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170)
 
     class NoSplits(SplitKvForwardSm120):
         @classmethod
         def num_splits_for(cls, config, problem, num_sms):
             return 0
 
-    bad_hook = build(lambda config: NoSplits).flash_attn_fwd.__globals__["_fa4tune_num_splits"]
+    bad_hook = build(lambda config: NoSplits).flash_attn_fwd.__globals__["_fa4tune_fwd_config"]
     with pytest.raises(ValueError, match="num_splits_domain: NoSplits.num_splits_for gave 0 splits"):
-        bad_hook(split_config(), 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170)
+        bad_hook(split_config(), chosen, 1, 1, 4096, 32, 8, 128, 128, False, torch.bfloat16, 170)
