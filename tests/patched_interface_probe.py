@@ -18,6 +18,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from flash_attn.cute import interface  # noqa: E402
 
+from fa4tune.sm120_interface import BWD_FIELD_NAMES  # noqa: E402  (our names for upstream's BwdConfig fields)
+
 FWD_ATTRS = ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")
 BWD_ATTRS = ("m_block_size", "n_block_size", "num_stages_Q", "num_stages_dO", "num_threads", "SdP_swapAB", "dKV_swapAB",
              "dQ_swapAB", "AtomLayoutMSdP", "AtomLayoutNdKV", "AtomLayoutMdQ", "V_in_regs")
@@ -65,18 +67,19 @@ if hasattr(mask_module, "r2p_columns_ordered"):
 report = []
 for job in json.loads(sys.stdin.read()):
     s, hd, gqa = 512, job["head_dim"], job["qhead_per_kvhead"]
-    if job["kind"] == "fwd_config":  # what the interface picks, without compiling
-        cfg = interface._get_fwd_config(
-            arch=120, head_dim=hd, head_dim_v=hd, max_seqlen_q=s, max_seqlen_k=s, num_head_kv=2, qhead_per_kvhead=gqa,
-            pack_gqa=gqa > 1, batch_size=1, causal=job["causal"], local=False, window_size_left=None,
-            window_size_right=None, num_splits=1, device=None,
-        )
-        report.append({"job": job, "config": {"tile_m": cfg.m_block_size, "tile_n": cfg.n_block_size, "num_threads": cfg.num_threads,
-                                              "num_stages": cfg.num_stages, "Q_in_regs": cfg.Q_in_regs}})
+    if job["kind"] == "fwd_config":  # what the interface selects, without compiling
+        cfg = interface.select_fwd_config(interface.FwdHeuristicInputs(
+            device_arch=120, num_sms=170, dtype=str(torch.bfloat16), head_dim=hd, head_dim_v=hd, num_heads=2 * gqa,
+            num_heads_kv=2, batch_size=1, total_q=s, total_k=s, max_seqlen_q=s, max_seqlen_k=s, causal=job["causal"],
+        ))
+        report.append({"job": job, "config": {n: getattr(cfg, n) for n in FWD_ATTRS}})
         continue
     if job["kind"] == "bwd_config":
-        cfg = interface._tile_size_bwd_sm120(hd, hd, job["causal"], False, gqa)
-        report.append({"job": job, "config": {n: getattr(cfg, n) for n in BWD_ATTRS}})
+        cfg = interface.select_bwd_config(interface.BwdHeuristicInputs(
+            device_arch=120, head_dim=hd, head_dim_v=hd, num_heads=2 * gqa, num_heads_kv=2, dtype=str(torch.bfloat16),
+            causal=job["causal"],
+        ))
+        report.append({"job": job, "config": {n: getattr(cfg, BWD_FIELD_NAMES.get(n, n)) for n in BWD_ATTRS}})
         continue
     before, compiled_before, verdicts_before = len(postprocess), len(compiled), len(r2p_verdicts)
     with FakeTensorMode():

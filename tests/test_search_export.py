@@ -21,6 +21,7 @@ from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemCl
 from fa4tune.feasibility import check_forward
 from fa4tune.space import forward_candidates
 from fa4tune.defaults import upstream_forward
+from fa4tune.sm120_interface import PINNED_FLASH_ATTN_VERSION
 from fa4tune.targets import get_target
 from review_studies import (BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, FailingConfirmations,
                             backward_table, forward_table, run_study)
@@ -114,9 +115,55 @@ def test_the_patch_applies_with_git_to_a_pristine_copy_of_the_pinned_wheel(winne
                              cwd=checkout, capture_output=True, text=True)
     assert applied.returncode == 0, applied.stderr
     patched = (checkout / "flash_attn/cute/interface.py").read_text()
-    assert "def _tile_size_fwd_sm120(" in patched and "num_stages,\n        Q_in_regs,\n        is_split_kv," in patched
+    assert "num_stages=config.num_stages,\n                num_threads=config.num_threads,\n                Q_in_regs=config.Q_in_regs," in patched
+    config = (checkout / "flash_attn/cute/config.py").read_text()
+    assert "def select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile:" in config
     # only the SM120 tables and plumbing change: the GQA class keys on qhead_per_kvhead because its winner differs
-    assert "if is_causal and qhead_per_kvhead == 1:" in patched and "if is_causal and qhead_per_kvhead == 4:" in patched
+    assert "if inputs.causal and inputs.qhead_per_kvhead == 1:" in config and "if inputs.causal and inputs.qhead_per_kvhead == 4:" in config
+
+
+def _patched_config(winners_url, tmp_path: Path):
+    """The exported patch applied to the pinned wheel's sources, and its config.py (host-only) loaded on its own."""
+    patch = tmp_path / "sm120-tuned.patch"
+    assert _export(winners_url, "--allow-replay", out=patch).returncode == 0
+    checkout = _pristine_checkout(tmp_path / "flash-attention")
+    subprocess.run(["git", "apply", str(patch)], cwd=checkout, check=True)
+    spec = importlib.util.spec_from_file_location("patched_config", checkout / "flash_attn/cute/config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_patched_config_selects_each_exported_config_and_validates_only_its_shapes_entry(winners_url, tmp_path):
+    cfg = _patched_config(winners_url, tmp_path)
+
+    def fwd(hd, causal, gqa, **more):
+        return cfg.FwdHeuristicInputs(device_arch=120, num_sms=170, dtype="torch.bfloat16", head_dim=hd, head_dim_v=hd,
+                                      num_heads=2 * gqa, num_heads_kv=2, batch_size=1, total_q=512, total_k=512,
+                                      max_seqlen_q=512, max_seqlen_k=512, causal=causal, **more)
+
+    def bwd(hd, causal, arch=120):
+        return cfg.BwdHeuristicInputs(device_arch=arch, head_dim=hd, head_dim_v=hd, num_heads=2, num_heads_kv=2,
+                                      dtype="torch.bfloat16", causal=causal)
+
+    knobs = ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")
+    for inputs, winner in ((fwd(128, True, 1), FWD_MHA), (fwd(128, True, 4), FWD_GQA)):
+        assert {k: getattr(cfg.select_fwd_config(inputs), k) for k in knobs} == {k: getattr(winner, k) for k in knobs}
+    untuned = upstream_forward(ProblemClass(64, 64, False))
+    assert {k: getattr(cfg.select_fwd_config(fwd(64, False, 1)), k) for k in knobs} == {k: getattr(untuned, k) for k in knobs}
+    # a requested tile keeps the previous knobs; the SM120 fields are refused on other architectures
+    requested = cfg.select_fwd_config(fwd(128, True, 1, requested_tile_m=64, requested_tile_n=64))
+    assert (requested.tile_m, requested.num_threads, requested.num_stages) == (64, 128, 1)
+    sm80 = cfg.select_fwd_config(fwd(128, True, 1)._replace(device_arch=80))
+    with pytest.raises(ValueError, match="SM8 forward does not expose the SM120 options"):
+        cfg.validate_fwd_config(cfg.replace(sm80, num_threads=256), fwd(128, True, 1)._replace(device_arch=80))
+    # backward: the tuned shape's entry is selected and validates; another shape keeps upstream's one configuration
+    tuned = cfg.select_bwd_config(bwd(128, False))
+    assert (tuned.tile_m, tuned.tile_n, tuned.num_threads, tuned.AtomLayoutMSdP) == (64, 64, BWD.num_threads, 4)
+    with pytest.raises(ValueError, match="SM120 backward supports one configuration per shape"):
+        cfg.validate_bwd_config(tuned, bwd(128, True))
+    default = cfg.select_bwd_config(bwd(128, True))
+    assert (default.tile_m, default.tile_n, default.num_threads, default.num_stages_Q) == (64, 64, 128, 1)
 
 
 @pytest.mark.compile
@@ -174,7 +221,7 @@ def _pristine_checkout(path: Path) -> Path:
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     subprocess.run(["git", "init", "-q"], cwd=path, check=True)
     subprocess.run(["git", "add", "-A"], cwd=path, check=True)
-    subprocess.run([*git, "commit", "-qm", "flash-attn-4 4.0.0b36"], cwd=path, check=True)
+    subprocess.run([*git, "commit", "-qm", f"flash-attn-4 {PINNED_FLASH_ATTN_VERSION}"], cwd=path, check=True)
     return path
 
 
@@ -187,8 +234,8 @@ def test_a_gqa_class_with_the_same_winner_shares_the_entry_and_a_default_winner_
     gqa = exporter._accept(studies[("fwd", GQA)], 2, True)
     same = exporter.Winner(gqa.study, gqa.trial, mha.config, gqa.confirmations, gqa.default)
     code = exporter.forward_function([mha, same])
-    assert code.count("return FwdConfig(128, 128, True, True, num_threads=256") == 1
-    assert "if is_causal and qhead_per_kvhead in (1, 4):" in code
+    assert code.count("return Sm120FwdTile(128, 128, num_threads=256") == 1
+    assert "if inputs.causal and inputs.qhead_per_kvhead in (1, 4):" in code
     unchanged = exporter.Winner(mha.study, mha.trial, upstream_forward(mha.study.problem_class), mha.confirmations, mha.default)
     assert not unchanged.changed
     assert exporter.forward_function([unchanged]) == exporter.forward_function([])
@@ -245,7 +292,7 @@ def test_a_replayed_winner_needs_allow_replay(winners_url, tmp_path):
 def test_a_study_left_out_with_problem_class_is_not_exported(winners_url):
     done = _export(winners_url, "--allow-replay", "--dry-run", "--problem-class", MHA)
     assert done.returncode == 0, done.stderr
-    assert "qhead_per_kvhead == 4" not in done.stdout and "Sm120BwdConfig(\n" not in done.stdout
+    assert "qhead_per_kvhead == 4" not in done.stdout and "def sm120_bwd_fields" not in done.stdout
     assert f"fwd  {MHA} " in done.stdout and f"fwd  {GQA} " not in done.stdout
 
 
@@ -316,7 +363,7 @@ def test_a_tma_winner_is_carried_as_a_new_upstream_file_with_its_test_and_split_
     text = patch.read_text()
     assert "Subject: [PATCH] cute: tune SM120 forward and backward defaults per head_dim, causal and GQA; add a TMA-fed" in text
     assert "new file mode 100644\nindex 0000000000000.." in text and "--- /dev/null\n+++ b/flash_attn/cute/flash_fwd_sm120_tma.py" in text
-    assert " 3 files changed" in text and " create mode 100644 tests/cute/test_flash_attn_sm120_tma.py" in text
+    assert " 4 files changed" in text and " create mode 100644 tests/cute/test_flash_attn_sm120_tma.py" in text
     checkout = _pristine_checkout(tmp_path / "flash-attention")
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=checkout, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
@@ -327,9 +374,12 @@ def test_a_tma_winner_is_carried_as_a_new_upstream_file_with_its_test_and_split_
     assert (checkout / "tests/cute/test_flash_attn_sm120_tma.py").read_text() == carry.upstream_test(carry.TMA)
     interface = (checkout / "flash_attn/cute/interface.py").read_text()
     assert "from flash_attn.cute.flash_fwd_sm120_tma import FlashAttentionForwardSm120Tma\n" in interface
-    assert ("return FwdConfig(64, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)" in interface)
-    assert "fa_fwd = (FlashAttentionForwardSm120Tma if use_tma else FlashAttentionForwardSm120)(" in interface
-    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_tma.py", "tests/cute/test_flash_attn_sm120_tma.py"):
+    config = (checkout / "flash_attn/cute/config.py").read_text()
+    assert "return Sm120FwdTile(64, 64, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)" in config
+    assert "    use_tma: bool = False\n" in config  # a FwdConfig field, so in the compile key
+    assert "fa_fwd = (FlashAttentionForwardSm120Tma if config.use_tma else FlashAttentionForwardSm120)(" in interface
+    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/config.py", "flash_attn/cute/flash_fwd_sm120_tma.py",
+                 "tests/cute/test_flash_attn_sm120_tma.py"):
         compile((checkout / path).read_text(), path, "exec")
     # the upstream test runs in the patched tree: can_implement's cases pass here, the outputs need an SM120 GPU
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -360,7 +410,7 @@ def test_upstream_kernels_only_exports_the_best_upstream_trial_and_no_new_file(t
     done = _export(tma_url, "--allow-replay", "--dry-run", "--upstream-kernels-only")
     assert done.returncode == 0, done.stderr
     assert "flash_fwd_sm120_tma" not in done.stdout and "use_tma" not in done.stdout
-    assert "return FwdConfig(64, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False)" in done.stdout
+    assert "return Sm120FwdTile(64, 64, num_threads=128, num_stages=2, Q_in_regs=False)" in done.stdout
     prose = " ".join(done.stdout.split("\n---\n", 1)[0].split())
     assert "--upstream-kernels-only exports the best trial of upstream's kernel instead" in prose
     assert "--upstream-kernels-only" in done.stdout.split("Reproduce", 1)[1]
@@ -419,7 +469,7 @@ def test_the_real_study_exports_six_tma_entries_and_the_pr_carries_the_emulation
     assert done.returncode == 0, done.stderr
     text = patch.read_text()
     assert "# d128-causal-gqa4-bf16: 1.17x the previous default" in text
-    entries = [line for line in text.splitlines() if line.startswith("+            return FwdConfig(")]
+    entries = [line for line in text.splitlines() if line.startswith("+            return Sm120FwdTile(")]
     assert sum("use_tma=True" in line for line in entries) == 6 and "d128-noncausal-gqa4-decode-bf16: left out: a decode class" in text
     checkout = _pristine_checkout(tmp_path / "flash-attention")
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=checkout, capture_output=True, text=True)

@@ -96,7 +96,7 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
     for stem in SERIES:
         done = _apply(checkout, out / f"{stem}.patch")
         assert done.returncode == 0, (stem, done.stderr)
-    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/flash_fwd_sm120_splitkv.py", "flash_attn/cute/flash_fwd_sm120_tma.py",
+    for path in ("flash_attn/cute/interface.py", "flash_attn/cute/config.py", "flash_attn/cute/flash_fwd_sm120_splitkv.py", "flash_attn/cute/flash_fwd_sm120_tma.py",
                  "tests/cute/test_flash_attn_sm120_splitkv.py", "tests/cute/test_flash_attn_sm120_tma.py",
                  "flash_attn/cute/mask.py", "tests/cute/test_mask_r2p_columns.py"):
         compile((checkout / path).read_text(), path, "exec")
@@ -107,7 +107,8 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
     for c in (carry.SPLITKV, carry.TMA):
         assert 'monkeypatch.setattr(interface._flash_attn_fwd, "compile_cache", JITCache())' in (checkout / c.test_path).read_text()
     interface = (checkout / "flash_attn/cute/interface.py").read_text()
-    assert "(FlashAttentionForwardSm120SplitKV if use_split_kv else (FlashAttentionForwardSm120Tma if use_tma else" in interface
+    assert ("(FlashAttentionForwardSm120SplitKV if config.use_split_kv else (FlashAttentionForwardSm120Tma if config.use_tma "
+            "else" in interface)
     # the causal d128 backward winner runs the coordinate-mask class: patch 1 carries upstream's mask fixed for it
     patch1 = (out / f"{SERIES[0]}.patch").read_text()
     assert "diff --git a/flash_attn/cute/mask.py b/flash_attn/cute/mask.py" in patch1 and "Fixed: flash_attn/cute/mask.py." in patch1
@@ -117,29 +118,29 @@ def test_the_series_is_three_patches_in_order_each_applying_on_top_of_the_previo
     assert (checkout / carry.SPLITKV.upstream_path).read_text() == carry.upstream_source(carry.SPLITKV)
 
 
-# The TMA test's config pinning, run in the patched tree at a decode length: its monkeypatches of the config tables
-# (read from the test file itself) are applied, then upstream's _get_fwd_config is asked for seqlen_q = 1. On the GPU
-# the test once pinned only _tile_size_fwd_sm120, and patch 2's decode table took every seqlen_q = 1 case to the
-# split-KV class (48 failures, 2026-12-06-h100-s6-bwdcalls-ut.md section 2).
+# The TMA test's config pinning, run in the patched tree at a decode length: its monkeypatches (read from the test file
+# itself) are applied, then upstream's select_fwd_config is asked for seqlen_q = 1. On the GPU the test once pinned only
+# the prefill table, and patch 2's decode table took every seqlen_q = 1 case to the split-KV class (48 failures,
+# 2026-12-06-h100-s6-bwdcalls-ut.md section 2); since b40 the decode table is asked inside select_sm120_fwd_tile.
 PINNING = """
-import re, sys
+import re
 from pathlib import Path
 from _pytest.monkeypatch import MonkeyPatch
-from flash_attn.cute import interface
-from flash_attn.cute.interface import FwdConfig
+from flash_attn.cute import config, interface
+from flash_attn.cute.config import Sm120FwdTile
 test = Path("tests/cute/test_flash_attn_sm120_tma.py").read_text()
-lines = [l.strip() for l in test.splitlines() if re.match(r'\\s*monkeypatch\\.setattr\\(interface, "_tile_size_fwd_sm120', l)]
+lines = [l.strip() for l in test.splitlines() if re.match(r'\\s*monkeypatch\\.setattr\\((config|interface), "select_', l)]
 assert lines, "the test pins no config table"
-cfg = FwdConfig(128, 64, True, True, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)
+tile = Sm120FwdTile(128, 64, num_threads=128, num_stages=2, Q_in_regs=False, use_tma=True)
+inputs = config.FwdHeuristicInputs(
+    device_arch=120, num_sms=170, dtype="torch.bfloat16", head_dim=128, head_dim_v=128, num_heads=2, num_heads_kv=2,
+    batch_size=2, total_q=2, total_k=256, max_seqlen_q=1, max_seqlen_k=128)
 for pinned in (False, True):
     monkeypatch = MonkeyPatch()
-    for line in lines[: len(lines) if pinned else 1]:
-        exec(line, {"monkeypatch": monkeypatch, "interface": interface, "cfg": cfg})
-    got = interface._get_fwd_config(
-        arch=120, head_dim=128, head_dim_v=128, max_seqlen_q=1, max_seqlen_k=128, num_head_kv=2, qhead_per_kvhead=1,
-        pack_gqa=False, batch_size=2, causal=False, local=False, window_size_left=None, window_size_right=None,
-        num_splits=1, device=None)
-    print(len(lines) if pinned else 1, got.m_block_size, got.n_block_size, got.num_stages, got.use_tma, got.use_split_kv)
+    for line in lines if pinned else []:
+        exec(line, {"monkeypatch": monkeypatch, "interface": interface, "config": config, "tile": tile})
+    got = interface.select_fwd_config(inputs)
+    print(len(lines) if pinned else 0, got.tile_m, got.tile_n, got.num_stages, got.use_tma, got.use_split_kv)
     monkeypatch.undo()
 """
 
@@ -152,9 +153,9 @@ def test_the_tma_tests_config_reaches_the_dispatch_at_decode_lengths(series, tmp
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     done = subprocess.run([sys.executable, "-c", PINNING], check=False, cwd=checkout, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    only_first, all_of_them = done.stdout.split("\n")[:2]
-    assert only_first == "1 32 64 2 False True"  # the first pin alone: the decode table's split-KV config wins
-    assert all_of_them == "2 128 64 2 True False"  # with the test's second pin, its own TMA config
+    unpinned, pinned = done.stdout.split("\n")[:2]
+    assert unpinned == "0 32 64 2 False True"  # without the pins, the decode table's split-KV config
+    assert pinned == "2 128 64 2 True False"  # with the test's pins, its own TMA config
 
 
 def test_patch_1_applies_alone_and_2_and_3_need_the_ones_before(series, tmp_path):

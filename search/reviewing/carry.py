@@ -119,7 +119,7 @@ HEADER = (
     "# SM120 forward pass with Q/K/V tiles loaded by TMA (bulk tensor copies completing on mbarriers).\n"
     "#\n"
     "# Same math as FlashAttentionForwardSm120 (SM80 mma.sync, ldmatrix, online softmax, epilogue); only the\n"
-    "# loads differ. Selected per shape by _tile_size_fwd_sm120 (FwdConfig.{flag}).\n"
+    "# loads differ. Selected per shape by config.select_sm120_fwd_tile (FwdConfig.{flag}).\n"
     "# Contributed from fa4-tune ({source}, class {our_class}).\n"
 )
 EXTRA_IMPORTS = "import cutlass.utils as utils_basic\n"
@@ -246,7 +246,7 @@ SPLITKV_HEADER = (
     "# SM120 split-KV forward (decode): FlashAttentionForwardSm120 with the KV sequence split across CTAs.\n"
     "#\n"
     "# Each split writes fp32 partial O and LSE; the interface merges them with the combine kernel\n"
-    "# (flash_fwd_combine). Selected for decodes by _tile_size_fwd_sm120_decode (FwdConfig.{flag}).\n"
+    "# (flash_fwd_combine). Selected for decodes by config.select_sm120_decode_fwd_tile (FwdConfig.{flag}).\n"
     "# Contributed from fa4-tune ({source}, class {our_class}).\n"
 )
 

@@ -1,14 +1,15 @@
 """`python -m search export`: the confirmed winners as a `git format-patch` patch for upstream flash-attention.
 
-The patch is made against the pinned flash-attn-4 wheel's `flash_attn/cute/interface.py` (upstream's file at
-that version): a pristine copy of the installed text is edited with exact replacements, each of which must
-match once, and diffed. The edited interface
-  - gets `_tile_size_fwd_sm120` (FwdConfig gains num_threads, num_stages, Q_in_regs), which `_get_fwd_config`
-    calls for SM120, and `Sm120BwdConfig` / `_tile_size_bwd_sm120`, which `_flash_attn_bwd` reads instead of
-    its hard-coded SM120 knobs; both are keyed on head_dim, causal and qhead_per_kvhead, and shapes that were
-    not tuned keep the previous defaults;
-  - passes num_threads, num_stages and Q_in_regs to FlashAttentionForwardSm120, with the last two added to the
-    forward compile key, and runs the backward postprocess with the main kernel's thread count.
+The patch is made against the pinned flash-attn-4 wheel's `flash_attn/cute/config.py` and `interface.py`
+(upstream's files at that version): a pristine copy of the installed text is edited with exact replacements,
+each of which must match once, and diffed. Written in config.py's own way (b40 keeps every per-arch choice there):
+  - config.py: FwdConfig gains num_threads, num_stages and Q_in_regs (neutral elsewhere, validate_fwd_config
+    says so); `select_sm120_fwd_tile` (an `Sm120FwdTile` per tuned shape) feeds select_initial_fwd_tile and
+    `sm120_fwd_fields` the selected FwdConfig; `sm120_bwd_fields` becomes the per-shape backward table, which
+    validate_bwd_config checks against; both tables key on head_dim, causal and qhead_per_kvhead, and shapes
+    that were not tuned keep the previous defaults;
+  - interface.py: FlashAttentionForwardSm120 takes num_threads, num_stages and Q_in_regs from the config (in the
+    compile key through fwd_codegen_config), and the SM120 backward postprocess runs with the main kernel's threads.
 The commit message carries the evidence: device, mode, per-problem TFLOPS of the default and the winner, the
 correctness gate, and the commands that reproduce the patch. A winner without the confirmations, or whose
 gate record is missing or failed, is refused before anything is written.
@@ -20,7 +21,7 @@ import difflib
 import hashlib
 import shlex
 import textwrap
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
@@ -29,8 +30,7 @@ from fa4tune import emulated_occupancy
 from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
-from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, UPSTREAM_BWD_KNOBS, UPSTREAM_FWD_CONSTRUCTOR, bwd_knobs_from,
-                                     fwd_constructor)
+from fa4tune.sm120_interface import PINNED_FLASH_ATTN_VERSION, UPSTREAM_FWD_CONSTRUCTOR, fwd_constructor
 from fa4tune.targets import TARGETS
 from search.reviewing import mask_fix
 from search.reviewing.carry import SPLITKV, CarriedClass, apply_edits, carried, upstream_source, upstream_test
@@ -40,25 +40,33 @@ from search.storing import schema
 from search.storing.history import FINISHED, TrialRecord, winner
 
 UPSTREAM_PATH = "flash_attn/cute/interface.py"
+CONFIG_PATH = "flash_attn/cute/config.py"
 SUBJECT = "cute: tune SM120 forward and backward defaults per head_dim, causal and GQA"
 AUTHOR = "fa4-tune <fa4-tune@users.noreply.github.com>"
 WIDTH = 100  # commit message prose; tables and commands may be longer
-# What the patch applies to. flash-attn-4 4.0.0b36 is the tag fa4-v4.0.0.beta36 (upstream's publish-fa4 workflow
-# builds each fa4-v* tag with setuptools-scm, tag_regex "^fa4-v(?P<version>.+)$"). Its commit was looked up on
-# 2026-12-01 in the stored snapshot of github:Dao-AILab/flash-attention by the blob hashes of the installed
-# wheel's flash_attn/cute/*.py (`git hash-object`, then `git log --all --raw --no-abbrev`): the snapshot ends at
-# fa4-v4.0.0.beta27 (0251105a, 2026-08-15) and holds no commit with the wheel's interface.py (blob below; the
-# closest tree matched 20 of its 58 files), so the commit is not recorded here: UPSTREAM_COMMIT stays empty
-# until it is (docs/measurements/2026-12-01-export-upstream-check.md). The blob identifies the file exactly.
-UPSTREAM_TAG = "fa4-v4.0.0.beta36"
+# What the patch applies to. flash-attn-4 4.0.0b40 is the tag fa4-v4.0.0.beta40 (upstream's publish-fa4 workflow
+# builds each fa4-v* tag with setuptools-scm, tag_regex "^fa4-v(?P<version>.+)$"). Its commit is not recorded here
+# (for b36 the stored snapshot of github:Dao-AILab/flash-attention held no commit with the wheel's files,
+# docs/measurements/2026-12-01-export-upstream-check.md; b40 was not looked up): UPSTREAM_COMMIT stays empty until
+# it is. The blobs (`git hash-object` of the installed wheel's files) identify the files the patch edits exactly.
+UPSTREAM_TAG = "fa4-v4.0.0.beta40"
 UPSTREAM_COMMIT = ""
-UPSTREAM_INTERFACE_BLOB = "20636fa5d2e7ee4fb057d0b7c2637e45ee3b353d"  # git hash-object flash_attn/cute/interface.py
+UPSTREAM_INTERFACE_BLOB = "490780d235334a1d9238bbc008e04207e43f8785"  # git hash-object flash_attn/cute/interface.py
+UPSTREAM_CONFIG_BLOB = "9953eb97b7e8f54daa3c519da7cbc93fbf1ff07f"  # git hash-object flash_attn/cute/config.py
 EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on {gpus} (SM80 mma.sync code with SM120's 99 KB "
                     "shared-memory rule, timed on {that}), not on SM120 hardware: the winners are to be confirmed "
                     "on an RTX 5090 / RTX PRO 6000 before this is merged.")
 OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before fa4-tune reproduced SM120's occupancy "
                     "under emulation: that GPU then ran up to 3 CTAs per SM where SM120 runs one, which favours configs "
                     "with more shared memory (the others ran with each launch padded to SM120's CTAs per SM).")
+
+# What the patch changes in each upstream file, for the pull request's text.
+CONFIG_CHANGE = (f"`{CONFIG_PATH}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
+                 "(`select_sm120_fwd_tile` / `Sm120FwdTile`, `sm120_bwd_fields`); FwdConfig gains num_threads, num_stages "
+                 "and Q_in_regs, neutral on other architectures (`validate_fwd_config`).")
+INTERFACE_CHANGE = (f"`{UPSTREAM_PATH}`: FlashAttentionForwardSm120 takes num_threads, num_stages and Q_in_regs from the "
+                    "config (in the compile key through `fwd_codegen_config`); the SM120 backward postprocess uses the main "
+                    "kernel's threads.")
 
 
 @dataclass(frozen=True)
@@ -278,123 +286,121 @@ def _speedup_comment(w: Winner) -> str:
     return f"{name}: {w.trial.value / w.default.value:.2f}x the previous default"
 
 
-def _condition(causal_name: str, causal: bool, qheads: tuple[int, ...]) -> str:
-    gqa = f"qhead_per_kvhead == {qheads[0]}" if len(qheads) == 1 else f"qhead_per_kvhead in {tuple(sorted(qheads))}"
-    return f"{causal_name} and {gqa}" if causal else f"not {causal_name} and {gqa}"
-
-
-def _table_function(signature: str, doc: str, local: str, causal: str, entries: dict, render, fallback: list[str]) -> str:
-    """A `_tile_size_*_sm120` function: one `if` per tuned shape and causality, then the previous defaults."""
+def _table_function(signature: str, doc: str, entries: dict, render, fallback: list[str], preamble: list[str] = ()) -> str:
+    """A config.py SM120 table: one `if` per tuned shape and causality (read from `inputs`), then `fallback`."""
     lines = [
         f"def {signature}:",
         f'    """{doc}',
         "",
-        "    Tuned per (head_dim, causal, qhead_per_kvhead); every config fits SM120's 99 KB of SMEM.",
+        "    Tuned per (head_dim, causal, qhead_per_kvhead); every entry fits SM120's 99 KB of SMEM.",
         "    Other shapes, and local attention, keep the previous defaults.",
         '    """',
+        *preamble,
     ]
     for (hd, hdv), shape_entries in entries.items():
-        lines.append(f"    if not {local} and head_dim == {hd} and head_dim_v == {hdv}:")
+        lines.append(f"    if not inputs.local and inputs.head_dim == {hd} and inputs.head_dim_v == {hdv}:")
         for is_causal, qheads, config, comment in shape_entries:
-            lines += [f"        if {_condition(causal, is_causal, qheads)}:", f"            # {comment}", *render(config)]
+            lines += [f"        if {_condition('inputs.causal', is_causal, qheads)}:", f"            # {comment}", *render(config)]
     return "\n".join(lines + fallback) + "\n"
 
 
+def _condition(causal_name: str, causal: bool, qheads: tuple[int, ...]) -> str:
+    gqa = (f"inputs.qhead_per_kvhead == {qheads[0]}" if len(qheads) == 1
+           else f"inputs.qhead_per_kvhead in {tuple(sorted(qheads))}")
+    return f"{causal_name} and {gqa}" if causal else f"not {causal_name} and {gqa}"
+
+
+def forward_entry(c: ForwardConfig, extra: str = "") -> str:
+    """An Sm120FwdTile entry of the forward tables (`extra`: more keyword arguments, e.g. the split count)."""
+    flags = "".join(f", {k.flag}=True" for k in [carried(c.kernel)] if k)
+    return (f"            return Sm120FwdTile({c.tile_m}, {c.tile_n}, {extra}num_threads={c.num_threads}, "
+            f"num_stages={c.num_stages}, Q_in_regs={c.Q_in_regs}{flags})")
+
+
 def forward_function(winners: list[Winner]) -> str:
-    """`_tile_size_fwd_sm120`: the forward winners, then the previous heuristic for every other shape."""
+    """`select_sm120_fwd_tile`: the forward winners, then the previous heuristic for every other shape."""
     return _table_function(
-        "_tile_size_fwd_sm120(head_dim, head_dim_v, is_causal, is_local, qhead_per_kvhead)", "Return FwdConfig for SM120 forward.",
-        "is_local", "is_causal", _entries(winners, "fwd"),
-        lambda c: [f"            return FwdConfig({c.tile_m}, {c.tile_n}, True, True, num_threads={c.num_threads}, "
-                   f"num_stages={c.num_stages}, Q_in_regs={c.Q_in_regs}"
-                   + "".join(f", {k.flag}=True" for k in [carried(c.kernel)] if k) + ")"],
+        "select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile", "Return the SM120 forward tile and knobs.",
+        _entries(winners, "fwd"), lambda c: [forward_entry(c)],
         [
-            "    # D<=64:  128x128 → 48 KB (good occupancy)",
-            "    # D>64:   128x64  → 64 KB (128x128 would use 96 KB, hurting occupancy)",
-            "    if head_dim > 64:",
-            "        return FwdConfig(128, 64, True, True)",
-            "    return FwdConfig(128, 128, True, True)",
+            "    # SM120 has 99 KB SMEM: 128×128 is preferred for D<=64, and 128×64",
+            "    # avoids the occupancy loss from a 96 KB tile for larger head dimensions.",
+            "    return Sm120FwdTile(128, 64 if inputs.head_dim > 64 else 128)",
         ],
     )
 
 
-def backward_config_class() -> str:
-    """The `Sm120BwdConfig` dataclass for upstream: BackwardConfig's fields, names and defaults (one source)."""
-    knobs = [f"    {f.name}: {f.type} = {f.default!r}" for f in fields(BackwardConfig)  # f.type: the annotation text
-             if f.name not in ("kernel", "extra")]  # the kernel class is ours to choose, upstream has one
+def forward_tile_class(tma: bool) -> str:
+    """`Sm120FwdTile`, what an SM120 forward table entry chooses (the defaults are the previous ones)."""
     return "\n".join([
-        "@dataclass(frozen=True)",
-        "class Sm120BwdConfig:",
-        '    """FlashAttentionBackwardSm120 knobs (SM80 MMA, 99 KB SMEM); the defaults are the previous ones."""',
+        "class Sm120FwdTile(NamedTuple):",
+        '    """SM120 forward choices (SM80 MMA): tile, MMA threads, cp.async K/V stages, Q kept in registers."""',
         "",
-        *knobs,
+        "    tile_m: int",
+        "    tile_n: int",
+        "    num_threads: int = 128",
+        "    num_stages: int = 1",
+        "    Q_in_regs: bool = False",
+        *(["    use_tma: bool = False  # FlashAttentionForwardSm120Tma: Q/K/V tiles loaded by TMA"] if tma else []),
     ]) + "\n"
 
 
+def forward_fields_function(tma: bool) -> str:
+    """`sm120_fwd_fields`: FwdConfig's SM120 fields from the table, for the tile it chose."""
+    return "\n".join([
+        "def sm120_fwd_fields(inputs: FwdHeuristicInputs, *, tile_m: int, tile_n: int) -> dict:",
+        '    """FwdConfig\'s SM120 fields: select_sm120_fwd_tile\'s for its own tile (a requested tile keeps the defaults)."""',
+        "    if inputs.device_capacity != 12:",
+        "        return {}",
+        "    tile = select_sm120_fwd_tile(inputs)",
+        "    if (tile.tile_m, tile.tile_n) != (tile_m, tile_n):",
+        "        return {}",
+        *(["    # FlashAttentionForwardSm120Tma was tuned and checked on dense batches without learnable sinks",
+           "    tile = tile._replace(use_tma=tile.use_tma and not inputs.is_varlen and not inputs.has_learnable_sink)"]
+          if tma else []),
+        "    return {name: value for name, value in tile._asdict().items() if name not in (\"tile_m\", \"tile_n\")}",
+    ]) + "\n"
+
+
+def backward_entry(c: BackwardConfig) -> list[str]:
+    """A `dict(neutral, ...)` entry of sm120_bwd_fields: every BwdConfig field the SM120 kernel reads."""
+    return [
+        "            return dict(",
+        "                neutral,",
+        f"                tile_m={c.m_block_size}, tile_n={c.n_block_size},",
+        f"                num_stages_Q={c.num_stages_Q}, num_stages_dO={c.num_stages_dO}, num_threads={c.num_threads},",
+        f"                SdP_swapAB={c.SdP_swapAB}, dKV_swapAB={c.dKV_swapAB}, dQ_swapAB={c.dQ_swapAB},",
+        f"                AtomLayoutMSdP={c.AtomLayoutMSdP}, AtomLayoutNdKV={c.AtomLayoutNdKV}, AtomLayoutMdQ={c.AtomLayoutMdQ},",
+        f"                V_in_regs={c.V_in_regs},",
+        "            )",
+    ]
+
+
 def backward_function(winners: list[Winner]) -> str:
-    """`_tile_size_bwd_sm120`: the backward winners, then the previous defaults."""
+    """`sm120_bwd_fields`' head: the backward winners; upstream's one configuration stays below for the others."""
     return _table_function(
-        "_tile_size_bwd_sm120(head_dim, head_dim_v, causal, local, qhead_per_kvhead)", "Return Sm120BwdConfig for SM120.",
-        "local", "causal", _entries(winners, "bwd"),
-        lambda c: [
-            "            return Sm120BwdConfig(",
-            f"                m_block_size={c.m_block_size}, n_block_size={c.n_block_size},",
-            f"                num_stages_Q={c.num_stages_Q}, num_stages_dO={c.num_stages_dO}, num_threads={c.num_threads},",
-            f"                SdP_swapAB={c.SdP_swapAB}, dKV_swapAB={c.dKV_swapAB}, dQ_swapAB={c.dQ_swapAB},",
-            f"                AtomLayoutMSdP={c.AtomLayoutMSdP}, AtomLayoutNdKV={c.AtomLayoutNdKV}, AtomLayoutMdQ={c.AtomLayoutMdQ},",
-            f"                V_in_regs={c.V_in_regs},",
-            "            )",
-        ],
-        [
-            "    # 64x64 blocks, 128 threads (4 warps); 2 stages of Q and dO fit for D<=64",
-            "    num_stages = 2 if head_dim <= 64 else 1",
-            "    return Sm120BwdConfig(num_stages_Q=num_stages, num_stages_dO=num_stages)",
-        ],
+        "sm120_bwd_fields(inputs: BwdHeuristicInputs) -> dict", "The SM120 backward configuration: SM80 MMA, 99 KB SMEM.",
+        _entries(winners, "bwd"), backward_entry, [],
+        ["    neutral = {**_SM90_ONLY_NEUTRAL_FIELDS, **_SM100_ONLY_NEUTRAL_FIELDS, \"spt\": False}"],
     )
 
 
-def _carried_edits(c: CarriedClass) -> list[tuple[str, str, str]]:
-    """The replacements that let an SM120 table entry select the carried class `c` (FwdConfig.<flag>)."""
+def _carried_edits(c: CarriedClass) -> dict[str, list[tuple[str, str, str]]]:
+    """The replacements of interface.py that let an SM120 table entry select the carried class `c` (config.py's
+    part, FwdConfig.<flag>, is written with the tables)."""
     module, name = c.module, c.upstream_class
-    return [
+    return {UPSTREAM_PATH: [
         (
             "from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\n",
             f"from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\nfrom {module} import {name}\n",
             f"{name} import",
         ),
         (
-            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n\n\ndef _tile_size_fwd_sm90(",
-            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n"
-            f"    {c.flag}: bool = False  # SM120: {name} (Q/K/V tiles loaded by TMA) instead of FlashAttentionForwardSm120\n"
-            "\n\ndef _tile_size_fwd_sm90(",
-            f"FwdConfig.{c.flag}",
-        ),
-        (
-            "        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs,\n",
-            f"        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs, {c.flag}=cfg.{c.flag},\n",
-            f"_get_fwd_config {c.flag}",
-        ),
-        (
-            "    if arch // 10 == 12:\n        num_threads = fwd_cfg.num_threads\n",
-            "    if arch // 10 == 12:\n        num_threads = fwd_cfg.num_threads\n"
-            f"    # {name} was tuned and checked on dense batches: varlen and learnable sinks keep the previous class\n"
-            f"    {c.flag} = (\n"
-            f"        arch // 10 == 12 and fwd_cfg.{c.flag} and learnable_sink is None\n"
-            "        and cu_seqlens_q is None and cu_seqlens_k is None and seqused_q is None and seqused_k is None\n"
-            "    )\n",
-            f"forward {c.flag}",
-        ),
-        (
-            "        num_stages,\n        Q_in_regs,\n        is_split_kv,\n",
-            f"        num_stages,\n        Q_in_regs,\n        {c.flag},\n        is_split_kv,\n",
-            f"forward compile key {c.flag}",
-        ),
-        (
-            fwd_constructor("FlashAttentionForwardSm120", "num_stages", "Q_in_regs"),
-            fwd_constructor(f"({name} if {c.flag} else FlashAttentionForwardSm120)", "num_stages", "Q_in_regs"),
+            fwd_constructor("FlashAttentionForwardSm120", *SM120_KNOBS),
+            fwd_constructor(f"({name} if config.{c.flag} else FlashAttentionForwardSm120)", *SM120_KNOBS),
             f"forward SM120 constructor {c.flag}",
         ),
-    ]
+    ]}
 
 
 def carried_classes(winners: list[Winner]) -> list[CarriedClass]:
@@ -406,118 +412,134 @@ def carried_classes(winners: list[Winner]) -> list[CarriedClass]:
     return list(found.values())
 
 
-def _edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
-    """(old, new, what) replacements of interface.py, in order; each old text must occur exactly once."""
-    return _upstream_edits(winners) + [e for c in carried_classes(winners) for e in _carried_edits(c)]
+def _edits(winners: list[Winner]) -> dict[str, list[tuple[str, str, str]]]:
+    """{upstream path: (old, new, what) replacements, in order}; each old text must occur exactly once."""
+    edits = _upstream_edits(winners)
+    for c in carried_classes(winners):
+        for path, more in _carried_edits(c).items():
+            edits[path] = edits[path] + more
+    return edits
 
 
-def _upstream_edits(winners: list[Winner]) -> list[tuple[str, str, str]]:
-    return [
+# What _flash_attn_fwd passes FlashAttentionForwardSm120 for num_stages, num_threads and Q_in_regs once patched.
+SM120_KNOBS = ("config.num_stages", "config.num_threads", "config.Q_in_regs")
+
+
+def _upstream_edits(winners: list[Winner]) -> dict[str, list[tuple[str, str, str]]]:
+    tma = bool(carried_classes(winners))
+    flag = [f"{c.flag}=False" for c in carried_classes(winners)]
+    config = [
         (
-            "    q_stage: int = 1\n    num_splits: int = 1\n\n\ndef _tile_size_fwd_sm90(",
-            "    q_stage: int = 1\n    num_splits: int = 1\n"
-            "    # SM120 (SM80 MMA): MMA threads, cp.async K/V stages, Q kept in registers\n"
-            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n\n\ndef _tile_size_fwd_sm90(",
-            "FwdConfig fields",
+            "    lpt_global: bool = False\n\n\nclass FwdHeuristicInputs(NamedTuple):",
+            "    lpt_global: bool = False\n"
+            "    # SM120 (SM80 MMA): MMA threads, cp.async K/V stages and Q kept in registers, chosen by\n"
+            "    # select_sm120_fwd_tile; other architectures carry 128, 1 and False.\n"
+            "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n"
+            + "".join(f"    # SM120: {c.upstream_class} (Q/K/V tiles loaded by TMA) instead of FlashAttentionForwardSm120\n"
+                      f"    {c.flag}: bool = False\n" for c in carried_classes(winners))
+            + "\n\nclass FwdHeuristicInputs(NamedTuple):",
+            "FwdConfig SM120 fields",
         ),
         (
-            "    return FwdConfig(tile_m, tile_n, cfg.mma_pv_is_rs, cfg.intra_wg_overlap)\n\n@dataclass(frozen=True)\nclass BwdConfig:",
-            "    return FwdConfig(tile_m, tile_n, cfg.mma_pv_is_rs, cfg.intra_wg_overlap)\n\n\n"
-            + forward_function(winners) + "\n\n@dataclass(frozen=True)\nclass BwdConfig:",
+            "\n\ndef select_initial_fwd_tile(inputs: FwdHeuristicInputs) -> tuple[int, int, bool, bool]:\n",
+            "\n\n" + forward_tile_class(tma) + "\n\n" + forward_function(winners) + "\n\n" + forward_fields_function(tma)
+            + "\n\ndef select_initial_fwd_tile(inputs: FwdHeuristicInputs) -> tuple[int, int, bool, bool]:\n",
             "SM120 forward table",
         ),
         (
-            "            AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1,\n        )\n\n\n\ndef _validate_tensor(",
-            "            AtomLayoutMSdP=1, AtomLayoutNdKV=1, AtomLayoutMdQ=1,\n        )\n\n\n"
-            + backward_config_class() + "\n\n" + backward_function(winners) + "\n\n\ndef _validate_tensor(",
+            "        case 12 if inputs.head_dim > 64:\n"
+            "            # SM120 has 99 KB SMEM: 128×128 is preferred for D<=64, and 128×64\n"
+            "            # avoids the occupancy loss from a 96 KB tile for larger head dimensions.\n"
+            "            tile_n = 64\n",
+            "        case 12:\n"
+            "            tile = select_sm120_fwd_tile(inputs)\n"
+            "            tile_m, tile_n = tile.tile_m, tile.tile_n\n",
+            "select_initial_fwd_tile SM120",
+        ),
+        (
+            "        sm_stats_cross_stage=select_sm_stats_cross_stage(inputs, use_s_ping_pong=use_s_ping_pong),\n"
+            "    )\n    validate_fwd_config(config, inputs)\n",
+            "        sm_stats_cross_stage=select_sm_stats_cross_stage(inputs, use_s_ping_pong=use_s_ping_pong),\n"
+            "        **sm120_fwd_fields(inputs, tile_m=tile_m, tile_n=tile_n),\n"
+            "    )\n    validate_fwd_config(config, inputs)\n",
+            "_select_fwd_config SM120 fields",
+        ),
+        (
+            "    sm_stats_cross_stage=False,\n)\n\n\n@lru_cache(maxsize=1024)\ndef validate_fwd_config(",
+            "    sm_stats_cross_stage=False,\n)\n"
+            f"_FWD_SM120_ONLY_NEUTRAL_FIELDS = dict({', '.join(['num_threads=128', 'num_stages=1', 'Q_in_regs=False', *flag])})\n"
+            "\n\n@lru_cache(maxsize=1024)\ndef validate_fwd_config(",
+            "SM120 neutral fields",
+        ),
+        (
+            '        raise ValueError(f"SM{capacity} forward does not expose SM90 MMA flags")\n'
+            "    if capacity not in (10, 11):\n",
+            '        raise ValueError(f"SM{capacity} forward does not expose SM90 MMA flags")\n'
+            "    if capacity != 12 and any(\n"
+            "        getattr(config, name) != value for name, value in _FWD_SM120_ONLY_NEUTRAL_FIELDS.items()\n"
+            "    ):\n"
+            '        raise ValueError(f"SM{capacity} forward does not expose the SM120 options")\n'
+            "    if capacity not in (10, 11):\n",
+            "validate_fwd_config SM120 fields",
+        ),
+    ]
+    backward = [
+        (
+            "def sm120_bwd_fields(inputs: BwdHeuristicInputs) -> dict:\n"
+            '    """The one SM120 backward configuration: SM80 MMA, 99 KB SMEM, 128 threads (4 warps)."""\n',
+            backward_function(winners)
+            + "    # 64x64 tiles, 128 threads (4 warps); 2 stages of Q and dO fit for D<=64\n",
             "SM120 backward table",
         ),
         (
-            "        if arch // 10 == 12:\n"
-            "            # SM120 tile sizes tuned for 99 KB SMEM capacity:\n"
-            "            # D<=64:  128x128 → 48 KB (good occupancy)\n"
-            "            # D>64:   128x64  → 64 KB (128x128 would use 96 KB, hurting occupancy)\n"
-            "            if head_dim > 64:\n"
-            "                cfg = FwdConfig(128, 64, True, True)\n",
-            "        if arch // 10 == 12:\n"
-            "            cfg = _tile_size_fwd_sm120(head_dim, head_dim_v, causal, local, qhead_per_kvhead)\n",
-            "_get_fwd_config SM120 tiles",
+            'raise ValueError(f"SM120 backward supports one configuration; expected {mismatched}")',
+            'raise ValueError(f"SM120 backward supports one configuration per shape; expected {mismatched}")',
+            "validate_bwd_config SM120",
         ),
-        (
-            "    return FwdConfig(tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap, q_stage, num_splits)\n",
-            "    return FwdConfig(\n"
-            "        tile_m, tile_n, mma_pv_is_rs, intra_wg_overlap, q_stage, num_splits,\n"
-            "        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs,\n"
-            "    )\n",
-            "_get_fwd_config result",
-        ),
-        (
-            "    # SM80/SM120: uses SM80 MMA, 128 threads (4 warps)\n    if arch // 10 in [8, 12]:\n        num_threads = 128\n",
-            "    # SM80: uses SM80 MMA, 128 threads (4 warps). SM120 takes num_threads from fwd_cfg below.\n"
-            "    if arch // 10 == 8:\n        num_threads = 128\n",
-            "forward num_threads",
-        ),
-        (
-            "    mma_pv_is_rs = fwd_cfg.mma_pv_is_rs\n    intra_wg_overlap = fwd_cfg.intra_wg_overlap\n",
-            "    mma_pv_is_rs = fwd_cfg.mma_pv_is_rs\n    intra_wg_overlap = fwd_cfg.intra_wg_overlap\n"
-            "    num_stages = fwd_cfg.num_stages\n    Q_in_regs = fwd_cfg.Q_in_regs\n"
-            "    if arch // 10 == 12:\n        num_threads = fwd_cfg.num_threads\n",
-            "forward SM120 knobs from fwd_cfg",
-        ),
-        (
-            "        q_stage,\n        num_threads,\n        is_split_kv,\n",
-            "        q_stage,\n        num_threads,\n        num_stages,\n        Q_in_regs,\n        is_split_kv,\n",
-            "forward compile key",
-        ),
+    ]
+    if _entries(winners, "bwd"):  # upstream's one backward configuration stays as it is for a forward-only patch
+        config += backward
+    interface = [
         (
             UPSTREAM_FWD_CONSTRUCTOR,
-            fwd_constructor("FlashAttentionForwardSm120", "num_stages", "Q_in_regs"),
+            fwd_constructor("FlashAttentionForwardSm120", *SM120_KNOBS),
             "forward SM120 constructor",
         ),
         (
-            "        # SM120: uses SM80 MMA with 99 KB SMEM, 128 threads (4 warps).\n" + UPSTREAM_BWD_KNOBS,
-            "        # SM120: uses SM80 MMA with 99 KB SMEM.\n"
-            "        cfg = _tile_size_bwd_sm120(head_dim, head_dim_v, causal, local, num_head // k.shape[-2])\n"
-            + bwd_knobs_from("cfg"),
-            "backward SM120 knobs",
-        ),
-        (
-            "        num_threads = 128\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
-            "        num_threads = cfg.num_threads\n        assert not (block_sparse_tensors is not None), \"Block sparsity backward not supported on SM 12.0\"",
-            "backward num_threads",
-        ),
-        (
-            "    # num_threads: SM90 derives from BwdConfig.num_wg, SM120 is set to 128 above,\n",
-            "    # num_threads: SM90 derives from BwdConfig.num_wg, SM120 from Sm120BwdConfig above,\n",
-            "backward num_threads comment",
-        ),
-        (
-            "            num_threads_post_dKV = cfg.num_wg * 128\n        else:\n",
-            "            num_threads_post_dKV = cfg.num_wg * 128\n"
-            "        elif arch // 10 == 12:\n"
-            "            # the postprocess reads dQ/dK/dV accumulators in the main kernel's MMA layout\n"
-            "            num_threads_post_dQ = num_threads\n            num_threads_post_dKV = num_threads\n"
-            "        else:\n",
+            "        num_threads_post_dKV = config.num_wg * 128\n    else:\n",
+            "        num_threads_post_dKV = config.num_wg * 128\n"
+            "    elif arch // 10 == 12:\n"
+            "        # the postprocess reads dQ/dK/dV accumulators in the main kernel's MMA layout\n"
+            "        num_threads_post_dQ = config.num_threads\n        num_threads_post_dKV = config.num_threads\n"
+            "    else:\n",
             "backward postprocess threads",
         ),
     ]
+    return {CONFIG_PATH: config, UPSTREAM_PATH: interface}
 
 
-def pristine_interface() -> str:
-    """The installed wheel's interface.py; a one-line error unless it is the pinned flash-attn-4 version."""
+def pristine_sources() -> dict[str, str]:
+    """The installed wheel's files the patch edits, by upstream path; a one-line error unless it is the pinned
+    flash-attn-4 version."""
     installed = version("flash-attn-4")
     if installed != PINNED_FLASH_ATTN_VERSION:
         raise ConfigError("upstream_version", f"the export is written for flash-attn-4 {PINNED_FLASH_ATTN_VERSION}, "
                           f"{installed} is installed: run `uv sync` (uv.lock pins it)")
     from importlib.util import find_spec
 
-    spec = find_spec("flash_attn.cute")  # its location only: importing it would load torch and the DSL
-    return (Path(spec.origin).parent / "interface.py").read_text()
+    root = Path(find_spec("flash_attn.cute").origin).parent  # its location only: importing it would load torch and the DSL
+    return {path: (root / Path(path).name).read_text() for path in (UPSTREAM_PATH, CONFIG_PATH)}
 
 
-def patch_interface(source: str, winners: list[Winner]) -> str:
-    """interface.py with every edit applied (each checked to match exactly once)."""
-    return apply_edits(source, _edits(winners))
+def pristine_interface() -> str:
+    """The installed wheel's interface.py (pristine_sources' rule)."""
+    return pristine_sources()[UPSTREAM_PATH]
+
+
+def patch_upstream(sources: dict[str, str], winners: list[Winner]) -> dict[str, str]:
+    """The edited files, by upstream path (each edit checked to match exactly once)."""
+    edits = _edits(winners)
+    return {path: apply_edits(text, edits.get(path, [])) for path, text in sources.items()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -660,15 +682,17 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
     dtypes = sorted({w.study.problem_class.dtype for w in winners})
     lines = [line for i, p in enumerate(intro) for line in ([""] if i else []) + _wrap(p)] if intro else _wrap(
-        "SM120 picked its forward tiles by head_dim alone and hard-coded every backward knob. Both now come from "
-        "per-shape tables, _tile_size_fwd_sm120 and _tile_size_bwd_sm120, keyed on head_dim, causal and "
-        "qhead_per_kvhead; shapes that were not tuned, and local attention, keep the previous defaults."
+        "SM120 picked its forward tile by head_dim alone and allowed one backward configuration. Both now come "
+        "from per-shape tables in config.py, select_sm120_fwd_tile and sm120_bwd_fields, keyed on head_dim, causal "
+        "and qhead_per_kvhead; shapes that were not tuned, and local attention, keep the previous defaults, and "
+        "validate_bwd_config checks a backward config against its shape's entry."
     ) + [""] + _wrap(
-        "The interface passes every SM120 knob instead of hard-coding it: num_threads, num_stages and Q_in_regs "
-        "reach FlashAttentionForwardSm120 through FwdConfig, and num_stages and Q_in_regs join the forward compile "
-        "key, where they were missing (two configs that differ only there would share a compiled kernel). All "
-        "backward knobs come from Sm120BwdConfig, and the dQ/dK/dV postprocess runs with the main kernel's thread "
-        "count, since it reads the accumulators in that kernel's MMA layout."
+        "FwdConfig gains num_threads, num_stages and Q_in_regs (128, 1 and False, the only values other "
+        "architectures accept), which select_fwd_config fills from the table for the tile it chose (a requested "
+        "tile keeps the defaults) and _flash_attn_fwd passes to FlashAttentionForwardSm120 in place of its "
+        "constants; they reach the compile key with the rest of the config (fwd_codegen_config). The SM120 "
+        "dQ/dK/dV postprocess runs with the main kernel's thread count, since it reads the accumulators in that "
+        "kernel's MMA layout."
     )
     for c in carried_classes(winners):
         users = ", ".join(w.study.problem_class.name for w in winners if w.changed and w.carried == c)
@@ -676,9 +700,9 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
             f"New: {c.upstream_path}, {c.upstream_class}, a subclass of FlashAttentionForwardSm120 whose Q, K and V "
             "tiles arrive by TMA (one elected thread issues a bulk tensor copy per tile and arms an mbarrier with its "
             "bytes; K and V have num_stages buffers each, in the previous class's load order). The math, masking and "
-            f"epilogue are unchanged. FwdConfig.{c.flag} selects it; _flash_attn_fwd builds it for SM120 when the "
-            f"tuned entry says so, for dense batches (varlen and learnable sinks keep the previous class), and "
-            f"{c.flag} joins the compile key. Its can_implement adds the mbarriers (8 B each, the storage rounded "
+            f"epilogue are unchanged. FwdConfig.{c.flag} selects it (config.py: set by the tuned entries for dense "
+            f"batches; varlen and learnable sinks keep the previous class, and other architectures refuse it); "
+            f"_flash_attn_fwd builds it for SM120 when set, and it is in the compile key. Its can_implement adds the mbarriers (8 B each, the storage rounded "
             f"up to 1024 B) to the shared memory and states its rules. {c.test_path} checks can_implement anywhere "
             f"and the outputs against attention_ref on SM120. Entries that use it: {users}."
         )
@@ -698,7 +722,7 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
     lines += ["", "Base", ""] + _wrap(
         f"Made against flash-attn-4 {PINNED_FLASH_ATTN_VERSION} (tag {UPSTREAM_TAG}"
         + (f", commit {UPSTREAM_COMMIT}" if UPSTREAM_COMMIT else "")
-        + f"; flash_attn/cute/interface.py blob {UPSTREAM_INTERFACE_BLOB})."
+        + f"; flash_attn/cute/interface.py blob {UPSTREAM_INTERFACE_BLOB}, config.py blob {UPSTREAM_CONFIG_BLOB})."
     )
     lines += ["", "Evidence", ""]
     text = caveat(winners, table_meta)
@@ -798,10 +822,10 @@ def format_patch(files: list[tuple[str, str | None, str]], message: str, subject
     ])
 
 
-def patch_files(winners: list[Winner], old_interface: str) -> list[tuple[str, str | None, str]]:
-    """(path, old text or None for a new file, new text) of every file the patch touches."""
-    files = [(UPSTREAM_PATH, old_interface, patch_interface(old_interface, winners))]
+def patch_files(winners: list[Winner], old: dict[str, str]) -> list[tuple[str, str | None, str]]:
+    """(path, old text or None for a new file, new text) of every file the patch touches; `old`: pristine_sources()."""
+    new = patch_upstream(old, winners)
+    files = [(path, old[path], new[path]) for path in (CONFIG_PATH, UPSTREAM_PATH) if new[path] != old[path]]
     for c in carried_classes(winners):
         files += [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
     return files + mask_fix.files(winners)
-

@@ -112,10 +112,10 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
     lines += ["## What changes", ""]
     lines += [f"- {line}" for line in changes or []]
     for path, old, _ in [] if changes else files:
-        if path == "flash_attn/cute/interface.py":
-            lines.append(f"- `{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
-                         "(`_tile_size_fwd_sm120`, `Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed "
-                         "to the kernels and into the compile key; the backward postprocess uses the main kernel's threads.")
+        if path == exporter.CONFIG_PATH:
+            lines.append(f"- {exporter.CONFIG_CHANGE}")
+        elif path == exporter.UPSTREAM_PATH:
+            lines.append(f"- {exporter.INTERFACE_CHANGE}")
         elif path == mask_fix.PATH:
             lines.append(f"- {mask_fix.CHANGE}")
         elif path == mask_fix.TEST_PATH:
@@ -183,8 +183,7 @@ def export(storage, storage_url: str, export_argv: list[str], target: str = "sm1
     one-line ConfigError when anything is refused. The patch is search.reviewing.export's, the text this module's."""
     winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
                                         upstream_only=upstream_only, leave_out=leave_out)
-    old = exporter.pristine_interface()
-    files = exporter.patch_files(winners, old)
+    files = exporter.patch_files(winners, exporter.pristine_sources())
     message = exporter.commit_message(winners, storage_url, export_argv, table_meta, table, needed, notes)
     subject = exporter.SUBJECT + ("; add a TMA-fed SM120 forward" if carried_classes(winners) else "")
     return exporter.format_patch(files, message, subject), winners, pr_text(winners, files, message, subject, needed, table_meta)

@@ -1,13 +1,14 @@
 """`python -m search export --series DIR`: the export as a series of reviewable patches, in this order:
 
-  1. configs: the tuned SM120 forward/backward tables and the knobs plumbed through interface.py, for the classes
+  1. configs: the tuned SM120 forward/backward tables in config.py and the knobs plumbed through interface.py, for the classes
      won by upstream's own kernels (a class won by a TMA class keeps the previous default here);
   2. split-KV decode: flash_fwd_sm120_splitkv.py (our SplitKvForwardSm120, carried as search.reviewing.carry
-     carries the TMA class), `_tile_size_fwd_sm120_decode` (chosen when max_seqlen_q <= 16), the split count
-     (the entry's, or split_kv_heuristic's over SMs x CTAs per SM) and upstream's own partials + combine launch;
+     carries the TMA class), `select_sm120_decode_fwd_tile` (asked first when max_seqlen_q <= 16), the split count
+     (`select_sm120_num_splits`: the entry's, or split_kv_heuristic's over SMs x CTAs per SM) and upstream's own
+     partials + combine launch;
   3. TMA forward: flash_fwd_sm120_tma.py and the entries of the classes it won.
 
-Every stage is interface.py rebuilt from the pristine text with export's own edits (export.patch_interface), the
+Every stage is config.py and interface.py rebuilt from the pristine text with export's own edits (export.patch_upstream), the
 split-KV edits below added for stages 2 and 3; a patch is the diff of one stage against the previous one, so each
 applies on top of the ones before it. Patch 1 applies alone; 2 and 3 need 1 (they edit its tables and plumbing);
 3 is made against 1+2 (git apply of 3 on 1 alone fails where 2's lines are its context). A patch with nothing to
@@ -47,81 +48,128 @@ class SeriesPatch:
 
 
 def decode_function(winners: list[Winner]) -> str:
-    """`_tile_size_fwd_sm120_decode`: the decode winners, None for every other shape (the prefill table's config)."""
+    """`select_sm120_decode_fwd_tile`: the decode winners, None for every other shape (the prefill table's entry)."""
     return exporter._table_function(
-        "_tile_size_fwd_sm120_decode(head_dim, head_dim_v, is_causal, is_local, qhead_per_kvhead)",
-        f"Return FwdConfig for an SM120 decode (max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}), or None.",
-        "is_local", "is_causal", exporter._entries(winners, "fwd", regime="decode"),
-        lambda c: [f"            return FwdConfig({c.tile_m}, {c.tile_n}, True, True, "
-                   + (f"num_splits={c.extra_knobs.get('num_splits', 0)}, " if is_split_kv(c) else "")
-                   + f"num_threads={c.num_threads}, num_stages={c.num_stages}, Q_in_regs={c.Q_in_regs}"
-                   + (", use_split_kv=True" if is_split_kv(c) else "") + ")"],
+        "select_sm120_decode_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile | None",
+        f"Return the SM120 forward tile and knobs of a decode (max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}), or None.",
+        exporter._entries(winners, "fwd", regime="decode"),
+        lambda c: [exporter.forward_entry(c, f"num_splits={c.extra_knobs.get('num_splits', 0)}, " if is_split_kv(c) else "")
+                   .replace(")", ", use_split_kv=True)" if is_split_kv(c) else ")")],
         ["    return None"],
     )
 
 
-def split_kv_edits(decode: list[Winner], tma: bool) -> list[tuple[str, str, str]]:
-    """The replacements of interface.py (after export's, with or without the TMA class's) that carry split-KV."""
+SPLIT_HELPERS = f"""
+
+def sm120_can_split_kv(inputs: FwdHeuristicInputs) -> bool:
+    \"\"\"Whether {SPLITKV.upstream_class} runs the call: it was tuned and checked on dense batches without
+    score/mask mods, learnable sinks, paged KV or local windows.\"\"\"
+    return not (
+        inputs.is_varlen or inputs.local or inputs.page_size is not None or inputs.has_learnable_sink
+        or inputs.has_score_mod or inputs.has_mask_mod
+    )
+
+
+def select_sm120_num_splits(
+    inputs: FwdHeuristicInputs, *, tile_m: int, tile_n: int, total_mblocks: int, num_n_blocks: int
+) -> int:
+    \"\"\"The split count of an SM120 split-KV decode entry: its own, or (0) split_kv_heuristic's; else 1.\"\"\"
+    if not sm120_fwd_fields(inputs, tile_m=tile_m, tile_n=tile_n).get("use_split_kv"):
+        return 1
+    tile = select_sm120_fwd_tile(inputs)
+    if tile.num_splits >= 1:
+        return tile.num_splits
+    # One wave of CTAs over SMs x CTAs per SM, at least 2 KV blocks per split, none of them empty. The kernel's
+    # occupancy is host arithmetic (no DSL call), imported here as routes_dynamic_varlen imports its scheduler.
+    from {SPLITKV.module} import {SPLITKV.upstream_class}, split_kv_heuristic
+
+    ctas_per_sm = {SPLITKV.upstream_class}.ctas_per_sm(
+        inputs.head_dim, inputs.head_dim_v, tile_m, tile_n, tile.num_stages, tile.num_threads, tile.Q_in_regs
+    )
+    return split_kv_heuristic(total_mblocks, num_n_blocks, inputs.num_sms * ctas_per_sm)
+"""
+
+
+def split_kv_edits(decode: list[Winner], tma: bool) -> dict[str, list[tuple[str, str, str]]]:
+    """The replacements of config.py and interface.py (after export's, with or without the TMA class's) that carry
+    split-KV, by upstream path."""
     name = SPLITKV.upstream_class
-    sm120 = "(FlashAttentionForwardSm120Tma if use_tma else FlashAttentionForwardSm120)" if tma else "FlashAttentionForwardSm120"
-    return [
+    sm120 = "(FlashAttentionForwardSm120Tma if config.use_tma else FlashAttentionForwardSm120)" if tma else "FlashAttentionForwardSm120"
+    fwd_doc = ("def select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile:\n"
+               '    """Return the SM120 forward tile and knobs.\n\n'
+               "    Tuned per (head_dim, causal, qhead_per_kvhead); every entry fits SM120's 99 KB of SMEM.\n"
+               '    Other shapes, and local attention, keep the previous defaults.\n    """\n')
+    config = [
+        ("    # select_sm120_fwd_tile; other architectures carry 128, 1 and False.\n"
+         "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n",
+         "    # select_sm120_fwd_tile; other architectures carry 128, 1 and False.\n"
+         "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n"
+         f"    # SM120 decode: {name}, whose split count is num_splits (select_sm120_num_splits)\n"
+         "    use_split_kv: bool = False\n", "FwdConfig.use_split_kv"),
+        ("    tile_m: int\n    tile_n: int\n    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n",
+         "    tile_m: int\n    tile_n: int\n    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n"
+         "    num_splits: int = 1  # of a split-KV entry; 0: split_kv_heuristic's count\n"
+         f"    use_split_kv: bool = False  # {name}: the KV sequence split across CTAs\n", "Sm120FwdTile split-KV"),
+        ("\n\n" + fwd_doc,
+         "\n\n" + decode_function(decode) + SPLIT_HELPERS + "\n\n" + fwd_doc
+         + f"    if inputs.max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}:  # a decode: one query token (or a draft's few) over the KV\n"
+         "        tile = select_sm120_decode_fwd_tile(inputs)\n        if tile is not None:\n            return tile\n",
+         "SM120 decode table"),
+        ('    return {name: value for name, value in tile._asdict().items() if name not in ("tile_m", "tile_n")}\n',
+         "    tile = tile._replace(use_split_kv=tile.use_split_kv and sm120_can_split_kv(inputs))\n"
+         "    # num_splits is select_sm120_num_splits'\n"
+         '    return {\n        name: value for name, value in tile._asdict().items()\n'
+         '        if name not in ("tile_m", "tile_n", "num_splits")\n    }\n', "sm120_fwd_fields split-KV"),
+        ("    elif not is_sm100_family or inputs.mxfp8_path is not None:\n"
+         "        # Only SM100/SM110 implement SplitKV, and MXFP8 forward is unsplit.\n",
+         "    elif device_capacity == 12:\n"
+         "        num_splits = select_sm120_num_splits(\n"
+         "            inputs, tile_m=tile_m, tile_n=tile_n, total_mblocks=total_mblocks, num_n_blocks=num_n_blocks\n"
+         "        )\n"
+         "    elif not is_sm100_family or inputs.mxfp8_path is not None:\n"
+         "        # Only SM100/SM110 (and SM120's split-KV decode entries) implement SplitKV, and MXFP8 forward is unsplit.\n",
+         "_select_fwd_config SM120 num_splits"),
+        ("_FWD_SM120_ONLY_NEUTRAL_FIELDS = dict(num_threads=128, num_stages=1, Q_in_regs=False",
+         "_FWD_SM120_ONLY_NEUTRAL_FIELDS = dict(num_threads=128, num_stages=1, Q_in_regs=False, use_split_kv=False",
+         "SM120 neutral use_split_kv"),
+        ('                raise ValueError("SM120 forward does not support paged KV or block sparsity")\n'
+         "        neutral = _FWD_SM100_ONLY_NEUTRAL_FIELDS\n",
+         '                raise ValueError("SM120 forward does not support paged KV or block sparsity")\n'
+         "            case 12 if config.use_split_kv and not sm120_can_split_kv(inputs):\n"
+         f'                raise ValueError("{name} needs a dense batch without local windows, learnable sinks, "\n'
+         '                                 "or score/mask mods")\n'
+         "        neutral = _FWD_SM100_ONLY_NEUTRAL_FIELDS\n"
+         "        if config.use_split_kv:  # the SM120 split-KV decode chooses its split count\n"
+         '            neutral = {n: value for n, value in neutral.items() if n != "num_splits"}\n',
+         "validate_fwd_config SM120 split-KV"),
+    ]
+    interface = [
         ("from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\n",
          "from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120\n"
-         f"from {SPLITKV.module} import {name}, split_kv_heuristic\n", "split-KV import"),
-        ("    num_splits: int = 1\n    # SM120 (SM80 MMA)",
-         "    num_splits: int = 1\n"
-         f"    # SM120 decode: {name} (num_splits < 1: split_kv_heuristic's count)\n"
-         "    use_split_kv: bool = False\n    # SM120 (SM80 MMA)", "FwdConfig.use_split_kv"),
-        ("\n\n@dataclass(frozen=True)\nclass BwdConfig:",
-         "\n\n" + decode_function(decode) + "\n\n@dataclass(frozen=True)\nclass BwdConfig:", "SM120 decode table"),
-        ("            cfg = _tile_size_fwd_sm120(head_dim, head_dim_v, causal, local, qhead_per_kvhead)\n",
-         "            cfg = _tile_size_fwd_sm120(head_dim, head_dim_v, causal, local, qhead_per_kvhead)\n"
-         f"            if max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}:  # a decode: one query token (or a draft's few) over the KV\n"
-         "                cfg = _tile_size_fwd_sm120_decode(head_dim, head_dim_v, causal, local, qhead_per_kvhead) or cfg\n",
-         "_get_fwd_config SM120 decode dispatch"),
-        ('        assert num_splits <= 1, "SM120 forward only supports num_splits=1"\n        num_splits = 1\n',
-         '        assert num_splits <= 1, "SM120 forward only supports num_splits=1"\n'
-         "        # a split-KV entry's count; below 1, _flash_attn_fwd takes split_kv_heuristic's\n"
-         "        num_splits = cfg.num_splits if cfg.use_split_kv else 1\n", "_get_fwd_config SM120 num_splits"),
-        ("        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs,",
-         "        num_threads=cfg.num_threads, num_stages=cfg.num_stages, Q_in_regs=cfg.Q_in_regs, use_split_kv=cfg.use_split_kv,",
-         "_get_fwd_config use_split_kv"),
-        ("    num_splits = fwd_cfg.num_splits\n    mma_pv_is_rs = fwd_cfg.mma_pv_is_rs\n",
-         "    num_splits = fwd_cfg.num_splits\n    mma_pv_is_rs = fwd_cfg.mma_pv_is_rs\n"
-         f"    # {name} was tuned and checked on dense batches without mods, sinks or local windows\n"
-         "    use_split_kv = (\n"
-         "        arch // 10 == 12 and fwd_cfg.use_split_kv and not local and learnable_sink is None\n"
-         "        and score_mod is None and mask_mod is None and page_table is None\n"
-         "        and cu_seqlens_q is None and cu_seqlens_k is None and seqused_q is None and seqused_k is None\n"
-         "    )\n"
-         "    if use_split_kv and num_splits < 1:\n"
-         "        # one wave of CTAs over SMs x CTAs per SM, at least 2 KV blocks per split, none of them empty\n"
-         "        rows = max_seqlen_q * (qhead_per_kvhead if pack_gqa else 1)\n"
-         "        num_splits = split_kv_heuristic(\n"
-         "            batch_size * num_head_kv * (1 if pack_gqa else qhead_per_kvhead) * ((rows + tile_m - 1) // tile_m),\n"
-         "            (max_seqlen_k + tile_n - 1) // tile_n,\n"
-         f"            num_sms * {name}.ctas_per_sm(\n"
-         "                head_dim, head_dim_v, tile_m, tile_n, fwd_cfg.num_stages, fwd_cfg.num_threads, fwd_cfg.Q_in_regs\n"
-         "            ),\n"
-         "        )\n"
-         "    elif arch // 10 == 12 and not use_split_kv:\n"
-         "        num_splits = 1\n", "forward split count"),
-        ("        is_split_kv,\n        pack_gqa,\n", "        use_split_kv,\n        is_split_kv,\n        pack_gqa,\n",
-         "forward compile key use_split_kv"),
-        ('            assert not is_split_kv, "SplitKV not supported on SM 12.0 in this PR"\n',
-         f'            assert not is_split_kv or use_split_kv, "SplitKV on SM 12.0 runs {name} only"\n',
-         "forward SM120 split-KV assertion"),
-        (fwd_constructor(sm120, "num_stages", "Q_in_regs"),
-         fwd_constructor(f"({name} if use_split_kv else {sm120})", "num_stages", "Q_in_regs"), "forward SM120 constructor split-KV"),
+         f"from {SPLITKV.module} import {name}\n", "split-KV import"),
+        (fwd_constructor(sm120, *exporter.SM120_KNOBS),
+         fwd_constructor(f"({name} if config.use_split_kv else {sm120})", *exporter.SM120_KNOBS), "forward SM120 constructor split-KV"),
     ]
+    return {exporter.CONFIG_PATH: config, exporter.UPSTREAM_PATH: interface}
+
+
+def _with_split_kv(stage: dict[str, str], decode: list[Winner], tma: bool) -> dict[str, str]:
+    edits = split_kv_edits(decode, tma)
+    return {path: apply_edits(text, edits.get(path, [])) for path, text in stage.items()}
+
+
+def _changed(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str]]:
+    """The (path, old, new) files of a stage that differ from the stage before it, config.py first."""
+    return [(path, old[path], new[path]) for path in (exporter.CONFIG_PATH, exporter.UPSTREAM_PATH) if new[path] != old[path]]
 
 
 def _carried_files(c) -> list[tuple[str, None, str]]:
     return [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
 
 
-def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
-    """The patches, in order: each one's files are the diff of its stage against the previous stage."""
+def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
+    """The patches, in order: each one's files are the diff of its stage against the previous stage; `pristine`:
+    export.pristine_sources()."""
     for w in winners:
         if w.study.problem_class.regime == "decode" and w.changed and w.carried is not None:
             raise ConfigError("series_decode_kernel", f"{w.study.name}: the decode winner #{w.trial.number} uses kernel "
@@ -135,46 +183,47 @@ def plan(winners: list[Winner], pristine: str) -> list[SeriesPatch]:
     if not configs:
         raise ConfigError("series_no_configs", "the series' patch 1 (configs) needs a prefill study won by upstream's kernels "
                           f"(found {len(prefill)} prefill winners, {len(tma)} of them TMA): export with --problem-class instead")
-    stage1 = exporter.patch_interface(pristine, configs)
-    stage2 = apply_edits(stage1, split_kv_edits(decode, tma=False)) if decode else stage1
-    stage3 = exporter.patch_interface(pristine, prefill)
+    stage1 = exporter.patch_upstream(pristine, configs)
+    stage2 = _with_split_kv(stage1, decode, tma=False) if decode else stage1
+    stage3 = exporter.patch_upstream(pristine, prefill)
     if decode:
-        stage3 = apply_edits(stage3, split_kv_edits(decode, tma=bool(tma)))
+        stage3 = _with_split_kv(stage3, decode, tma=bool(tma))
     path = exporter.UPSTREAM_PATH
     patches = [SeriesPatch(
-        "sm120-configs", SUBJECTS["configs"], configs, [(path, pristine, stage1)] + mask_fix.files(configs), [], [
-            f"`{path}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) (`_tile_size_fwd_sm120`, "
-            "`Sm120BwdConfig` / `_tile_size_bwd_sm120`); every SM120 knob passed to the kernels and into the compile key; "
-            "the backward postprocess uses the main kernel's threads."]
+        "sm120-configs", SUBJECTS["configs"], configs, _changed(pristine, stage1) + mask_fix.files(configs), [],
+        [exporter.CONFIG_CHANGE, exporter.INTERFACE_CHANGE]
         + ([mask_fix.CHANGE, mask_fix.TEST_CHANGE] if mask_fix.needed(configs) else []))]
     if decode:
         patches.append(SeriesPatch(
             "sm120-splitkv-decode", SUBJECTS["splitkv"], decode,
-            [(path, stage1, stage2)] + (_carried_files(SPLITKV) if has_split else []), [
-                f"SM120 decodes (max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}) now take their config from _tile_size_fwd_sm120_decode, "
-                "keyed on head_dim, causal and qhead_per_kvhead; other shapes keep the prefill table's. An entry with "
+            _changed(stage1, stage2) + (_carried_files(SPLITKV) if has_split else []), [
+                f"SM120 decodes (max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}) now take their config from select_sm120_decode_fwd_tile "
+                "(config.py), keyed on head_dim, causal and qhead_per_kvhead; other shapes keep the prefill table's. An entry with "
                 f"use_split_kv runs {SPLITKV.upstream_class} ({SPLITKV.upstream_path}, new): FlashAttentionForwardSm120 with "
                 "the KV sequence split across CTAs, each split writing fp32 partial O and LSE from its accumulators, an empty "
-                "split LSE = -inf. The split count is the entry's num_splits, or (0) split_kv_heuristic's: one wave over SMs x "
-                "the class's ctas_per_sm, at least 2 KV blocks per split, the fewest splits of that length. The interface "
-                "then runs its own split path unchanged: out_partial / lse_partial and _flash_attn_fwd_combine. Varlen, "
-                "paged KV, learnable sinks, score/mask mods and local windows keep the previous unsplit path; use_split_kv "
-                "joins the compile key.",
+                "split LSE = -inf. The split count (select_sm120_num_splits, so FwdConfig.num_splits is exact as everywhere) "
+                "is the entry's num_splits, or (0) split_kv_heuristic's: one wave over SMs x the class's ctas_per_sm, at "
+                "least 2 KV blocks per split, the fewest splits of that length. validate_fwd_config allows SM120 more than "
+                "one split only with use_split_kv. The interface then runs its own split path unchanged: out_partial / "
+                "lse_partial and _flash_attn_fwd_combine. Varlen, paged KV, learnable sinks, score/mask mods and local "
+                "windows keep the previous unsplit path; use_split_kv is in the compile key with the rest of FwdConfig.",
                 "The measurements launched the combine as a programmatic dependent launch (PDL); this patch launches it as "
                 "upstream does (plain stream order), which is correct and may cost a few microseconds per call."],
-            [f"`{path}`: `_tile_size_fwd_sm120_decode` (chosen when max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}), "
-             "`FwdConfig.use_split_kv`, the split count and the combine through upstream's split path (launched as upstream "
-             "launches it; the measurements launched it with PDL)."]
+            [f"`{exporter.CONFIG_PATH}`: `select_sm120_decode_fwd_tile` (asked first when max_seqlen_q <= "
+             f"{DECODE_MAX_SEQLEN_Q}), `FwdConfig.use_split_kv`, `select_sm120_num_splits` and `sm120_can_split_kv`, checked "
+             "by `validate_fwd_config`.", f"`{path}`: {SPLITKV.upstream_class} for `config.use_split_kv`; the combine through "
+             "upstream's split path (launched as upstream launches it; the measurements launched it with PDL)."]
             + ([f"`{SPLITKV.upstream_path}` (new): `{SPLITKV.upstream_class}`, split-KV SM120 forward, `split_kv_heuristic`, "
                 "`ctas_per_sm`.", f"`{SPLITKV.test_path}` (new): the heuristic and CTAs per SM anywhere, outputs against "
                 "`attention_ref` on SM120."] if has_split else [])))
     if tma:
         c = TMA
         patches.append(SeriesPatch(
-            "sm120-tma-forward", SUBJECTS["tma"], tma, [(path, stage2, stage3)] + _carried_files(c),
+            "sm120-tma-forward", SUBJECTS["tma"], tma, _changed(stage2, stage3) + _carried_files(c),
             [f"The SM120 forward table gains the entries of the classes {c.upstream_class} won; they select it with "
              f"FwdConfig.{c.flag}."],
-            [f"`{path}`: the TMA classes' entries in `_tile_size_fwd_sm120`, `FwdConfig.{c.flag}` and its dispatch.",
+            [f"`{exporter.CONFIG_PATH}`: the TMA classes' entries in `select_sm120_fwd_tile`, `FwdConfig.{c.flag}` "
+             "(dense batches without learnable sinks).", f"`{path}`: {c.upstream_class} for `config.{c.flag}`.",
              f"`{c.upstream_path}` (new): `{c.upstream_class}`, SM120 forward with Q/K/V loaded by TMA on mbarriers.",
              f"`{c.test_path}` (new): `can_implement` cases anywhere, outputs against `attention_ref` on SM120."]))
     return patches
@@ -192,7 +241,7 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
     decode = decode_table_lines(decode_table) if decode_table is not None else []  # refused before the studies are read
     winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
                                         leave_out=leave_out, decode=True)
-    patches = plan(winners, exporter.pristine_interface())
+    patches = plan(winners, exporter.pristine_sources())
     for i, p in enumerate(patches, 1):
         p.stem = f"{i:04d}-{p.stem}"
         later = [q.stem.split("-", 1)[-1] for q in patches[i:]]
