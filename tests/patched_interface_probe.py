@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from flash_attn.cute import interface  # noqa: E402
 
-from fa4tune.sm120_interface import BWD_FIELD_NAMES  # noqa: E402  (our names for upstream's BwdConfig fields)
+from fa4tune.upstream import BWD_FIELD_NAMES  # noqa: E402  (our names for upstream's BwdConfig fields)
 
 FWD_ATTRS = ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")
 BWD_ATTRS = ("m_block_size", "n_block_size", "num_stages_Q", "num_stages_dO", "num_threads", "SdP_swapAB", "dKV_swapAB",
