@@ -32,8 +32,8 @@ def guarded(forward, name="planted"):
 
 
 def calls_before_timing(direction: str) -> int:
-    """Forward calls an honest guarded candidate gets before its first timed call: the gate's cases, the run-time
-    guards' calls, and (for the backward) the forward of each timed input set and the warm-up."""
+    """Forward calls an honest guarded candidate gets before its first timed round: the gate's cases, the run-time
+    guards' calls, and (for the backward) the forward of each timed input set, which the warm-up differentiates."""
     count = [0]
 
     def counting(q, k, v, causal):
@@ -42,7 +42,7 @@ def calls_before_timing(direction: str) -> int:
 
     results = steps.measure_step(PROBLEM, direction, [guarded(counting)], device="cpu", settings=SETTINGS)
     assert results["planted"].status == "ok", results["planted"]
-    timed = 0 if direction == "bwd" else SETTINGS.rounds * SETTINGS.input_sets  # (a timed backward calls no forward)
+    timed = SETTINGS.rounds * SETTINGS.input_sets  # (the backward: each round's new graph, made off the clock)
     return count[0] - timed - _guard_calls_after_timing(direction)
 
 
@@ -141,7 +141,7 @@ def test_gradients_never_written_after_the_gate_are_incorrect():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_outputs_cached_from_the_gates_inputs_are_incorrect():
+def test_outputs_cached_from_the_gates_inputs_are_output_reuse():
     turn = calls_before_timing("fwd")
     seen, cache = [0], {}
 
@@ -154,13 +154,16 @@ def test_outputs_cached_from_the_gates_inputs_are_incorrect():
         return result
 
     planted = measure(forward)["planted"]
-    assert planted.status == "incorrect" and _first_round(planted.reason), planted
+    # one tensor returned for two input sets of the round: the memory of another call's output
+    assert planted.status == "guard" and _first_round(planted.reason) and "output_reuse" in planted.reason, planted
+    assert "shares memory with the out of call" in planted.reason, planted.reason
 
 
-def test_memoizing_by_tensor_identity_after_the_guards_is_caught_after_timing():
-    # right values for the timed calls (each input set's own output), no work: the guards run again after timing
+def test_memoizing_by_tensor_identity_after_the_guards_is_caught_in_the_first_timed_round():
+    # each input set's own output from the warm-up, no work: the sets are rewritten in place before every round
     planted = measure(memo_by_pointer(honest, calls_before_timing("fwd")))["planted"]
-    assert planted.status == "guard" and planted.reason.startswith("after timing: ") and "output_reuse" in planted.reason, planted
+    assert planted.status == "guard" and _first_round(planted.reason) and "output_reuse" in planted.reason, planted
+    assert "follow the values input set" in planted.reason, planted.reason
 
 
 # ------------------------------------------------------------------------------------------------
@@ -324,3 +327,226 @@ def test_an_honest_kernel_is_ok_with_every_timed_output_checked(direction):
     results = steps.measure_step(PROBLEM, direction, [guarded(honest)], device="cpu", settings=SETTINGS, seconds=spent)
     assert results["planted"].status == "ok", results["planted"]
     assert spent["check"] > 0  # the check ran (after the clock stopped: its seconds are not in any sample)
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 66: cheats that key on something other than one global call counter (the tensors, the graph, the harness's
+# clock and draws, its frames), each caught at its root with the rule named. SETTINGS as above; the first one also
+# under the harness's default settings.
+# ------------------------------------------------------------------------------------------------
+
+
+def memo_by_tensor_object(forward, from_call=3):
+    """Remember the output per (q, k, v) tensor object; from the `from_call`-th call on the same tensors, return it."""
+    memo = {}
+
+    def cheat(q, k, v, causal, **packed):
+        entry = memo.get((id(q), id(k), id(v)))
+        if entry is None or entry[0] is not q:
+            entry = memo[(id(q), id(k), id(v))] = [q, 0, None]  # (holding q keeps its id from being reused)
+        entry[1] += 1
+        if entry[1] < from_call or entry[2] is None:
+            entry[2] = forward(q, k, v, causal, **packed)
+        return entry[2]
+
+    return cheat
+
+
+@pytest.mark.parametrize("settings", [SETTINGS, Settings(gate_seed=11)], ids=["small", "default"])
+def test_outputs_memoized_per_tensor_object_are_output_reuse(settings):
+    # class 1: every input set is rewritten in place before each round, so an earlier output is never right again
+    planted = steps.measure_step(PROBLEM, "fwd", [guarded(memo_by_tensor_object(honest))], device="cpu", settings=settings)["planted"]
+    assert planted.status == "guard" and planted.reason.startswith("timed call ") and "output_reuse" in planted.reason, planted
+    assert "returned the round before" in planted.reason or "follow the values input set" in planted.reason, planted.reason
+
+
+def memo_gradients(per_tensor: bool, from_call=3):
+    """Attention whose backward returns the gradients it returned before, from the `from_call`-th backward through one
+    graph (per_tensor False) or on one q tensor (per_tensor True); `stale` counts the gradients it returned so."""
+    memo, stale = {}, [0]
+
+    class Memo(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal):
+            ctx.inputs, ctx.causal = (q, k, v), causal
+            return honest(q, k, v, causal)[0]
+
+        @staticmethod
+        def backward(ctx, dout):
+            holder = ctx.inputs[0] if per_tensor else ctx
+            entry = memo.get(id(holder))
+            if entry is None or entry[0] is not holder:  # (held: its id is not reused while the memo keeps it)
+                entry = memo[id(holder)] = [holder, 0, None]
+            entry[1] += 1
+            if entry[1] >= from_call and entry[2] is not None:
+                stale[0] += 1
+                return (*entry[2], None)
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in ctx.inputs]
+                entry[2] = torch.autograd.grad(honest(*leaves, ctx.causal)[0], leaves, dout)
+            return (*entry[2], None)
+
+    def forward(q, k, v, causal):
+        return Memo.apply(q, k, v, causal), honest(q.detach(), k.detach(), v.detach(), causal)[1]
+
+    forward.stale = stale
+    return forward
+
+
+def test_gradients_memoized_per_q_tensor_are_output_reuse():
+    # class 2 at its root: the timed tensors live through every round, their values and dout do not
+    planted = measure(memo_gradients(per_tensor=True), "bwd")["planted"]
+    assert planted.status == "guard" and "output_reuse" in planted.reason and planted.reason.startswith("timed call "), planted
+
+
+def test_no_timed_graph_is_differentiated_a_third_time():
+    # class 2 as the issue plants it (the third backward through one graph): each round times a new graph, made off
+    # the clock from the rewritten inputs, so the memoized path never runs and the time is the honest backward's
+    cheat = memo_gradients(per_tensor=False)
+    planted = measure(cheat, "bwd")["planted"]
+    assert planted.status == "ok" and cheat.stale[0] == 0, (planted, cheat.stale)
+
+
+def zeroing_q(after: int = 0):
+    """Class 3: zero q in place from call `after` + 1 on, then return attention of what is left (uniform: a mean of v)."""
+    seen = [0]
+
+    def forward(q, k, v, causal, **packed):
+        seen[0] += 1
+        if seen[0] > after:
+            q.data.zero_()
+        return honest(q, k, v, causal)
+
+    return forward
+
+
+def test_inputs_zeroed_in_place_fail_the_gate_as_input_write():
+    with pytest.raises(guards.GuardViolation) as caught:
+        steps.gate_candidate(guarded(zeroing_q()), PROBLEM, "fwd", "cpu", SETTINGS)
+    assert caught.value.rule == guards.INPUT_WRITE and "changed its input q" in str(caught.value)
+    planted = measure(zeroing_q())["planted"]
+    assert planted.status == "guard" and "input_write" in planted.reason, planted
+
+
+def test_inputs_zeroed_in_place_while_timed_are_input_write():
+    planted = measure(zeroing_q(calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and _first_round(planted.reason) and "input_write" in planted.reason, planted
+
+
+def test_dout_zeroed_in_the_backward_is_input_write():
+    class ZeroingDout(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad.zero_()  # a cheaper backward of a zero dout, and the reference would agree
+            return grad
+
+    planted = measure(lambda q, k, v, c: (ZeroingDout.apply(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]), "bwd")["planted"]
+    assert planted.status == "guard" and "input_write" in planted.reason and "dout" in planted.reason, planted
+
+
+def patching(module, name, replacement_of, after):
+    """A cheat that replaces module.name (with replacement_of(original)) from call `after` + 1 on; honest otherwise."""
+    seen = [0]
+    original = getattr(module, name)
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] == after + 1:
+            setattr(module, name, replacement_of(original))
+        return honest(q, k, v, causal)
+
+    return forward
+
+
+def test_os_urandom_replaced_while_timed_is_harness_access(monkeypatch):
+    # class 4: the draw of the set checked whole, were it read from os.urandom at call time, would be known: 0
+    import os
+    monkeypatch.setattr(os, "urandom", os.urandom)  # put back after the test
+    planted = measure(patching(os, "urandom", lambda original: (lambda n: bytes(n)), calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "os.urandom" in planted.reason, planted
+
+
+def test_a_clock_stopped_through_logging_time_is_harness_access(monkeypatch):
+    # class 5: time.perf_counter reached as logging.time, frozen while the kernel runs; the harness's clock is bound
+    import logging
+    import time
+    monkeypatch.setattr(time, "perf_counter", time.perf_counter)
+    frozen = time.perf_counter()
+    planted = measure(patching(logging.time, "perf_counter", lambda original: (lambda: frozen), calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "time.perf_counter" in planted.reason, planted
+
+
+def test_torch_equal_replaced_to_blind_the_input_check_is_harness_access(monkeypatch):
+    # our own: blind the read-only check (torch.equal always True), then zero q in place
+    monkeypatch.setattr(torch, "equal", torch.equal)
+    turn = calls_before_timing("fwd")
+    blind, zeroing = patching(torch, "equal", lambda original: (lambda a, b: True), turn), zeroing_q(turn)
+
+    def forward(q, k, v, causal):
+        blind(q, k, v, causal)
+        return zeroing(q, k, v, causal)
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "torch.equal" in planted.reason, planted
+
+
+def test_one_output_buffer_for_every_call_is_output_reuse():
+    # our own: the output of every timed call written into one buffer (a later call overwrites what an earlier returned)
+    turn, seen, buffer = calls_before_timing("fwd"), [0], {}
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        if seen[0] <= turn:
+            return out, lse
+        kept = buffer.setdefault("out", torch.empty_like(out))
+        return kept.copy_(out), lse
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and _first_round(planted.reason) and "shares memory with the out of call" in planted.reason, planted
+
+
+def test_only_the_first_and_last_rows_computed_is_incorrect():
+    # our own: the rows every guard call checks (the first and the last), nothing between; the rows of the timed check
+    # and the set checked whole are drawn after the call
+    turn, seen = calls_before_timing("fwd"), [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        if seen[0] > turn:
+            out = out.clone()
+            out[:, 1:-1] = 0
+        return out, lse
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "incorrect" and _first_round(planted.reason) and "out " in planted.reason, planted
+
+
+def test_wrong_on_one_timed_call_that_is_not_the_last_is_caught_by_its_index():
+    # class 7: every timed output is checked, not one drawn per round: a cheat wrong on timed call 1 only is caught there
+    turn, seen = calls_before_timing("fwd"), [0]
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        return ((torch.zeros_like(out), lse) if seen[0] == turn + 2 else (out, lse))
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "incorrect" and planted.reason.startswith("timed call 1 "), planted
+
+
+def test_a_time_below_the_memory_floor_is_refused():
+    # a clock that reports next to nothing (the stopped clock's effect): refused as impossible on the device's bandwidth
+    class InstantTimer:
+        def time_calls(self, calls, flush=None):
+            return [1e-9 for fn in calls if fn() is not None or True]
+
+    results = steps.measure_step(PROBLEM, "fwd", [guarded(honest)], device="cpu", settings=SETTINGS, timer=InstantTimer(),
+                                 memory_bandwidth=1e12)
+    planted = results["planted"]
+    assert planted.status == "guard" and "below_memory_floor" in planted.reason, planted
