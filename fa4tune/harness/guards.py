@@ -40,6 +40,9 @@ ALLOW_HARNESS_EDIT = "FA4TUNE_ALLOW_HARNESS_EDIT"
 # The harness, whose files decide what a measurement says: the script and the package, as files and as modules.
 HARNESS_SCRIPT, HARNESS_DIR = "prepare.py", "fa4tune/harness"
 HARNESS_MODULE, HARNESS_PACKAGE = "prepare", "fa4tune.harness"
+# Modules outside the package that decide with the harness's numbers: what the agent keeps (issue 66). Pinned with
+# their imports (results_tsv, the row writer and reader, is in the package).
+DECIDING_MODULES = ("fa4tune.keep",)
 
 OTHER_ATTENTION, SELF_TIMING, SIDE_STREAM, DEFERRED_WORK = "other_attention", "self_timing", "side_stream", "deferred_work"
 HARNESS_ACCESS, OUTPUT_REUSE, OUTPUT_TYPE, NOT_READY = "harness_access", "output_reuse", "output_type", "not_ready"
@@ -413,13 +416,14 @@ def _measured_path_imports(root: Path) -> list[str]:
 
 def harness_files(root: Path | None = None) -> list[str]:
     """The pinned files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
-    (bytecode caches aside), then every other project module these, experiment.py or kernels/ import, transitively
+    (bytecode caches aside), then fa4tune/keep.py (DECIDING_MODULES) and every other project module these,
+    experiment.py or kernels/ import, transitively
     and at any depth (read with ast: fa4tune.import_graph.reachable), in path order; experiment.py and kernels/
     themselves aside (unpinned_module: the agent's, guarded by the static rules, not pinned)."""
     root = root or ROOT
     package = sorted(path.relative_to(root).as_posix() for path in (root / HARNESS_DIR).rglob("*")
                      if path.is_file() and "__pycache__" not in path.relative_to(root).parts)
-    starts = [HARNESS_MODULE, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
+    starts = [HARNESS_MODULE, *DECIDING_MODULES, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
     starts += _measured_path_imports(root)
     imported = sorted(path.relative_to(root).as_posix() for path in import_graph.reachable(starts, root, unpinned_module).values())
     return [HARNESS_SCRIPT, *package, *(name for name in imported if name != HARNESS_SCRIPT and name not in package)]
