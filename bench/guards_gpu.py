@@ -105,7 +105,8 @@ class NeverWritten(torch.autograd.Function):
         return torch.empty_like(grad) if grad.is_cuda else torch.full_like(grad, float("nan"))
 
 
-def _after(turn, honest, cheat):
+def after_calls(turn, honest, cheat):
+    """`honest` for the first `turn` calls, `cheat` from then on."""
     seen = [0]
 
     def forward(q, k, v, causal):
@@ -115,7 +116,7 @@ def _after(turn, honest, cheat):
 
 
 def garbage_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]))
+    return after_calls(turn, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]))
 
 
 def cached_from_the_gate(honest, turn):
@@ -145,11 +146,11 @@ def memo_by_pointer(honest, turn):
 
 
 def zero_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return after_calls(turn, honest, lambda q, k, v, c: (lambda o: (ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def unwritten_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return after_calls(turn, honest, lambda q, k, v, c: (lambda o: (NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def stream_after(honest, turn):
@@ -159,7 +160,7 @@ def stream_after(honest, turn):
         except Exception:
             pass
         return honest(q, k, v, causal)
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def patches_the_harness_after(honest, turn):
@@ -170,7 +171,7 @@ def patches_the_harness_after(honest, turn):
     def cheat(q, k, v, causal):
         gate.check_outputs = lambda *a, **kw: original(*a, **kw)  # a check that could be told to pass
         return honest(q, k, v, causal)
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def thread_after(honest, turn):
@@ -182,7 +183,7 @@ def thread_after(honest, turn):
         result = torch.zeros_like(out)  # no synchronize in the call: that alone makes the timer refuse the round
         threading.Timer(0.2, lambda: result.copy_(out)).start()
         return result, lse
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def memo_by_tensor_object(honest, turn=0, from_call=3):
@@ -206,7 +207,7 @@ def zeroing_q(honest, turn=0):
     def cheat(q, k, v, causal):
         q.data.zero_()
         return honest(q, k, v, causal)
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def replacing(owner, name, replacement):
@@ -215,7 +216,7 @@ def replacing(owner, name, replacement):
         def cheat(q, k, v, causal):
             setattr(owner, name, replacement)
             return honest(q, k, v, causal)
-        return _after(turn, honest, cheat)
+        return after_calls(turn, honest, cheat)
     return factory
 
 
@@ -226,7 +227,7 @@ def one_output_buffer(honest, turn):
     def cheat(q, k, v, causal):
         out, lse = honest(q, k, v, causal)
         return buffer.setdefault("out", torch.empty_like(out)).copy_(out), lse
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def off_at_x8(honest, turn):

@@ -16,7 +16,7 @@ from fa4tune.harness import candidates, gate, guards, runtime_guards, steps
 from fa4tune.harness import settings as settings_module
 from fa4tune.harness.settings import Settings
 from prepare_child_targets import torch_attention
-from bench.guards_gpu import NeverWritten, ZeroGrad, memo_by_pointer, memo_by_tensor_object, zeroing_q
+from bench.guards_gpu import NeverWritten, ZeroGrad, after_calls, memo_by_pointer, memo_by_tensor_object, zeroing_q
 
 torch.set_num_threads(1)
 
@@ -431,17 +431,12 @@ def test_inputs_zeroed_in_place_while_timed_are_input_write():
 
 
 def test_dout_zeroed_in_the_backward_is_input_write():
-    class ZeroingDout(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x.view_as(x)
+    def forward(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        out.register_hook(lambda grad: grad.zero_())  # a cheaper backward of a zero dout, and the reference would agree
+        return out, lse
 
-        @staticmethod
-        def backward(ctx, grad):
-            grad.zero_()  # a cheaper backward of a zero dout, and the reference would agree
-            return grad
-
-    planted = measure(lambda q, k, v, c: (ZeroingDout.apply(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]), "bwd")["planted"]
+    planted = measure(forward, "bwd")["planted"]
     assert planted.status == "guard" and "input_write" in planted.reason and "dout" in planted.reason, planted
 
 
@@ -507,33 +502,25 @@ def test_one_output_buffer_for_every_call_is_output_reuse():
     assert planted.status == "guard" and _first_round(planted.reason) and "shares memory with the out of call" in planted.reason, planted
 
 
+def first_and_last_rows(q, k, v, causal):
+    """The rows every guard call checks (the first and the last), nothing between."""
+    out, lse = honest(q, k, v, causal)
+    out = out.clone()
+    out[:, 1:-1] = 0
+    return out, lse
+
+
 def test_only_the_first_and_last_rows_computed_is_incorrect():
-    # our own: the rows every guard call checks (the first and the last), nothing between; the rows of the timed check
-    # and the set checked whole are drawn after the call
-    turn, seen = calls_before_timing("fwd"), [0]
-
-    def forward(q, k, v, causal):
-        seen[0] += 1
-        out, lse = honest(q, k, v, causal)
-        if seen[0] > turn:
-            out = out.clone()
-            out[:, 1:-1] = 0
-        return out, lse
-
-    planted = measure(forward)["planted"]
+    # our own: the rows of the timed check and the set checked whole are drawn after the call
+    planted = measure(after_calls(calls_before_timing("fwd"), honest, first_and_last_rows))["planted"]
     assert planted.status == "incorrect" and _first_round(planted.reason) and "out " in planted.reason, planted
 
 
 def test_wrong_on_one_timed_call_that_is_not_the_last_is_caught_by_its_index():
     # class 7: every timed output is checked, not one drawn per round: a cheat wrong on timed call 1 only is caught there
-    turn, seen = calls_before_timing("fwd"), [0]
-
-    def forward(q, k, v, causal):
-        seen[0] += 1
-        out, lse = honest(q, k, v, causal)
-        return ((torch.zeros_like(out), lse) if seen[0] == turn + 2 else (out, lse))
-
-    planted = measure(forward)["planted"]
+    turn = calls_before_timing("fwd")
+    wrong_from_the_second = after_calls(turn + 1, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), None))
+    planted = measure(after_calls(turn + 2, wrong_from_the_second, honest))["planted"]  # (and right again from the third)
     assert planted.status == "incorrect" and planted.reason.startswith("timed call 1 "), planted
 
 
