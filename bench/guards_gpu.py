@@ -1,14 +1,17 @@
 """The guardrails on a real GPU: an honest kernel and experiment.attention pass them, a side-stream cheat is caught,
-what the guards cost per (problem, direction) next to the gate, and issue 41's planted cheats (correct then garbage,
-cached outputs, gradients not computed or never written, a new stream, a harness patch, a wrong x8 answer) are each
-caught by measure_step as a step child runs it (a line each: caught / NOT CAUGHT).
+what the guards cost per (problem, direction) next to the gate, and issue 41's and 66's planted cheats (correct then
+garbage, cached or memoized outputs, gradients not computed or never written, a new stream, a harness patch, a wrong
+x8 answer, q zeroed in place, os.urandom or the clock replaced, one output buffer) are each caught by measure_step as
+a step child runs it, with the rule its reason must name (a line each: caught / NOT CAUGHT).
 
     FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=<SMs> python3 bench/guards_gpu.py
 
 Not a test (CI has no GPU): a script that prints a table; the CPU tests (tests/test_guards.py) use a fake stream.
 """
 
+import logging
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -102,7 +105,8 @@ class NeverWritten(torch.autograd.Function):
         return torch.empty_like(grad) if grad.is_cuda else torch.full_like(grad, float("nan"))
 
 
-def _after(turn, honest, cheat):
+def after_calls(turn, honest, cheat):
+    """`honest` for the first `turn` calls, `cheat` from then on."""
     seen = [0]
 
     def forward(q, k, v, causal):
@@ -112,7 +116,7 @@ def _after(turn, honest, cheat):
 
 
 def garbage_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]))
+    return after_calls(turn, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), honest(q, k, v, c)[1]))
 
 
 def cached_from_the_gate(honest, turn):
@@ -142,11 +146,11 @@ def memo_by_pointer(honest, turn):
 
 
 def zero_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return after_calls(turn, honest, lambda q, k, v, c: (lambda o: (ZeroGrad.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def unwritten_gradients_after(honest, turn):
-    return _after(turn, honest, lambda q, k, v, c: (lambda o: (NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
+    return after_calls(turn, honest, lambda q, k, v, c: (lambda o: (NeverWritten.apply(o[0]), o[1]))(honest(q, k, v, c)))
 
 
 def stream_after(honest, turn):
@@ -156,7 +160,7 @@ def stream_after(honest, turn):
         except Exception:
             pass
         return honest(q, k, v, causal)
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def patches_the_harness_after(honest, turn):
@@ -167,7 +171,7 @@ def patches_the_harness_after(honest, turn):
     def cheat(q, k, v, causal):
         gate.check_outputs = lambda *a, **kw: original(*a, **kw)  # a check that could be told to pass
         return honest(q, k, v, causal)
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
 
 
 def thread_after(honest, turn):
@@ -179,7 +183,51 @@ def thread_after(honest, turn):
         result = torch.zeros_like(out)  # no synchronize in the call: that alone makes the timer refuse the round
         threading.Timer(0.2, lambda: result.copy_(out)).start()
         return result, lse
-    return _after(turn, honest, cheat)
+    return after_calls(turn, honest, cheat)
+
+
+def memo_by_tensor_object(honest, turn=0, from_call=3):
+    """Issue 66, class 1: the output per (q, k, v) tensor object; from the `from_call`-th call on the same tensors, that one."""
+    memo = {}
+
+    def cheat(q, k, v, causal, **packed):
+        entry = memo.get((id(q), id(k), id(v)))
+        if entry is None or entry[0] is not q:
+            entry = memo[(id(q), id(k), id(v))] = [q, 0, None]  # (holding q keeps its id from being reused)
+        entry[1] += 1
+        if entry[1] < from_call or entry[2] is None:
+            entry[2] = honest(q, k, v, causal, **packed)
+        return entry[2]
+
+    return cheat
+
+
+def zeroing_q(honest, turn=0):
+    """Issue 66, class 3: q zeroed in place from call `turn` + 1 on, then attention of what is left (a mean of v)."""
+    def cheat(q, k, v, causal):
+        q.data.zero_()
+        return honest(q, k, v, causal)
+    return after_calls(turn, honest, cheat)
+
+
+def replacing(owner, name, replacement):
+    """Issue 66, classes 4 and 5: a factory of a cheat that sets owner.name = replacement once, after `turn` calls."""
+    def factory(honest, turn):
+        def cheat(q, k, v, causal):
+            setattr(owner, name, replacement)
+            return honest(q, k, v, causal)
+        return after_calls(turn, honest, cheat)
+    return factory
+
+
+def one_output_buffer(honest, turn):
+    """Every output written into one buffer: a later call overwrites what an earlier one returned."""
+    buffer = {}
+
+    def cheat(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        return buffer.setdefault("out", torch.empty_like(out)).copy_(out), lse
+    return after_calls(turn, honest, cheat)
 
 
 def off_at_x8(honest, turn):
@@ -189,17 +237,22 @@ def off_at_x8(honest, turn):
     return forward
 
 
-# (name, direction, factory, the statuses that count as caught, whether `turn` counts the timed graphs' forwards)
+# (name, direction, factory, the status and the text of the reason that count as caught)
 CHEATS = [
-    ("garbage after the gate", "fwd", garbage_after, ("incorrect",)),
-    ("cached from the gate", "fwd", cached_from_the_gate, ("incorrect",)),
-    ("memo by data_ptr", "fwd", memo_by_pointer, ("guard",)),
-    ("zero gradients", "bwd", zero_gradients_after, ("incorrect",)),
-    ("unwritten gradients", "bwd", unwritten_gradients_after, ("incorrect",)),
-    ("new stream", "fwd", stream_after, ("guard",)),
-    ("work deferred to a thread", "fwd", thread_after, ("incorrect", "guard")),
-    ("patches the harness", "fwd", patches_the_harness_after, ("guard",)),
-    ("out x1.05 at x8", "fwd", off_at_x8, ("incorrect",)),
+    ("garbage after the gate", "fwd", garbage_after, ("incorrect", "timed call")),
+    ("cached from the gate", "fwd", cached_from_the_gate, ("guard", "output_reuse")),
+    ("memo by data_ptr", "fwd", memo_by_pointer, ("guard", "output_reuse")),
+    ("zero gradients", "bwd", zero_gradients_after, ("incorrect", "dq")),
+    ("unwritten gradients", "bwd", unwritten_gradients_after, ("incorrect", "NaN")),
+    ("new stream", "fwd", stream_after, ("guard", "side_stream")),
+    ("work deferred to a thread", "fwd", thread_after, ("guard", "deferred_work")),
+    ("patches the harness", "fwd", patches_the_harness_after, ("guard", "harness_access")),
+    ("out x1.05 at x8", "fwd", off_at_x8, ("incorrect", "scaled x8")),
+    ("memo by tensor object", "fwd", memo_by_tensor_object, ("guard", "output_reuse")),
+    ("q zeroed in place", "fwd", zeroing_q, ("guard", "input_write")),
+    ("os.urandom replaced", "fwd", replacing(os, "urandom", lambda n: bytes(n)), ("guard", "os.urandom")),
+    ("clock stopped (logging.time)", "fwd", replacing(logging.time, "perf_counter", lambda: 0.0), ("guard", "time.perf_counter")),
+    ("one output buffer", "fwd", one_output_buffer, ("guard", "output_reuse")),
 ]
 
 
@@ -221,7 +274,7 @@ def calls_before_timing(honest, problem, direction, device, settings) -> int:
         return honest(q, k, v, causal)
 
     runtime_guards.check_candidate(counting_after, problem, direction, device, 0)
-    timed = 0 if direction == "bwd" else settings.rounds * settings.input_sets
+    timed = settings.rounds * settings.input_sets  # (the backward: each round's new graph, made off the clock)
     return count[0] - timed - after[0] - (settings.input_sets if direction == "bwd" else 0)
 
 
@@ -231,18 +284,18 @@ def planted_cheats(honest, problem, device, settings) -> list[tuple[str, str, st
     from fa4tune.harness import gate
 
     rows, turns = [], {}
-    for name, direction, factory, caught_as in CHEATS:
+    for name, direction, factory, (status, text) in CHEATS:
         if direction == "bwd" and not problem.backward:
             continue
         if direction not in turns:
             turns[direction] = calls_before_timing(honest, problem, direction, device, settings)
-        original = gate.check_outputs
+        originals = gate.check_outputs, os.urandom, logging.time.perf_counter
         try:
             cheat = candidates.Candidate(name, factory(honest, turns[direction]), {}, guarded=True)
             result = steps.measure_step(problem, direction, [cheat], device=device, settings=settings)[name]
         finally:
-            gate.check_outputs = original
-        rows.append((name, direction, result.status, result.reason, result.status in caught_as))
+            gate.check_outputs, os.urandom, logging.time.perf_counter = originals
+        rows.append((name, direction, result.status, result.reason, result.status == status and text in result.reason))
     return rows
 
 

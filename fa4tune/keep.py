@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from fa4tune.harness.results_tsv import ResultRow, read_rows
 
@@ -146,11 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default="results.tsv")
     parser.add_argument("--list", action="store_true", help="print the rows with their numbers")
     args = parser.parse_args(argv)
-    try:
-        rows = read_rows(args.results).rows
-    except FileNotFoundError:
-        print(f"error: results: {args.results!r} does not exist", file=sys.stderr)
+    if not Path(args.results).is_file():
+        print(f"error: no_results: {args.results} not found; run 'uv run python experiment.py > run.log' first", file=sys.stderr)
         return 2
+    rows = read_rows(args.results).rows
     if args.list or not args.rows:
         for n, row in enumerate(rows, 1):
             print(f"{n:4d}  {row.timestamp}  {row.commit[:8]:8s}  fwd {_tflops(row.fwd_tflops_geomean)}  bwd {_tflops(row.bwd_tflops_geomean)}  "

@@ -300,8 +300,8 @@ def test_an_output_in_a_persistent_buffer_is_reuse():
         gate_guarded(_persistent_buffer())
 
 
-def test_an_output_in_an_input_is_reuse():
-    with pytest.raises(guards.GuardViolation, match=r"guard output_reuse: call 1 \(set A\): out shares memory with q of set A"):
+def test_an_output_written_into_an_input_is_input_write():
+    with pytest.raises(guards.GuardViolation, match=r"guard input_write: call 1 \(set A\): the call changed its input q"):
         runtime_guards.check_candidate(_writes_into_q, PLAIN, "fwd", "cpu", seed=3)
 
 

@@ -59,7 +59,7 @@ def test_the_registry_receives_experiment_py_and_never_loads_it():
 
 
 def test_the_harness_pin_covers_every_project_module_the_harness_imports():
-    starts = ["prepare", *(name for name in GRAPH if _under(name, "fa4tune.harness"))]
+    starts = ["prepare", *guards.DECIDING_MODULES, *(name for name in GRAPH if _under(name, "fa4tune.harness"))]
     # and the measured path: what experiment.py and kernels/ import (fa4tune.api, fa4tune.sm120_interface), not themselves
     agents = [name for name in GRAPH if guards.unpinned_module(name)]
     starts += [edge.target for name in agents for edge in GRAPH[name] if not guards.unpinned_module(edge.target)]

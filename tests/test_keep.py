@@ -100,3 +100,18 @@ def test_list_prints_the_geomeans_formatted_like_the_rest_of_its_table(tmp_path,
     assert keep.main(["--list", "--results", str(path)]) == 0
     line = capsys.readouterr().out.splitlines()[0]
     assert "fwd   305.83  bwd        -" in line and "305.833" not in line and "None" not in line
+
+
+def test_without_results_tsv_it_says_in_one_line_what_to_run_first(tmp_path, capsys):
+    from fa4tune import keep
+
+    assert keep.main(["--results", str(tmp_path / "results.tsv")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: no_results: ") and "run 'uv run python experiment.py > run.log' first" in line
+
+
+def test_keep_and_the_results_tsv_writer_are_pinned():
+    # issue 66: what decides the keep, and the rows it reads, cannot be edited under a "harness as pinned"
+    from fa4tune.harness import guards
+
+    assert {"fa4tune/keep.py", "fa4tune/harness/results_tsv.py"} <= set(guards.harness_files())

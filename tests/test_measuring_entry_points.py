@@ -30,6 +30,7 @@ MEASURING = {
     "bench/gpu_splitkv.py": "bench/gpu_splitkv.py",
     "bench/gpu_twins.py": "bench/gpu_twins.py",
     "bench/guards_gpu.py": "bench/guards_gpu.py",
+    "bench/harness_cost.py": "bench/harness_cost.py",
     "bench/stability.py": "bench/stability.py",
     "bench/step_server.py": "bench/step_server.py",
     "bench/gpu_smoke.py": "bench/gpu_smoke.py",

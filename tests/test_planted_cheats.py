@@ -13,9 +13,10 @@ import torch
 
 from fa4tune.config import Problem
 from fa4tune.harness import candidates, gate, guards, runtime_guards, steps
+from fa4tune.harness import settings as settings_module
 from fa4tune.harness.settings import Settings
 from prepare_child_targets import torch_attention
-from bench.guards_gpu import NeverWritten, ZeroGrad, memo_by_pointer
+from bench.guards_gpu import NeverWritten, ZeroGrad, after_calls, memo_by_pointer, memo_by_tensor_object, zeroing_q
 
 torch.set_num_threads(1)
 
@@ -32,8 +33,8 @@ def guarded(forward, name="planted"):
 
 
 def calls_before_timing(direction: str) -> int:
-    """Forward calls an honest guarded candidate gets before its first timed call: the gate's cases, the run-time
-    guards' calls, and (for the backward) the forward of each timed input set and the warm-up."""
+    """Forward calls an honest guarded candidate gets before its first timed round: the gate's cases, the run-time
+    guards' calls, and (for the backward) the forward of each timed input set, which the warm-up differentiates."""
     count = [0]
 
     def counting(q, k, v, causal):
@@ -42,7 +43,7 @@ def calls_before_timing(direction: str) -> int:
 
     results = steps.measure_step(PROBLEM, direction, [guarded(counting)], device="cpu", settings=SETTINGS)
     assert results["planted"].status == "ok", results["planted"]
-    timed = 0 if direction == "bwd" else SETTINGS.rounds * SETTINGS.input_sets  # (a timed backward calls no forward)
+    timed = SETTINGS.rounds * SETTINGS.input_sets  # (the backward: each round's new graph, made off the clock)
     return count[0] - timed - _guard_calls_after_timing(direction)
 
 
@@ -141,7 +142,7 @@ def test_gradients_never_written_after_the_gate_are_incorrect():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_outputs_cached_from_the_gates_inputs_are_incorrect():
+def test_outputs_cached_from_the_gates_inputs_are_output_reuse():
     turn = calls_before_timing("fwd")
     seen, cache = [0], {}
 
@@ -154,13 +155,16 @@ def test_outputs_cached_from_the_gates_inputs_are_incorrect():
         return result
 
     planted = measure(forward)["planted"]
-    assert planted.status == "incorrect" and _first_round(planted.reason), planted
+    # one tensor returned for two input sets of the round: the memory of another call's output
+    assert planted.status == "guard" and _first_round(planted.reason) and "output_reuse" in planted.reason, planted
+    assert "shares memory with the out of call" in planted.reason, planted.reason
 
 
-def test_memoizing_by_tensor_identity_after_the_guards_is_caught_after_timing():
-    # right values for the timed calls (each input set's own output), no work: the guards run again after timing
+def test_memoizing_by_tensor_identity_after_the_guards_is_caught_in_the_first_timed_round():
+    # each input set's own output from the warm-up, no work: the sets are rewritten in place before every round
     planted = measure(memo_by_pointer(honest, calls_before_timing("fwd")))["planted"]
-    assert planted.status == "guard" and planted.reason.startswith("after timing: ") and "output_reuse" in planted.reason, planted
+    assert planted.status == "guard" and _first_round(planted.reason) and "output_reuse" in planted.reason, planted
+    assert "follow the values input set" in planted.reason, planted.reason
 
 
 # ------------------------------------------------------------------------------------------------
@@ -168,7 +172,7 @@ def test_memoizing_by_tensor_identity_after_the_guards_is_caught_after_timing():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_work_deferred_to_a_thread_while_timed_is_caught():
+def test_work_deferred_to_a_thread_while_timed_is_deferred_work():
     turn = calls_before_timing("fwd")
     seen, timers = [0], []
 
@@ -178,7 +182,7 @@ def test_work_deferred_to_a_thread_while_timed_is_caught():
         if seen[0] <= turn:
             return out, lse
         result = torch.zeros_like(out)
-        timer = threading.Timer(0.2, lambda: result.copy_(out))  # "finished later", off the timed window
+        timer = threading.Timer(5.0, lambda: result.copy_(out))  # "finished later", off the timed window
         timer.start()
         timers.append(timer)
         return result, lse
@@ -188,8 +192,8 @@ def test_work_deferred_to_a_thread_while_timed_is_caught():
     finally:
         for timer in timers:
             timer.cancel()
-    assert planted.status in ("incorrect", "guard"), planted
-    assert planted.reason.startswith("timed call ") or "deferred_work" in planted.reason
+    # the timed call that started it is named, and the rule: not a wrong output that a slower machine could let through
+    assert planted.status == "guard" and planted.reason.startswith("timed call 0 ") and "deferred_work" in planted.reason, planted
 
 
 def test_a_stream_made_while_timed_is_caught_by_the_trap_kept_set():
@@ -266,11 +270,26 @@ def test_a_config_that_reads_the_gate_seed_is_refused_before_its_code_runs(tmp_p
     assert not (tmp_path / "ran").exists()  # refused before any of its code ran
 
 
-def test_the_harness_reads_the_seed_from_settings_not_from_the_candidate():
-    # the gate seed is drawn per run (settings.new_gate_seed); the random gate cases follow it
-    a = gate.gate_cases(PROBLEM, 1, random_count=1)[-1]
-    b = gate.gate_cases(PROBLEM, 2, random_count=1)[-1]
-    assert a.seed != b.seed
+def test_the_harness_reads_the_seed_from_settings_not_from_the_candidate(monkeypatch):
+    # the gate's cases are those of settings.gate_seed (the record says which), whatever the candidate does; the seed
+    # itself comes from $FA4TUNE_GATE_SEED or is drawn per run, never from anything experiment.py can set
+    shapes = []
+
+    def recording(q, k, v, causal):
+        shapes.append(tuple(q.shape))
+        return honest(q, k, v, causal)
+
+    for seed in (11, 12):
+        settings = Settings(gate_seed=seed, warmup=1, rounds=1, input_sets=1, gate_random_problems=1)
+        shapes.clear()
+        passed, errors, _ = steps.gate_candidate(guarded(recording), PROBLEM, "fwd", "cpu", settings)
+        cases = gate.gate_cases(PROBLEM, seed, random_count=1)
+        assert passed and errors["gate_seed"] == seed
+        assert shapes[:len(cases)] == [(c.problem.batch, c.problem.seqlen_q, c.problem.num_heads, c.problem.head_dim) for c in cases]
+    monkeypatch.setenv("FA4TUNE_GATE_SEED", "77")
+    assert settings_module.new_gate_seed() == 77
+    monkeypatch.delenv("FA4TUNE_GATE_SEED")
+    assert len({settings_module.new_gate_seed() for _ in range(4)}) > 1  # drawn, not fixed
 
 
 # ------------------------------------------------------------------------------------------------
@@ -319,8 +338,231 @@ def test_the_max_error_rule_alone_let_out_x_1_05_through_at_x8(monkeypatch):
 
 
 @pytest.mark.parametrize("direction", ["fwd", "bwd"])
-def test_an_honest_kernel_is_ok_with_every_timed_output_checked(direction):
+def test_an_honest_kernel_is_ok_with_every_timed_output_checked(direction, monkeypatch):
+    checked = []
+    one = steps.TimedOutputCheck._one
+
+    def counting(self, name, i, *args):
+        checked.append((name, i))
+        return one(self, name, i, *args)
+
+    monkeypatch.setattr(steps.TimedOutputCheck, "_one", counting)
     spent = {}
     results = steps.measure_step(PROBLEM, direction, [guarded(honest)], device="cpu", settings=SETTINGS, seconds=spent)
     assert results["planted"].status == "ok", results["planted"]
-    assert spent["check"] > 0  # the check ran (after the clock stopped: its seconds are not in any sample)
+    # every timed call's output, each input set in every round, and the seconds it took (outside the clock)
+    assert sorted(checked) == sorted(("planted", i) for _ in range(SETTINGS.rounds) for i in range(SETTINGS.input_sets))
+    assert spent["check"] > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 66: cheats that key on something other than one global call counter (the tensors, the graph, the harness's
+# clock and draws, its frames), each caught at its root with the rule named. SETTINGS as above; the first one also
+# under the harness's default settings.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings", [SETTINGS, Settings(gate_seed=11)], ids=["small", "default"])
+def test_outputs_memoized_per_tensor_object_are_output_reuse(settings):
+    # class 1: every input set is rewritten in place before each round, so an earlier output is never right again
+    planted = steps.measure_step(PROBLEM, "fwd", [guarded(memo_by_tensor_object(honest))], device="cpu", settings=settings)["planted"]
+    assert planted.status == "guard" and planted.reason.startswith("timed call ") and "output_reuse" in planted.reason, planted
+    assert "returned the round before" in planted.reason or "follow the values input set" in planted.reason, planted.reason
+
+
+def memo_gradients(per_tensor: bool, from_call=3):
+    """Attention whose backward returns the gradients it returned before, from the `from_call`-th backward through one
+    graph (per_tensor False) or on one q tensor (per_tensor True); `stale` counts the gradients it returned so."""
+    memo, stale = {}, [0]
+
+    class Memo(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal):
+            ctx.inputs, ctx.causal = (q, k, v), causal
+            return honest(q, k, v, causal)[0]
+
+        @staticmethod
+        def backward(ctx, dout):
+            holder = ctx.inputs[0] if per_tensor else ctx
+            entry = memo.get(id(holder))
+            if entry is None or entry[0] is not holder:  # (held: its id is not reused while the memo keeps it)
+                entry = memo[id(holder)] = [holder, 0, None]
+            entry[1] += 1
+            if entry[1] >= from_call and entry[2] is not None:
+                stale[0] += 1
+                return (*entry[2], None)
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in ctx.inputs]
+                entry[2] = torch.autograd.grad(honest(*leaves, ctx.causal)[0], leaves, dout)
+            return (*entry[2], None)
+
+    def forward(q, k, v, causal):
+        return Memo.apply(q, k, v, causal), honest(q.detach(), k.detach(), v.detach(), causal)[1]
+
+    forward.stale = stale
+    return forward
+
+
+def test_gradients_memoized_per_q_tensor_are_output_reuse():
+    # class 2 at its root: the timed tensors live through every round, their values and dout do not
+    planted = measure(memo_gradients(per_tensor=True), "bwd")["planted"]
+    assert planted.status == "guard" and "output_reuse" in planted.reason and planted.reason.startswith("timed call "), planted
+
+
+def test_no_timed_graph_is_differentiated_a_third_time():
+    # class 2 as the issue plants it (the third backward through one graph): each round times a new graph, made off
+    # the clock from the rewritten inputs, so the memoized path never runs and the time is the honest backward's
+    cheat = memo_gradients(per_tensor=False)
+    planted = measure(cheat, "bwd")["planted"]
+    assert planted.status == "ok" and cheat.stale[0] == 0, (planted, cheat.stale)
+
+
+def test_inputs_zeroed_in_place_fail_the_gate_as_input_write():
+    with pytest.raises(guards.GuardViolation) as caught:
+        steps.gate_candidate(guarded(zeroing_q(honest)), PROBLEM, "fwd", "cpu", SETTINGS)
+    assert caught.value.rule == guards.INPUT_WRITE and "changed its input q" in str(caught.value)
+    planted = measure(zeroing_q(honest))["planted"]
+    assert planted.status == "guard" and "input_write" in planted.reason, planted
+
+
+def test_inputs_zeroed_in_place_while_timed_are_input_write():
+    planted = measure(zeroing_q(honest, calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and _first_round(planted.reason) and "input_write" in planted.reason, planted
+
+
+def test_dout_zeroed_in_the_backward_is_input_write():
+    def forward(q, k, v, causal):
+        out, lse = honest(q, k, v, causal)
+        out.register_hook(lambda grad: grad.zero_())  # a cheaper backward of a zero dout, and the reference would agree
+        return out, lse
+
+    planted = measure(forward, "bwd")["planted"]
+    assert planted.status == "guard" and "input_write" in planted.reason and "dout" in planted.reason, planted
+
+
+def patching(module, name, replacement_of, after):
+    """A cheat that replaces module.name (with replacement_of(original)) from call `after` + 1 on; honest otherwise."""
+    seen = [0]
+    original = getattr(module, name)
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        if seen[0] == after + 1:
+            setattr(module, name, replacement_of(original))
+        return honest(q, k, v, causal)
+
+    return forward
+
+
+def test_os_urandom_replaced_while_timed_is_harness_access(monkeypatch):
+    # class 4: the draw of the set checked whole, were it read from os.urandom at call time, would be known: 0
+    import os
+    monkeypatch.setattr(os, "urandom", os.urandom)  # put back after the test
+    planted = measure(patching(os, "urandom", lambda original: (lambda n: bytes(n)), calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "os.urandom" in planted.reason, planted
+
+
+def test_a_clock_stopped_through_logging_time_is_harness_access(monkeypatch):
+    # class 5: time.perf_counter reached as logging.time, frozen while the kernel runs; the harness's clock is bound
+    import logging
+    import time
+    monkeypatch.setattr(time, "perf_counter", time.perf_counter)
+    frozen = time.perf_counter()
+    planted = measure(patching(logging.time, "perf_counter", lambda original: (lambda: frozen), calls_before_timing("fwd")))["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "time.perf_counter" in planted.reason, planted
+
+
+def test_torch_equal_replaced_to_blind_the_input_check_is_harness_access(monkeypatch):
+    # our own: blind the read-only check (torch.equal always True), then zero q in place
+    monkeypatch.setattr(torch, "equal", torch.equal)
+    turn = calls_before_timing("fwd")
+    blind, zeroing = patching(torch, "equal", lambda original: (lambda a, b: True), turn), zeroing_q(honest, turn)
+
+    def forward(q, k, v, causal):
+        blind(q, k, v, causal)
+        return zeroing(q, k, v, causal)
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and "harness_access" in planted.reason and "torch.equal" in planted.reason, planted
+
+
+def test_one_output_buffer_for_every_call_is_output_reuse():
+    # our own: the output of every timed call written into one buffer (a later call overwrites what an earlier returned)
+    turn, seen, buffer = calls_before_timing("fwd"), [0], {}
+
+    def forward(q, k, v, causal):
+        seen[0] += 1
+        out, lse = honest(q, k, v, causal)
+        if seen[0] <= turn:
+            return out, lse
+        kept = buffer.setdefault("out", torch.empty_like(out))
+        return kept.copy_(out), lse
+
+    planted = measure(forward)["planted"]
+    assert planted.status == "guard" and _first_round(planted.reason) and "shares memory with the out of call" in planted.reason, planted
+
+
+def first_and_last_rows(q, k, v, causal):
+    """The rows every guard call checks (the first and the last), nothing between."""
+    out, lse = honest(q, k, v, causal)
+    out = out.clone()
+    out[:, 1:-1] = 0
+    return out, lse
+
+
+def test_only_the_first_and_last_rows_computed_is_incorrect():
+    # our own: the rows of the timed check and the set checked whole are drawn after the call
+    planted = measure(after_calls(calls_before_timing("fwd"), honest, first_and_last_rows))["planted"]
+    assert planted.status == "incorrect" and _first_round(planted.reason) and "out " in planted.reason, planted
+
+
+def test_wrong_on_one_timed_call_that_is_not_the_last_is_caught_by_its_index():
+    # class 7: every timed output is checked, not one drawn per round: a cheat wrong on timed call 1 only is caught there
+    turn = calls_before_timing("fwd")
+    wrong_from_the_second = after_calls(turn + 1, honest, lambda q, k, v, c: (torch.zeros_like(honest(q, k, v, c)[0]), None))
+    planted = measure(after_calls(turn + 2, wrong_from_the_second, honest))["planted"]  # (and right again from the third)
+    assert planted.status == "incorrect" and planted.reason.startswith("timed call 1 "), planted
+
+
+def test_a_time_below_the_memory_floor_is_refused():
+    # a clock that reports next to nothing (the stopped clock's effect): refused as impossible on the device's bandwidth
+    class InstantTimer:
+        def time_calls(self, calls, flush=None):
+            return [1e-9 for fn in calls if fn() is not None or True]
+
+    results = steps.measure_step(PROBLEM, "fwd", [guarded(honest)], device="cpu", settings=SETTINGS, timer=InstantTimer(),
+                                 memory_bandwidth=1e12)
+    planted = results["planted"]
+    assert planted.status == "guard" and "below_memory_floor" in planted.reason, planted
+
+
+# Classes 4 and 6 before any code runs: frames and tracebacks, computed names, the modules the harness runs on.
+@pytest.mark.parametrize("source, what", [
+    ("try:\n    1 / 0\nexcept ZeroDivisionError as err:\n    frame = err.__traceback__.tb_frame.f_back\n    seed = frame.f_locals['settings']",
+     "__traceback__"),
+    ("def f(tb):\n    return tb.tb_frame.f_back.f_locals", "tb_frame"),
+    ("import sys\ninfo = sys.exc_info()", "sys.exc_info"),
+    ("def f(g):\n    return g.gi_frame.f_globals", "gi_frame"),
+    ("def f(fn):\n    return fn.__globals__['settings']", "__globals__"),
+    ("import traceback\nframes = traceback.walk_stack(None)", "traceback"),
+    ("import logging\nframe = logging.currentframe()", "logging.currentframe"),
+    ("import os\nos.urandom = lambda n: bytes(n)", "assignment to os.urandom"),
+    ("import logging\nclock = logging.time\nsetattr(clock, 'perf_' + 'counter', lambda: 0.0)", "<computed name>"),
+    ("import logging\nlogging.time.perf_counter = lambda: 0.0", "logging.time.perf_counter"),
+    ("import torch\nc = torch.cuda\nS = getattr(c, 'Str' + 'eam')", "getattr(torch.cuda, <computed name>)"),
+    ("import torch\nc = torch.cuda\nE = getattr(c, 'Ev' + 'ent')", "getattr(torch.cuda, <computed name>)"),
+    ("import torch\nc = torch.cuda\nE = c.Event", "torch.cuda.Event"),
+    ("import torch\nf = torch.nn.functional\nA = getattr(f, 'scaled_dot_' + 'product_attention')", "<computed name>"),
+    ("import os\nenv = getattr(os, 'envi' + 'ron')", "getattr(os, <computed name>)"),
+    ("import torch\nE = getattr(getattr(torch, 'cuda'), 'Event')", "getattr(torch.cuda, 'Event')"),
+    ("def f(x, name, value):\n    setattr(x, name, value)", "setattr(x, <computed name>)"),
+    ("import torch\ntorch.equal = lambda a, b: True", "assignment to torch.equal"),
+])
+def test_frames_computed_names_and_module_patches_are_refused_statically(source, what):
+    violations = guards.check_source_text(source, "experiment.py")
+    assert any(what in v.what for v in violations), violations
+
+
+def test_a_kernel_may_still_read_its_own_objects_fields_by_computed_name():
+    # kernels/cmask_backward_sm120.py copies a dataclass by its fields; a delegate forwards __getattr__
+    assert guards.check_source_text("import dataclasses\ndef copy(m):\n    return [getattr(m, f.name) for f in dataclasses.fields(m)]") == []

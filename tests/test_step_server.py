@@ -54,16 +54,17 @@ def test_the_child_persists_across_calls_and_reuses_its_references(tmp_path):
         assert os.getsid(pid) != os.getsid(0)  # its own session: a terminal Ctrl-C does not reach it
         (first,) = s.run_steps([step("counting")], SETTINGS)
         computed = log.read_text().split()
-        # fp32 and plain, for each of 4 gate cases and each timed input set (the timed outputs are checked: issue 41)
-        assert len(computed) == 2 * (4 + SETTINGS.input_sets) and set(computed) == {str(pid)}
-        # another candidate on the same cases, in a later call: the same child, no reference computed again
+        # fp32 and plain, for each of 4 gate cases and each timed round's input set checked whole (issue 66: new values
+        # every round)
+        assert len(computed) == 2 * (4 + SETTINGS.rounds) and set(computed) == {str(pid)}
+        # another candidate on the same cases, in a later call: the same child, no gate reference computed again
         (second,) = evaluation.run_steps_isolated([step("correct")], SETTINGS, server=s)
         assert s.pids == [pid] and s.pid == pid
-        assert log.read_text().split() == computed
+        assert len(log.read_text().split()) == len(computed) + 2 * SETTINGS.rounds
         assert second["correct"].status == "ok" and second["correct"].max_errors == first["counting"].max_errors
         # another gate seed: other cases, other references
         s.run_steps([step("correct")], replace(SETTINGS, gate_seed=8))
-        assert len(log.read_text().split()) == 2 * len(computed)
+        assert len(log.read_text().split()) == 2 * len(computed) + 2 * SETTINGS.rounds
     assert not alive(pid)  # close() ended it
 
 

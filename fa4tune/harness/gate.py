@@ -31,6 +31,7 @@ import torch
 
 from fa4tune.config import Problem
 from fa4tune.harness import fp8_gate
+from fa4tune.harness.guards import INPUT_WRITE, GuardViolation
 
 RTOL = 2.0
 # The relative rule (issue 41): ||value - ref|| / ||ref|| <= RTOL x that of plain PyTorch + this floor (the input
@@ -413,6 +414,20 @@ def _run_forward(forward: Forward, q, k, v, causal, lengths=()):
     return out, lse
 
 
+def read_only(tensors: dict[str, torch.Tensor | None]) -> Callable[[str], list[torch.Tensor | None]]:
+    """Copies of a call's inputs, taken before it runs; the function returned, called after it, raises GuardViolation
+    (input_write) when the call changed one, else returns the copies: the references are computed from them."""
+    copies = {name: None if t is None else t.detach().clone() for name, t in tensors.items()}
+
+    def verify(label: str) -> list[torch.Tensor | None]:
+        for name, t in tensors.items():
+            if t is not None and not torch.equal(t.detach(), copies[name]):
+                raise GuardViolation(INPUT_WRITE, f"{label}: the call changed its input {name}")
+        return list(copies.values())
+
+    return verify
+
+
 def _shape_text(q, k, v, causal, lengths=()) -> str:
     if lengths:
         return Problem(len(lengths), max(lengths), max(lengths), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], causal,
@@ -429,8 +444,11 @@ def gate_forward(
 ) -> GateResult:
     """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
     `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before); with `lengths`, a
-    packed call, each sequence against its own; `precision` "fp8": under the FP8 gate."""
+    packed call, each sequence against its own; `precision` "fp8": under the FP8 gate. GuardViolation (input_write) when
+    the call changed q, k or v; the reference comes from copies taken before it."""
+    verify = read_only({"q": q, "k": k, "v": v})
     out, lse = _run_forward(forward, q, k, v, causal, lengths)
+    q, k, v = verify(f"gate case {variant}")
     return check_outputs(q, k, v, causal, out, lse, variant=variant, seed=seed, chunk_bytes=chunk_bytes,
                          references=references, input_scale=input_scale, lengths=lengths, precision=precision)
 
@@ -522,8 +540,9 @@ def gate_backward(
     lengths: tuple[int, ...] = (),
 ) -> GateResult:
     """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV (references
-    from `references` as in gate_forward; with `lengths`, per sequence)."""
+    from `references` as in gate_forward; with `lengths`, per sequence; inputs read-only as in gate_forward)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    verify = read_only({"q": q, "k": k, "v": v, "dout": dout})
     with torch.enable_grad():
         out, lse = _run_forward(forward, q, k, v, causal, lengths)
         if poisons(q.device):
@@ -532,6 +551,7 @@ def gate_backward(
     if q.is_cuda:
         torch.cuda.synchronize(q.device)
     out, lse = out.detach(), (lse.detach() if lse is not None else None)
+    q, k, v, dout = verify(f"gate case {variant}")
     return check_outputs(q, k, v, causal, out, lse, (dq, dk, dv), dout, variant=variant, seed=seed,
                          chunk_bytes=chunk_bytes, references=references, input_scale=input_scale, lengths=lengths)
 

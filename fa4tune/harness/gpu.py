@@ -97,6 +97,24 @@ DEVICE_PEAKS: dict[str, DevicePeak] = {
 }
 
 
+# Memory bandwidth (bytes per second) by the name torch reports: the spec sheets' figures, which no kernel reaches,
+# so a floor made from them errs low (memory_floor.py). A CUDA GPU not listed gets UNKNOWN_GPU_BANDWIDTH, above any
+# single GPU's today (B200: 8 TB/s).
+DEVICE_MEMORY_BANDWIDTH: dict[str, float] = {
+    "NVIDIA H100 80GB HBM3": 3.35e12,  # H100 SXM datasheet
+    "NVIDIA H100 PCIe": 2.0e12,
+    "NVIDIA H200": 4.8e12,  # H200 SXM datasheet
+    "NVIDIA GeForce RTX 5090": 1.792e12,  # 512-bit GDDR7 at 28 Gbps
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": 1.792e12,
+}
+UNKNOWN_GPU_BANDWIDTH = 10e12
+
+
+def device_bandwidth(name: str) -> float:
+    """Bytes per second the GPU torch calls `name` can move at most (DEVICE_MEMORY_BANDWIDTH, else the unknown GPU's)."""
+    return DEVICE_MEMORY_BANDWIDTH.get(name.strip(), UNKNOWN_GPU_BANDWIDTH)
+
+
 def device_peak(name: str) -> DevicePeak | None:
     """The dense bf16 peak of the GPU torch calls `name`; None when DEVICE_PEAKS does not know it."""
     return DEVICE_PEAKS.get(name.strip())

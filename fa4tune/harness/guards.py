@@ -40,10 +40,13 @@ ALLOW_HARNESS_EDIT = "FA4TUNE_ALLOW_HARNESS_EDIT"
 # The harness, whose files decide what a measurement says: the script and the package, as files and as modules.
 HARNESS_SCRIPT, HARNESS_DIR = "prepare.py", "fa4tune/harness"
 HARNESS_MODULE, HARNESS_PACKAGE = "prepare", "fa4tune.harness"
+# Modules outside the package that decide with the harness's numbers: what the agent keeps (issue 66). Pinned with
+# their imports (results_tsv, the row writer and reader, is in the package).
+DECIDING_MODULES = ("fa4tune.keep",)
 
 OTHER_ATTENTION, SELF_TIMING, SIDE_STREAM, DEFERRED_WORK = "other_attention", "self_timing", "side_stream", "deferred_work"
 HARNESS_ACCESS, OUTPUT_REUSE, OUTPUT_TYPE, NOT_READY = "harness_access", "output_reuse", "output_type", "not_ready"
-HARNESS_EDIT = "harness_edit"
+HARNESS_EDIT, INPUT_WRITE, BELOW_MEMORY_FLOOR = "harness_edit", "input_write", "below_memory_floor"
 WHY = {
     OTHER_ATTENTION: "experiment.py computes attention with its own SM120 kernels, never by calling another implementation",
     SELF_TIMING: "only the harness times kernels",
@@ -55,6 +58,8 @@ WHY = {
     OUTPUT_REUSE: "every call computes its outputs from its own inputs, into fresh memory",
     OUTPUT_TYPE: "outputs are plain tensors, with an autograd graph only when one is recorded",
     HARNESS_EDIT: "prepare.py, the files of fa4tune/harness/ and the project modules they import are fixed",
+    INPUT_WRITE: "q, k, v and dout are read-only to the candidate",
+    BELOW_MEMORY_FLOOR: "no call is faster than reading its inputs and writing its outputs once at the device's memory bandwidth",
 }
 
 
@@ -107,11 +112,15 @@ _FORBIDDEN_DOTTED: dict[str, tuple[str, ...]] = {
         "builtins", "gc", "inspect", "ctypes", "subprocess", "pty", "os.environ", "os.environb", "os.putenv", "os.unsetenv",
         "os.getenv", "os.system", "os.popen", "os.fork", "sys.modules", "sys.meta_path", "sys.path", "sys.path_hooks",
         "sys._getframe", "sys.settrace", "sys.setprofile", "sys.addaudithook",
+        # frames and tracebacks: the harness's locals (the gate seed, the check's schedule) are one walk away (issue 66)
+        "sys.exc_info", "sys.exception", "sys.last_traceback", "sys.last_exc", "sys._current_frames", "traceback",
+        "logging.currentframe", "operator.attrgetter", "operator.methodcaller",
     ),
 }
 # FA2 is `flash_attn` (flash_attn_func & co.); FA4 lives in `flash_attn.cute`, whose SM120/SM80 building blocks
 # are allowed, but not the kernels of architectures SM120 lacks (wgmma, tcgen05) nor FA4's own dispatch.
 _FA4_PACKAGE = "flash_attn.cute"
+_KERNEL_BUILDING_BLOCKS = (_FA4_PACKAGE, "cutlass")
 _FA4_FORBIDDEN_MODULE_PREFIXES = ("flash_attn.cute.flash_fwd_sm90", "flash_attn.cute.flash_bwd_sm90", "flash_attn.cute.flash_fwd_sm100",
                                   "flash_attn.cute.flash_bwd_sm100", "flash_attn.cute.flash_fwd_mla", "flash_attn.cute.flash_bwd_mla",
                                   "flash_attn.cute.sm100_")
@@ -125,6 +134,10 @@ _FORBIDDEN_NAME_PATTERNS: dict[str, re.Pattern] = {
     ),
     SELF_TIMING: re.compile(r"perf_counter|process_time|thread_time|^monotonic|elapsed_time|^do_bench|Event(Create|Record|ElapsedTime|Synchronize)|^time_ns$"),
     SIDE_STREAM: re.compile(r"StreamCreate|^ExternalStream$|^set_stream$|^StreamContext$|StreamWaitEvent|_cuda_setStream$|StreamFromPool"),
+    # Frame, traceback and namespace attributes: how a candidate reads the harness's locals or reaches a module's dict.
+    HARNESS_ACCESS: re.compile(r"^(tb_frame|tb_next|f_back|f_locals|f_globals|f_builtins|f_code|gi_frame|gi_code|cr_frame|ag_frame"
+                               r"|__traceback__|__globals__|__closure__|__code__|__builtins__|__dict__|__subclasses__"
+                               r"|__getattribute__|__setattr__|__delattr__|cell_contents|exc_info|_getframe|currentframe)$"),
 }
 # Builtins that run code or reach namespaces the check cannot see.
 _FORBIDDEN_BUILTINS = {"exec", "eval", "compile", "__import__", "globals", "vars", "breakpoint"}
@@ -188,17 +201,31 @@ class _SourceCheck(ast.NodeVisitor):
                 for alias in node.names:
                     if alias.name != "*":
                         self.aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        for node in ast.walk(tree):  # `c = torch.cuda`: c names what it was given, wherever it is used (issue 66)
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                value = self._dotted(node.value)
+                if value is not None and value.split(".")[0] in self.imported_roots():
+                    self.aliases[node.targets[0].id] = value
+
+    def imported_roots(self) -> set[str]:
+        """The top-level names the file's imports bind ('torch', 'os')."""
+        return {dotted.split(".")[0] for dotted in self.aliases.values()}
 
     def _flag(self, rule: str | None, line: int, what: str) -> None:
         if rule and (rule, what) not in self.found:
             self.found[(rule, what)] = Violation(rule, self.path, line, what)
 
     def _dotted(self, node: ast.AST) -> str | None:
-        """The dotted name an expression refers to, through import aliases (None if it is not a name chain)."""
+        """The dotted name an expression refers to, through import aliases and getattr with a constant name (None if it
+        is not a name chain)."""
         parts = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
+        while isinstance(node, ast.Attribute) or _constant_getattr(node):
+            if isinstance(node, ast.Attribute):
+                parts.append(node.attr)
+                node = node.value
+            else:
+                parts.append(node.args[1].value)
+                node = node.args[0]
         if not isinstance(node, ast.Name):
             return None
         parts.append(self.aliases.get(node.id, node.id))
@@ -230,8 +257,11 @@ class _SourceCheck(ast.NodeVisitor):
         self.visit(base)
 
     def visit_Name(self, node: ast.Name) -> None:
-        if node.id in self.aliases:
+        if node.id in self.aliases and not isinstance(node.ctx, ast.Store):
             self._flag(forbidden_rule(self.aliases[node.id]), node.lineno, self.aliases[node.id])
+
+    def _imported(self, target: str | None) -> bool:
+        return bool(target) and target.split(".")[0] in self.imported_roots()
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
@@ -240,16 +270,51 @@ class _SourceCheck(ast.NodeVisitor):
                 self._flag(HARNESS_ACCESS, node.lineno, f"{func.id}()")
             elif func.id in _ATTRIBUTE_BUILTINS and len(node.args) >= 2:
                 name = node.args[1]
+                target = self._dotted(node.args[0])
                 if isinstance(name, ast.Constant) and isinstance(name.value, str):
-                    target = self._dotted(node.args[0])
                     what = f"{target}.{name.value}" if target else name.value
                     self._flag(forbidden_rule(what), node.lineno, f"{func.id}({target or '...'}, {name.value!r})")
-                elif func.id != "hasattr":
-                    # a computed name: getattr(torch.nn.functional, "scaled_" + "dot...") hides what it reaches
-                    target = self._dotted(node.args[0])
-                    if target and target.split(".")[0] in self.aliases.values():
-                        self._flag(HARNESS_ACCESS, node.lineno, f"{func.id}({target}, <computed name>)")
+                    if func.id in ("setattr", "delattr") and self._imported(target):
+                        self._flag(HARNESS_ACCESS, node.lineno, f"{func.id}({target}, {name.value!r}) (an imported module's attribute)")
+                elif func.id in ("setattr", "delattr") or self._imported(target):
+                    # a computed name: getattr(torch.nn.functional, "scaled_" + "dot...") hides what it reaches; a computed
+                    # getattr on the kernel's own objects (a dataclass's fields, a delegate) stays allowed
+                    self._flag(HARNESS_ACCESS, node.lineno, f"{func.id}({target or '...'}, <computed name>)")
         self.generic_visit(node)
+
+    def _assigned(self, targets, line: int) -> None:
+        """An imported module's attribute as an assignment target (`os.urandom = ...`): the harness runs on those modules.
+        FA4's cute package and the CuTe DSL are the kernels' own building blocks, which the harness does not run on: a
+        kernel class may route one of their helpers while it traces (kernels/cmask_kregs_backward_sm120.py)."""
+        for target in targets:
+            for node in ast.walk(target):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                    dotted = self._dotted(node)
+                    if (self._imported(dotted) and not forbidden_rule(dotted)
+                            and not any(under(dotted, own) for own in _KERNEL_BUILDING_BLOCKS)):
+                        self._flag(HARNESS_ACCESS, line, f"assignment to {dotted} (an imported module's attribute)")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self._assigned(node.targets, node.lineno)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node: ast.AugAssign) -> None:
+        self._assigned([node.target], node.lineno)
+        self.generic_visit(node)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._assigned([node.target], node.lineno)
+        self.generic_visit(node)
+
+    def visit_Delete(self, node: ast.Delete) -> None:
+        self._assigned(node.targets, node.lineno)
+        self.generic_visit(node)
+
+
+def _constant_getattr(node: ast.AST) -> bool:
+    """getattr(x, "name") with a constant name: the same as x.name."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) == 2
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str))
 
 
 def check_source_text(text: str, path: str = "experiment.py") -> list[Violation]:
@@ -351,13 +416,14 @@ def _measured_path_imports(root: Path) -> list[str]:
 
 def harness_files(root: Path | None = None) -> list[str]:
     """The pinned files, relative to the root: prepare.py, then every file under fa4tune/harness/ in path order
-    (bytecode caches aside), then every other project module these, experiment.py or kernels/ import, transitively
+    (bytecode caches aside), then fa4tune/keep.py (DECIDING_MODULES) and every other project module these,
+    experiment.py or kernels/ import, transitively
     and at any depth (read with ast: fa4tune.import_graph.reachable), in path order; experiment.py and kernels/
     themselves aside (unpinned_module: the agent's, guarded by the static rules, not pinned)."""
     root = root or ROOT
     package = sorted(path.relative_to(root).as_posix() for path in (root / HARNESS_DIR).rglob("*")
                      if path.is_file() and "__pycache__" not in path.relative_to(root).parts)
-    starts = [HARNESS_MODULE, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
+    starts = [HARNESS_MODULE, *DECIDING_MODULES, *(import_graph.module_name(root / name, root) for name in package if name.endswith(".py"))]
     starts += _measured_path_imports(root)
     imported = sorted(path.relative_to(root).as_posix() for path in import_graph.reachable(starts, root, unpinned_module).values())
     return [HARNESS_SCRIPT, *package, *(name for name in imported if name != HARNESS_SCRIPT and name not in package)]

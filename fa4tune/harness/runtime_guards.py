@@ -20,12 +20,16 @@ The rules, their reasons and the static check of experiment.py's source are in f
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import math
+import os
 import random
 import re
+import statistics
 import sys
 import threading
+import time
 from typing import Callable, Sequence
 
 import torch
@@ -161,15 +165,57 @@ def seal_harness() -> None:
                 _SEALED[(module_name, name)] = value
 
 
+# What the harness relies on outside its own modules (issue 66): the clocks, the random draws, threads, CUDA events
+# and synchronization, the builtins and torch functions its checks compare with. Bound when this module is imported,
+# before experiment.py runs; one a candidate replaces (time.perf_counter reached as logging.time, os.urandom,
+# torch.equal) is refused at the next trap or timed round. Owners are dotted paths from a root module.
+_RELIED_ON = {
+    "time": "perf_counter perf_counter_ns monotonic time", "os": "urandom", "random": "Random SystemRandom",
+    "threading": "active_count enumerate Thread", "statistics": "median",
+    "builtins": "isinstance len sum min max sorted int float abs any all zip range getattr type id iter next list tuple dict set str",
+    "torch": "equal allclose isnan isfinite logsumexp softmax matmul randn stack full zeros empty cat arange tensor where "
+             "no_grad enable_grad set_grad_enabled Generator Tensor",
+    "torch.autograd": "grad", "torch.Tensor": "copy_ sum float to clone detach view contiguous tolist item abs max norm __sub__ "
+                                              "__eq__ untyped_storage data_ptr numel requires_grad_",
+    "torch.cuda": "Event synchronize _sleep current_stream current_device get_device_properties get_device_name empty_cache",
+    "torch.cuda.Event": "record elapsed_time query synchronize",
+}
+_ROOTS = {"time": time, "os": os, "random": random, "threading": threading, "statistics": statistics, "builtins": builtins, "torch": torch}
+
+
+def _relied_on_now() -> dict[str, object]:
+    found = {}
+    for owner_path, names in _RELIED_ON.items():
+        root, *rest = owner_path.split(".")
+        owner = _ROOTS[root]
+        for part in rest:
+            owner = getattr(owner, part, None)
+        for name in names.split():
+            found[f"{owner_path}.{name}"] = getattr(owner, name, None)
+    return found
+
+
+_BOUND = _relied_on_now()
+
+
 def harness_tampering() -> list[str]:
-    """Names of harness functions and constants that differ from what was sealed ('fa4tune.harness.gate.compare')."""
+    """Names of harness functions and constants that differ from what was sealed ('fa4tune.harness.gate.compare'), and
+    of what the harness relies on outside it that differs from what it bound at import ('time.perf_counter')."""
     changed = []
     for (module, name), value in _SEALED.items():
         now = vars(sys.modules[module]).get(name, None)
         same = now is value if callable(value) else now == value
         if not same:
             changed.append(f"{module}.{name}")
-    return changed
+    return changed + [name for name, value in _relied_on_now().items() if value is not _BOUND[name]]
+
+
+def raise_if_tampered() -> None:
+    """GuardViolation (harness_access) naming what was replaced, when harness_tampering finds anything: before each
+    timed round, off the clock, as well as at every trap's end."""
+    tampered = harness_tampering()
+    if tampered:
+        raise GuardViolation(HARNESS_ACCESS, f"changed {', '.join(tampered)} while the harness ran experiment.attention")
 
 
 @contextlib.contextmanager
@@ -252,11 +298,14 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
 
 
-def observe_call(call: Callable[[], object], names: Sequence[str], sync, label: str) -> list[torch.Tensor | None]:
+def observe_call(call: Callable[[], object], names: Sequence[str], sync, label: str,
+                 inputs: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor | None]:
     """Run `call` and return its tensor outputs, named `names`, after checking they are plain tensors that
-    are final when the call returns on the current stream; GuardViolation otherwise."""
+    are final when the call returns on the current stream, and that it left its `inputs` as they were; GuardViolation
+    otherwise."""
     stream = sync.current_stream()
     threads = set(threading.enumerate())
+    verify = gate.read_only(inputs or {})
     result = call()
     if sync.current_stream() != stream:
         raise GuardViolation(SIDE_STREAM, f"{label}: the call returned with another current stream than it started on")
@@ -270,6 +319,7 @@ def observe_call(call: Callable[[], object], names: Sequence[str], sync, label: 
     sync.wait_current_stream()  # what the caller's stream has finished: all a later reader on it may rely on
     snapshots = [None if value is None else value.detach().clone() for value in outputs]
     sync.synchronize()
+    verify(label)  # (after the snapshots: reading the inputs must not wait for a side stream's writes to the outputs)
     started = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
     if started:
         raise GuardViolation(DEFERRED_WORK, f"{label}: left {len(started)} thread(s) running after it returned ({started[0].name})")
@@ -286,7 +336,8 @@ def _storage_span(t: torch.Tensor) -> tuple[torch.device, int, int]:
     return t.device, storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
-def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when two tensors' storages overlap."""
     (da, sa, ea), (db, sb, eb) = _storage_span(a), _storage_span(b)
     return da == db and sa < eb and sb < ea and ea > sa and eb > sb
 
@@ -294,7 +345,7 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _check_no_alias(label: str, outputs: dict[str, torch.Tensor], others: dict[str, torch.Tensor]) -> None:
     for name, value in outputs.items():
         for other_name, other in others.items():
-            if value is not None and other is not None and _shares_memory(value, other):
+            if value is not None and other is not None and shares_memory(value, other):
                 raise GuardViolation(OUTPUT_REUSE, f"{label}: {name} shares memory with {other_name}")
 
 
@@ -356,11 +407,10 @@ def _longest_sequence(lengths) -> slice:
     return slice(start, start + lengths[i])
 
 
-def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(),
-                precision: str | None = None) -> None:
+def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(), precision: str | None = None) -> str:
     """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule
-    (the FP8 gate's for precision "fp8"); a packed call's rows are its longest sequence's (rows < seqlen_q, the
-    longest), as a batch of one."""
+    (the FP8 gate's for precision "fp8"): '' when they match, else why. A packed call's rows are its longest
+    sequence's (rows < seqlen_q, the longest), as a batch of one."""
     if lengths:
         part = _longest_sequence(lengths)
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
@@ -371,9 +421,7 @@ def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=N
     if precision == "fp8":
         found = fp8_gate.check(out.detach()[:, rows].float(), None if lse is None else lse.detach()[:, :, rows].float(),
                                ref_out, ref_lse)
-        if not found.passed:
-            raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {found.reason}")
-        return
+        return "" if found.passed else found.reason
     if dq is not None:
         checks = [gate.compare("dq", dq[:, rows], ref_dq, plain_dq, q.dtype)]
     else:
@@ -381,8 +429,14 @@ def _check_rows(label: str, q, k, v, causal, rows, *, out=None, lse=None, dout=N
         if lse is not None:
             checks.append(gate.compare("lse", lse.detach()[:, :, rows], ref_lse, plain_lse, q.dtype, valid=valid))
     failing = [c for c in checks if not c.passed]
-    if failing:
-        raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {failing[0].describe()}")
+    return failing[0].describe() if failing else ""
+
+
+def _check_rows(label: str, q, k, v, causal, rows, **outputs) -> None:
+    """rows_mismatch as a guard: GuardViolation (output_reuse) when the rows do not follow these inputs."""
+    found = rows_mismatch(q, k, v, causal, rows, **outputs)
+    if found:
+        raise GuardViolation(OUTPUT_REUSE, f"{label}: does not match the reference of its own inputs: {found}")
 
 
 def _forward_call(forward, q, k, v, causal, grad: bool, packed: dict | None = None):
@@ -419,7 +473,8 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
             for t, values in zip(inputs, new_values):
                 t.data.copy_(values)  # through .data: same data_ptr, and no version-counter bump either
         q, k, v = inputs
-        out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, False, packed), ("out", "lse"), sync, label)
+        out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, False, packed), ("out", "lse"), sync, label,
+                                {"q": q, "k": k, "v": v})
         _check_graph(label, out, inputs, recording=False)
         _check_no_alias(label, {"out": out, "lse": lse}, live)
         for earlier_label, earlier_out in previous:
@@ -439,7 +494,8 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
     sample = sample_rows(problem.seqlen_q, rows, seed)
     label = "forward (set A, recording autograd)"
     packed = gate.packing(problem.lengths, device)
-    out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, True, packed), ("out", "lse"), sync, label)
+    out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, True, packed), ("out", "lse"), sync, label,
+                            {"q": q, "k": k, "v": v})
     _check_graph(label, out, (q, k, v), recording=True)
     _check_no_alias(label, {"out": out, "lse": lse}, {"q": q, "k": k, "v": v})
     _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths)
@@ -454,7 +510,7 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
         def call():
             return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
-        dq, dk, dv = observe_call(call, ("dq", "dk", "dv"), sync, label)
+        dq, dk, dv = observe_call(call, ("dq", "dk", "dv"), sync, label, {"q": q, "k": k, "v": v, "dout": dout})
         grads = {"dq": dq, "dk": dk, "dv": dv}
         _check_no_alias(label, grads, live)
         if previous is not None:

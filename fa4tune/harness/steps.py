@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from fa4tune.config import Problem
-from fa4tune.harness import flops, gate, guards, isolation, runtime_guards, timing
+from fa4tune.harness import flops, gate, gpu, guards, isolation, memory_floor, runtime_guards, timing
 from fa4tune.harness.candidates import Candidate, candidate_from_spec
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.harness.settings import (
@@ -117,68 +117,173 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
     return True, {**_worst_case_errors(done), "gate_seed": settings.gate_seed, "gate_cases": len(done)}, ""
 
 
-def timed_calls(candidate: Candidate, problem: Problem, direction: str, device, seeds: Sequence[int]) -> list[Callable]:
-    """One zero-argument call per input set; backward calls time only the backward (forward done here); a packed
-    problem's calls get its cu_seqlens."""
-    import torch
+class TimedCall:
+    """One input set of one candidate: the zero-argument call timed (the backward: the gradients only, through this
+    round's graph, made off the clock), its tensors, rewritten in place between rounds, and a packed problem's
+    cu_seqlens. `trapped`: each call and forward under its own runtime_guards trap (a guarded candidate timed
+    beside unguarded ones)."""
 
-    calls = []
-    packed = gate.packing(problem.lengths, device)
-    for seed in seeds:
+    def __init__(self, candidate: Candidate, problem: Problem, direction: str, device, seed: int, trapped: bool = False):
+        self.forward, self.causal, self.trapped = candidate.forward, problem.causal, trapped
+        self.packed = gate.packing(problem.lengths, device)
         q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
-        if direction == "fwd":
-            def call(q=q, k=k, v=v):
-                with torch.no_grad():
-                    return candidate.forward(q, k, v, problem.causal, **packed)
-            call.forward_outputs = None
-        else:
+        self.forward_outputs = None  # the backward's (out, lse) of this round's graph
+        if direction == "bwd":
             q, k, v = (t.requires_grad_() for t in (q, k, v))
-            out, lse = gate._unpack(candidate.forward(q, k, v, problem.causal, **packed))
+        self.inputs = (q, k, v, dout)
+        if direction == "bwd":
+            self.rebuild()
 
-            def call(out=out, q=q, k=k, v=v, dout=dout):
-                return torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
-            call.forward_outputs = (out, lse)
-        call.inputs, call.seed = (q, k, v, dout), seed  # for the check of what the timed calls returned
-        calls.append(call)
-    return calls
+    def _trap(self):
+        return runtime_guards.attention_trap() if self.trapped else contextlib.nullcontext()
+
+    def rebuild(self) -> None:
+        """A new graph of the inputs as they are now (the backward's forward, off the clock)."""
+        import torch
+
+        q, k, v, _ = self.inputs
+        self.forward_outputs = None  # the last round's graph goes first
+        with self._trap(), torch.enable_grad():
+            self.forward_outputs = gate._unpack(self.forward(q, k, v, self.causal, **self.packed))
+
+    def rewrite(self, values) -> None:
+        """New values into the same tensors (same data_ptr and version counter), and for the backward a new graph."""
+        for t, value in zip(self.inputs, values):
+            t.data.copy_(value)
+        if self.forward_outputs is not None:
+            self.rebuild()
+
+    def __call__(self):
+        import torch
+
+        q, k, v, dout = self.inputs
+        with self._trap():
+            if self.forward_outputs is None:
+                with torch.no_grad():
+                    return self.forward(q, k, v, self.causal, **self.packed)
+            return torch.autograd.grad(self.forward_outputs[0], (q, k, v), dout, retain_graph=True)
 
 
-def timed_output_check(problem: Problem, direction: str, calls: dict[str, list[Callable]], settings: Settings,
-                       references: gate.ReferenceCache | None, spent: dict | None = None) -> Callable[[str, int, object], str]:
-    """timing.benchmark's `check`: a timed call's output (forward: out and LSE; backward: dQ, dK, dV and the
-    forward's out and LSE it differentiates) against the fp32 reference of that call's inputs, with the gate's
-    pass rule; '' when right, else the reason. `spent["check"]` adds up the seconds it takes (outside the clock)."""
-    import torch
+def timed_calls(candidate: Candidate, problem: Problem, direction: str, device, seeds: Sequence[int], trapped: bool = False) -> list[TimedCall]:
+    """One call per input set (TimedCall)."""
+    return [TimedCall(candidate, problem, direction, device, seed, trapped) for seed in seeds]
 
-    spent = {} if spent is None else spent
-    spent.setdefault("check", 0.0)
-    if references is None:  # the timed input sets' references, computed once for every check of this step
-        references = gate.ReferenceCache(REFERENCE_CACHE_CPU_BYTES)
 
-    def check(name: str, input_set: int, output) -> str:
+def _guard_text(rule: str, detail: str) -> str:
+    return str(guards.GuardViolation(rule, detail))
+
+
+class TimedOutputCheck:
+    """timing.benchmark's `refresh` and `check` (issue 66). Before each round, off the clock: the harness's bound
+    functions verified, every input set rewritten in place with values drawn from os.urandom (the same for every
+    candidate; kept here as the copy the references come from). After it: every timed call's output against those
+    values, with the gate's rule, whole on the input set drawn after the round, on rows drawn then on the others;
+    and the guards of the call itself: its inputs unchanged (input_write), no thread left running (deferred_work),
+    no memory shared with an input or another output of the round, not the output the same input set gave the
+    round before (output_reuse). `spent["check"]` adds up its seconds (outside the clock)."""
+
+    def __init__(self, problem: Problem, direction: str, calls: dict[str, list[TimedCall]], settings: Settings,
+                 references: gate.ReferenceCache | None, device, spent: dict | None = None, guarded: bool = True):
+        self.problem, self.direction, self.calls, self.settings, self.device = problem, direction, calls, settings, device
+        self.guarded = guarded  # a guarded candidate is timed: the harness's bound functions are verified each round
+        # the timed input sets' references, each computed once for every candidate's check
+        self.references = references if references is not None else gate.ReferenceCache(REFERENCE_CACHE_CPU_BYTES)
+        self.spent = {} if spent is None else spent
+        self.spent.setdefault("check", 0.0)
+        # per input set: (seed, [q, k, v, dout]) of this round, and of the round before (at first, as the sets were made)
+        self.values: list[tuple[int | None, list]] = [(None, [t.detach().clone() for t in c.inputs]) for c in next(iter(calls.values()))]
+        self.previous = self.values
+        self.fingerprints: dict[tuple[str, int], list[int]] = {}
+
+    def refresh(self, round_index: int) -> None:
+        """New values in every input set (and a new graph for the backward), before round `round_index`."""
         began = time.perf_counter()
-        call = calls[name][input_set]
-        q, k, v, dout = call.inputs
+        if self.guarded:
+            runtime_guards.raise_if_tampered()
+        num_sets = len(next(iter(self.calls.values())))
+        self.previous, self.values = self.values, []
+        for i in range(num_sets):
+            seed = timing.random_index(2**31)
+            values = gate.random_inputs(self.problem, seed, self.device, count=4)
+            self.values.append((seed, values))
+            for calls in self.calls.values():
+                calls[i].rewrite(values)
+        self.spent["check"] += time.perf_counter() - began
+
+    def __call__(self, round_calls: list, full_set: int) -> list[str]:
+        import torch
+
+        began = time.perf_counter()
+        rows = runtime_guards.sample_rows(self.problem.seqlen_q, runtime_guards.SAMPLED_ROWS, timing.random_index(2**31))
+        outputs = [self._named(output) for _, _, output, _ in round_calls]
+        reasons = []
         try:
             with torch.no_grad():
-                if call.forward_outputs is None:
-                    out, lse = gate._unpack(output)
-                    result = gate.check_outputs(q, k, v, problem.causal, out, lse, variant="timed", seed=call.seed,
-                                                chunk_bytes=settings.reference_chunk_bytes, references=references,
-                                                lengths=problem.lengths, precision=problem.dtype)
-                else:
-                    out, lse = call.forward_outputs
-                    out, lse = out.detach(), (lse.detach() if isinstance(lse, torch.Tensor) else None)
-                    result = gate.check_outputs(q.detach(), k.detach(), v.detach(), problem.causal, out, lse, output, dout,
-                                                variant="timed", seed=call.seed, chunk_bytes=settings.reference_chunk_bytes,
-                                                references=references, lengths=problem.lengths)
-            return "" if result.passed else result.reason
+                for j, (name, i, _, threaded) in enumerate(round_calls):
+                    others = {f"the {key} of call {m + 1} of the round": t for m, named in enumerate(outputs) if m != j
+                              for key, t in named.items() if isinstance(t, torch.Tensor)}
+                    reasons.append(self._one(name, i, outputs[j], threaded, others, i == full_set, rows))
+        finally:
+            self.spent["check"] += time.perf_counter() - began
+        return reasons
+
+    def _named(self, output) -> dict:
+        if self.direction == "fwd":
+            out, lse = gate._unpack(output)
+            return {"out": out, "lse": lse}
+        grads = list(output) if isinstance(output, (tuple, list)) else [output]
+        return dict(zip(("dq", "dk", "dv"), grads + [None] * (3 - len(grads))))
+
+    def _one(self, name: str, i: int, named: dict, threaded: bool, others: dict, whole: bool, rows) -> str:
+        import torch
+
+        call = self.calls[name][i]
+        seed, (q, k, v, dout) = self.values[i]
+        if threaded:
+            return _guard_text(guards.DEFERRED_WORK, "the timed call left a thread running when it returned")
+        for label, now, before in zip(("q", "k", "v", "dout"), call.inputs, (q, k, v, dout)):
+            if not torch.equal(now.detach(), before):
+                return _guard_text(guards.INPUT_WRITE, f"the timed call changed its input {label}")
+        tensors = {key: t for key, t in named.items() if isinstance(t, torch.Tensor)}
+        inputs = {f"input {label} of set {m}": t for m, c in enumerate(self.calls[name]) for label, t in zip(("q", "k", "v", "dout"), c.inputs)}
+        for key, t in tensors.items():
+            for other, value in {**inputs, **others}.items():
+                if runtime_guards.shares_memory(t, value):
+                    return _guard_text(guards.OUTPUT_REUSE, f"its {key} shares memory with {other}")
+        fingerprint = gate._checksum(list(tensors.values()))
+        before = self.fingerprints.get((name, i))
+        self.fingerprints[(name, i)] = fingerprint
+        if before == fingerprint:
+            return _guard_text(guards.OUTPUT_REUSE, f"returned the {', '.join(tensors)} its call on input set {i} returned the "
+                                                    "round before, though the set's values were rewritten since")
+        try:
+            found = self._compare(call, named, (q, k, v, dout), seed, whole, rows)
+            if found and not self._compare(call, named, self.previous[i][1], None, False, rows):
+                return _guard_text(guards.OUTPUT_REUSE, f"its {', '.join(tensors)} follow the values input set {i} held before "
+                                                        f"it was rewritten, not its own ({found})")
+            return found
         except Exception as err:  # an output that cannot be compared is not a right one
             return f"its output cannot be checked: {_one_line(err)}"
-        finally:
-            spent["check"] += time.perf_counter() - began
 
-    return check
+    def _compare(self, call: TimedCall, named: dict, inputs, seed: int, whole: bool, rows) -> str:
+        """'' when the output matches the reference of this round's values (whole, or on `rows`), else the reason."""
+        q, k, v, dout = inputs
+        problem, chunk = self.problem, self.settings.reference_chunk_bytes
+        if not whole:
+            if call.forward_outputs is None:
+                return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, out=named["out"], lse=named["lse"],
+                                                    lengths=problem.lengths, precision=problem.dtype)
+            return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, dout=dout, dq=named["dq"], lengths=problem.lengths)
+        if call.forward_outputs is None:
+            result = gate.check_outputs(q, k, v, problem.causal, named["out"], named["lse"], variant="timed", seed=seed,
+                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths, precision=problem.dtype)
+        else:
+            out, lse = call.forward_outputs
+            out, lse = out.detach(), (lse.detach() if lse is not None else None)
+            grads = (named["dq"], named["dk"], named["dv"])
+            result = gate.check_outputs(q, k, v, problem.causal, out, lse, grads, dout, variant="timed", seed=seed,
+                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths)
+        return "" if result.passed else result.reason
 
 
 def _guards_after_timing(guarded: Sequence[Candidate], problem: Problem, direction: str, device, settings: Settings) -> dict[str, tuple[str, str]]:
@@ -195,16 +300,6 @@ def _guards_after_timing(guarded: Sequence[Candidate], problem: Problem, directi
                 raise
             failed[c.name] = (_status_of_error(err), f"after timing: {_one_line(err)}")
     return failed
-
-
-def _trapped_calls(calls: list[Callable]) -> list[Callable]:
-    """Each call under its own runtime_guards trap (a guarded candidate timed beside unguarded ones)."""
-    def trapped(fn):
-        def call():
-            with runtime_guards.attention_trap():
-                return fn()
-        return call
-    return [trapped(fn) for fn in calls]
 
 
 def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, device, seed: int) -> float | None:
@@ -253,25 +348,30 @@ def measure_step(
     references: gate.ReferenceCache | None = None,
     give_up_ms: float | None = None,
     seconds: dict | None = None,
+    memory_bandwidth: float | None = None,
 ) -> dict[str, ProblemResult]:
     """Gate every candidate on the problem, then time those that pass against each other; one whose median
     passes `give_up_ms` after a round is timed no further and is `pruned` (None: every candidate timed fully).
     `seconds`, when given, gets the wall time spent in "gate" (first calls, so kernel loads and compiles
-    included) and in "timing" (peak memory, inputs, warm-up and timed calls).
+    included) and in "timing" (peak memory, inputs, warm-up and timed calls; of it, "check": rewriting the inputs
+    between rounds and checking every timed output). A time below the problem's memory floor at `memory_bandwidth`
+    bytes per second (default: the CUDA device's figure, none on the CPU) is refused (below_memory_floor).
 
     Raises StepContextLost after a device fault (the caller replaces the process).
     """
     seconds = {} if seconds is None else seconds
     started = time.perf_counter()
     try:
-        return _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started)
+        return _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started,
+                             memory_bandwidth)
     finally:
         total = time.perf_counter() - started
         seconds.setdefault("gate", total)  # (set where the gate ends; unset when it raised)
         seconds["timing"] = total - seconds["gate"]  # (includes "check": the timed outputs' check, outside the clock)
 
 
-def _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started):
+def _measure_step(problem, direction, candidates, device, settings, timer, flusher, references, give_up_ms, seconds, started,
+                  memory_bandwidth):
     import torch
 
     results: dict[str, ProblemResult] = {}
@@ -301,15 +401,16 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
         with runtime_guards.attention_trap() if every_guarded else contextlib.nullcontext():
             memory = {c.name: _peak_memory_mb(c, problem, direction, device, settings.gate_seed + 99) for c, _ in passed}
             seeds = [settings.gate_seed + 100 + i for i in range(settings.input_sets)]
-            calls = {c.name: timed_calls(c, problem, direction, device, seeds) for c, _ in passed}
-            timed = {c.name: (_trapped_calls(calls[c.name]) if c.guarded and not every_guarded else calls[c.name]) for c, _ in passed}
+            calls = {c.name: timed_calls(c, problem, direction, device, seeds, trapped=c.guarded and not every_guarded) for c, _ in passed}
+            checker = TimedOutputCheck(problem, direction, calls, settings, references, device, seconds,
+                                       guarded=any(c.guarded for c, _ in passed))
             timings = timing.benchmark(
-                timed, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
+                calls, timer=timer or (timing.CudaEventTimer() if is_cuda else timing.WallClockTimer()),
                 flush=flusher, warmup=settings.warmup, rounds=settings.rounds, seed=settings.gate_seed,
                 give_up=None if give_up_ms is None else {c.name: give_up_ms for c, _ in passed},
-                check=timed_output_check(problem, direction, calls, settings, references, seconds),
+                check=checker, refresh=checker.refresh,
             )
-        del calls, timed
+        del calls, checker
         after = _guards_after_timing([c for c, _ in passed if c.guarded and not timings[c.name].incorrect], problem, direction, device, settings)
     except Exception as err:
         status, reason = _status_of_error(err), f"while timing: {_one_line(err)}"
@@ -319,13 +420,16 @@ def _measure_step(problem, direction, candidates, device, settings, timer, flush
             raise StepContextLost(results, [], reason) from err
         return results
     count = flops.problem_flops(problem, direction)
+    bandwidth = memory_bandwidth if memory_bandwidth is not None or not is_cuda else gpu.device_bandwidth(torch.cuda.get_device_name(device))
     for c, errors in passed:
         t = timings[c.name]
         status, reason = "ok", ""
-        if t.incorrect:
-            status, reason = "incorrect", t.incorrect
+        if t.incorrect:  # a wrong output, or a guard of the timed call itself (its reason names the rule)
+            status, reason = ("guard" if ": guard " in t.incorrect else "incorrect"), t.incorrect
         elif c.name in after:
             status, reason = after[c.name]
+        elif impossible := memory_floor.below_floor(problem, direction, t.min_ms, bandwidth):
+            status, reason = "guard", _guard_text(guards.BELOW_MEMORY_FLOOR, impossible)
         elif t.stopped:
             status = "pruned"
             count_text = f"{len(t.samples_ms)} sample{'s' if len(t.samples_ms) != 1 else ''}"

@@ -10,14 +10,19 @@ with a simulated device or a wall-clock timer.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
-import time
+import threading
 from dataclasses import asdict, dataclass
+from os import urandom
+from time import perf_counter
 from typing import Callable, Mapping, Sequence
 
 MIN_FLUSH_BYTES = 256 * 1024 * 1024
+# The clock, the random draws and the thread count are bound here, at the harness's import (before experiment.py
+# runs): a candidate that replaces time.perf_counter or os.urandom (reached as logging.time, say) changes neither
+# (issue 66); runtime_guards checks at every trap and round that they are still what the harness bound.
+_active_threads = threading.active_count
 
 
 @dataclass(frozen=True)
@@ -140,7 +145,7 @@ class TorchCudaDevice:
 
     def host_ms(self) -> float:
         """The host's clock, in milliseconds."""
-        return time.perf_counter() * 1e3
+        return perf_counter() * 1e3
 
 
 @dataclass
@@ -252,9 +257,9 @@ class WallClockTimer:
         for fn in calls:
             if flush is not None:
                 flush()
-            start = time.perf_counter()
+            start = perf_counter()
             fn()
-            samples.append((time.perf_counter() - start) * 1e3)
+            samples.append((perf_counter() - start) * 1e3)
         return samples
 
 
@@ -279,7 +284,8 @@ def benchmark(
     rounds: int = 10,
     seed: int = 0,
     give_up: Mapping[str, float] | None = None,
-    check: Callable[[str, int, object], str] | None = None,
+    check: Callable[[list, int], list[str]] | None = None,
+    refresh: Callable[[int], None] | None = None,
 ) -> dict[str, Timing]:
     """Time candidates against each other; `candidates[name][i]` runs the call on input set i.
 
@@ -288,11 +294,13 @@ def benchmark(
     exceeds its `give_up[name]` milliseconds is timed no further (its Timing has `stopped`): a config many
     times slower than the incumbent costs one round, not all of them.
 
-    `check(name, input_set, output) -> reason ('' when right)` verifies what timed calls returned, after the
-    clock stops: the outputs of a round are held (references, no copy, nothing added on the device inside the
-    timed window) until the round's timer returns; then one call per candidate, drawn from os.urandom at that
-    moment (the candidate cannot know which when it runs), and in the last round every candidate's last call.
-    A failure ends that candidate's timing; its Timing has `incorrect` = the reason with the timed call's index.
+    `refresh(round)` runs before each timed round, off the clock: steps rewrites every input set in place with new
+    values there, so no output of an earlier call is right for a later one (issue 66).
+    `check(calls, full_set) -> reasons ('' when right)` verifies what every timed call of a round returned, after its
+    clock stopped: `calls` is the round's [(name, input set, output, started a thread)], outputs held by reference
+    (no copy, nothing added on the device inside the timed window); the outputs on `full_set`, drawn from os.urandom
+    after the round, are checked whole, the others on rows drawn then too. A failure ends that candidate's timing;
+    its Timing has `incorrect` = the reason with the timed call's index.
     """
     if not candidates:
         return {}
@@ -313,16 +321,19 @@ def benchmark(
         plan = [(name, i) for name, i in plan if name not in stopped and name not in incorrect]
         if not plan:
             break
+        if refresh is not None:
+            refresh(r)
         held: list[object] = [None] * len(plan)
-        calls = [candidates[name][i] if check is None else _holding(candidates[name][i], held, j) for j, (name, i) in enumerate(plan)]
+        threads = [False] * len(plan)
+        calls = [candidates[name][i] if check is None else _holding(candidates[name][i], held, threads, j) for j, (name, i) in enumerate(plan)]
         times = timer.time_calls(calls, flush)
         for (name, _), ms in zip(plan, times):
             samples[name].append(ms)
         if check is not None:  # the clock has stopped: check the held outputs, then let them go
-            for name, reason in _check_round(plan, held, samples, check, last_round=r + 1 == len(plans)).items():
-                checked[name] += reason[1]
-                if reason[0]:
-                    incorrect[name] = reason[0]
+            for name, (reason, count) in _check_round(plan, held, threads, samples, check, num_sets).items():
+                checked[name] += count
+                if reason:
+                    incorrect[name] = reason
             del held, calls
         if r + 1 < len(plans):  # a candidate timed to the end keeps its full record
             stopped |= {name for name, limit in give_up.items() if name in samples and statistics.median(samples[name]) > limit}
@@ -332,42 +343,39 @@ def benchmark(
     }
 
 
-def _holding(fn: Callable[[], object], held: list, slot: int) -> Callable[[], object]:
-    """The call, keeping what it returns in held[slot] (a reference: no copy, no device work)."""
+def _holding(fn: Callable[[], object], held: list, threads: list, slot: int) -> Callable[[], object]:
+    """The call, keeping what it returns in held[slot] (a reference: no copy, no device work) and in threads[slot]
+    whether a thread was left running (deferred work: a host counter, read on each side)."""
 
     def call():
+        before = _active_threads()
         held[slot] = fn()
+        threads[slot] = _active_threads() > before
         return held[slot]
 
     return call
 
 
-def _random_index(n: int) -> int:
-    """An index in [0, n) from os.urandom: nothing in the process can predict it."""
-    return int.from_bytes(os.urandom(8), "little") % n
+def random_index(n: int) -> int:
+    """An index in [0, n) from os.urandom (bound at import): nothing in the process can predict or replace it."""
+    return int.from_bytes(urandom(8), "little") % n
 
 
-def _check_round(plan, held, samples, check, last_round: bool) -> dict[str, tuple[str, int]]:
-    """Per candidate of the round: (reason of the first failing check or '', checks run). Checked: one of its
-    calls drawn now, and in the last round its last call (the last timed call of every candidate timed to the end;
-    a pruned one is not `ok` anyway)."""
-    by_name: dict[str, list[int]] = {}
-    for j, (name, _) in enumerate(plan):
-        by_name.setdefault(name, []).append(j)
-    verdicts = {}
-    for name, slots in by_name.items():
-        first_timed = len(samples[name]) - len(slots)  # the index of this round's first call among the candidate's timed calls
-        picks = sorted({slots[_random_index(len(slots))], *([slots[-1]] if last_round else [])})
-        reason, count = "", 0
-        for j in picks:
-            index = first_timed + slots.index(j)
-            count += 1
-            found = check(name, plan[j][1], held[j])
-            if found:
-                reason = f"timed call {index} (input set {plan[j][1]}, checked after timing): {found}"
-                break
-        verdicts[name] = (reason, count)
-    return verdicts
+def _check_round(plan, held, threads, samples, check, num_sets: int) -> dict[str, tuple[str, int]]:
+    """Per candidate of the round: (reason of its first failing call or '', calls checked). Every call is checked;
+    the input set checked whole is drawn now, after the round."""
+    full_set = random_index(num_sets)
+    reasons = check([(name, i, held[j], threads[j]) for j, (name, i) in enumerate(plan)], full_set)
+    position = {name: len(samples[name]) - sum(1 for n, _ in plan if n == name) for name, _ in plan}
+    verdicts: dict[str, list] = {}
+    for j, (name, i) in enumerate(plan):
+        verdict = verdicts.setdefault(name, ["", 0])
+        index, position[name] = position[name], position[name] + 1
+        verdict[1] += 1
+        if reasons[j] and not verdict[0]:
+            how = "whole" if i == full_set else "sampled rows"
+            verdict[0] = f"timed call {index} (input set {i}, checked after timing, {how}): {reasons[j]}"
+    return {name: (reason, count) for name, (reason, count) in verdicts.items()}
 
 
 def is_improvement(candidate_runs: Sequence[Timing], incumbent_runs: Sequence[Timing] | Timing) -> bool:
