@@ -61,7 +61,7 @@ UPSTREAM_CONFIG_BLOB = "9953eb97b7e8f54daa3c519da7cbc93fbf1ff07f"  # git hash-ob
 EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on {gpus} (SM80 mma.sync code with SM120's 99 KB "
                     "shared-memory rule, timed on {that}), not on SM120 hardware: the winners are to be confirmed "
                     "on an RTX 5090 / RTX PRO 6000 before this is merged.")
-OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before fa4-tune reproduced SM120's occupancy "
+OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before the tuner reproduced SM120's occupancy "
                     "under emulation: that GPU then ran up to 3 CTAs per SM where SM120 runs one, which favours configs "
                     "with more shared memory (the others ran with each launch padded to SM120's CTAs per SM).")
 
@@ -176,7 +176,7 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
             pass  # upstream's backward once mask.py is fixed: the patch carries the fix (mask_fix.files)
         elif not forward or (carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode")):
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
-                                      f"({_where(config)}), fa4-tune's own class, which the patch cannot carry")
+                                      "of the tuner's own, a class upstream does not have and this patch does not carry")
     if w.evaluator == "replay" and not allow_replay:
         raise ConfigError("replayed_winner", f"{head} was replayed from a table, not measured by the harness (--allow-replay to export it anyway)")
     confirmed = ev.confirmed(w.number)
@@ -200,11 +200,6 @@ def _kernel_of(config: ForwardConfig | BackwardConfig) -> type:
 
 def _is_upstream(config: ForwardConfig | BackwardConfig) -> bool:
     return upstream_class(_kernel_of(config)) is not None
-
-
-def _where(config: ForwardConfig | BackwardConfig) -> str:
-    cls = _kernel_of(config)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _upstream_fallback(ev: StudyEvidence, w: TrialRecord, allow_replay: bool, why: str) -> Winner:
@@ -584,7 +579,7 @@ def _gate_summary(winners: list[Winner]) -> list[str]:
                             worst = (ratio, name, errors[name], tolerance, w.study.problem_class.name)
     cases, seeds = sorted(c for c in cases if c is not None), sorted(s for s in seeds if s is not None)
     text = (
-        "Correctness gate: fa4-tune's prepare.py with upstream's rule from tests/cute/test_flash_attn.py: against an "
+        "Correctness gate, upstream's rule from tests/cute/test_flash_attn.py: against an "
         "fp32 reference, max|out - ref| <= 2 * max|out_pt - ref| + atol, where out_pt is plain PyTorch attention in "
         "the input precision; the same for the LSE and for dQ, dK, dV. Outputs are NaN-poisoned before the kernel "
         "runs, so an element left unwritten fails. Cases per problem: normal inputs, inputs x8, a sequence length "
@@ -599,14 +594,13 @@ def _gate_summary(winners: list[Winner]) -> list[str]:
 
 
 def _evidence_table(winners: list[Winner]) -> list[str]:
-    header = ("dir", "problem class", "problem", "default", "tuned", "speedup")
+    header = ("dir", "problem class", "problem", "speedup")  # ratios only: the TFLOPS are the emulating GPU's
     rows = []
     for w in winners:
         default = w.default.tflops if w.default else {}
         for problem, tuned in w.trial.tflops.items():
             base = default.get(problem)
-            rows.append((w.direction, w.study.problem_class.name, problem, f"{base:.1f}" if base else "not measured",
-                         f"{tuned:.1f}", f"{tuned / base:.2f}x" if base else "-"))
+            rows.append((w.direction, w.study.problem_class.name, problem, f"{tuned / base:.2f}x" if base else "not measured"))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     fmt = lambda row: "  " + "  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i]) for i, c in enumerate(row)).rstrip()  # noqa: E731
     return [fmt(header), *(fmt(r) for r in rows)]
@@ -687,8 +681,11 @@ def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
                    table_meta: dict | None = None, table: str | None = None, needed: int = 2,
-                   notes: list[str] | None = None, intro: list[str] | None = None) -> str:
-    """The commit message: what changes (`intro`, paragraphs, in place of the tables' own), why, and the evidence."""
+                   notes: list[str] | None = None, intro: list[str] | None = None, reproduce: bool = True,
+                   related: list[str] | None = None) -> str:
+    """The commit message: what changes (`intro`, paragraphs, in place of the tables' own), why, and the evidence
+    (speedups only); `reproduce`: the tuner's commands too (the series leaves them to the PR text); `related`: the
+    related upstream pull requests, a line each."""
     target = TARGETS.get(winners[0].study.target)
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
     dtypes = sorted({w.study.problem_class.dtype for w in winners})
@@ -758,11 +755,11 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         if w.replaces is not None:
             lines += _wrap(
                 f"{w.direction} {w.study.problem_class.name}: {w.why}. Exported instead: its best trial of upstream's "
-                f"kernel, #{w.trial.number}, {w.trial.value:.1f} TFLOPS (geomean) against the winner's "
-                f"{w.replaces.value:.1f}; {_measured(w, needed)}."
+                f"kernel, #{w.trial.number}, {w.trial.value / w.replaces.value:.2f}x the winner's speed; "
+                f"{_measured(w, needed)}."
             )
     same = "same study, same harness" if not any(replayed(w) for w in winners) else evidence_source(winners, table_meta)
-    lines += ["", f"TFLOPS per problem, upstream's previous SM120 default and the exported config ({same}):", "",
+    lines += ["", f"Speedup per problem over upstream's previous SM120 default ({same}):", "",
               *_evidence_table(winners), "", "Exported configs:"]
     lines += [f"  {w.direction} {w.study.problem_class.name}: {_knobs(w.config)} ({_class_of(w)}; trial #{w.trial.number}, "
               f"{_measured(w, needed)})" for w in winners]
@@ -770,7 +767,11 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         lines += _wrap("The previous default won for " + ", ".join(unchanged) + ": no table entry.")
     if notes:
         lines += ["", "Not exported:", *(f"  {n}" for n in notes)]
-    lines += ["", *_gate_summary(winners), "", *_reproduce(winners, storage_url, export_argv, table, table_meta)]
+    lines += ["", *_gate_summary(winners)]
+    if reproduce:
+        lines += ["", *_reproduce(winners, storage_url, export_argv, table, table_meta)]
+    if related:
+        lines += ["", "Related pull requests:", *(f"  {line}" for line in related)]
     return "\n".join(lines) + "\n"
 
 

@@ -33,6 +33,33 @@ SUBJECTS = {
 }
 
 
+# The open upstream pull requests each patch meets, cited in its commit message and PR text (read 2026-12-07).
+RELATED = {
+    "configs": [
+        "#2634 (sm_120 dispatch auto-tuned per arch, backward fixes, its own flash_fwd_sm120_tma.py) and #2771 "
+        "(SM120 backward tuning): both carry the R2P mask gate and the varlen GQA dK/dV offset fix, which this "
+        "series cites and does not duplicate. The causal d128 backward entry here is the best config that needs "
+        "neither; a faster one (AtomLayoutMSdP below the warp count) needs the R2P gate and waits for it.",
+        "#2599 (8 MMA warps / 256 threads against causal register spills) and #2499 (forward stages, Q_in_regs): "
+        "the same knobs, which this patch moves into config.py's tables with per-shape values.",
+    ],
+    "splitkv": [
+        "#2336 builds SM120 split-KV on flash_fwd.py's SM80 path (and #2348 paged KV); this patch carries its own "
+        "class beside FlashAttentionForwardSm120 instead. If #2336 lands first, the decode table and the split count "
+        "here should drive its kernel, and flash_fwd_sm120_splitkv.py be dropped.",
+        "#2758 changes the same num_splits check in _select_fwd_config; the two must be merged by hand.",
+    ],
+    "tma": [
+        "#2634 adds FlashAttentionForwardSm120Tma in flash_attn/cute/flash_fwd_sm120_tma.py: warp-specialized (one "
+        "DMA warp + MMA warps, PipelineTmaAsync). The class here, FlashAttentionForwardSm120TmaElected in its own "
+        "file, has no producer warp: one elected thread of the MMA warps issues each copy and arms its mbarrier, "
+        "the schedule is FlashAttentionForwardSm120's. Neither name collides; the entries here were measured "
+        "against FlashAttentionForwardSm120 only, not against #2634's class.",
+        "#2349 and #2406 (TMA forwards for SM120; #2406 reports TMA 2-5% ahead under the 99 KB limit).",
+    ],
+}
+
+
 @dataclass
 class SeriesPatch:
     """One patch of the series: its file name stem, subject, winners (its evidence), files and PR text."""
@@ -245,6 +272,20 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
     return patches
 
 
+WHY_NOT_WRITTEN = {
+    "sm120-splitkv-decode": "split-KV decode: no decode study among the exported ones (the decode classes' studies, "
+                            "e.g. `search run --problem-class d128-noncausal-decode-bf16`, feed it)",
+    "sm120-tma-forward": "TMA forward: no prefill study won by the TMA class (a replayed table without kernel=sm120_tma "
+                         "never proposes it)",
+}
+
+
+def not_written(patches: list[SeriesPatch]) -> list[str]:
+    """A line per patch of the series that was not written, saying why (a patch with nothing to change)."""
+    written = {p.stem.split("-", 1)[-1] for p in patches}
+    return [why for stem, why in WHY_NOT_WRITTEN.items() if stem not in written]
+
+
 def export_series(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
                   allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
                   leave_out: list[str] | None = None, screenshot=None, decode_table=None) -> list[SeriesPatch]:
@@ -264,8 +305,10 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
         later = [q.stem.split("-", 1)[-1] for q in patches[i:]]
         order = (f"Patch {i} of {len(patches)}" + (f"; applies on top of patch{'es 1-' if i > 2 else ' '}{i - 1}" if i > 1 else "; applies alone")
                  + (f"; followed by {', '.join(later)}." if later else "."))
+        kind = next(k for k, subject in SUBJECTS.items() if subject == p.subject)
         message = exporter.commit_message(p.winners, storage_url, export_argv, table_meta, table, needed,
-                                          notes if i == 1 else None, [order] + (p.intro or []) if p.intro else None)
+                                          notes if i == 1 else None, [order] + (p.intro or []) if p.intro else None,
+                                          reproduce=False, related=RELATED[kind])
         if not p.intro:  # patch 1: export's own prose, after the order line
             message = "\n".join(exporter._wrap(order)) + "\n\n" + message
         p.patch = exporter.format_patch(p.files, message, p.subject).replace("Subject: [PATCH] ", f"Subject: [PATCH {i}/{len(patches)}] ", 1)
@@ -273,5 +316,6 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
         shot = (star, screenshot(p.stem, star.study.name)) if star is not None else None
         decodes = any(w.study.problem_class.regime == "decode" for w in p.winners)
         p.pr = pr_text(p.winners, p.files, message, p.subject, needed, table_meta, changes=[order, *p.changes],
-                       screenshot=shot, sections=decode if decodes else None)
+                       screenshot=shot, sections=decode if decodes else None, related=RELATED[kind],
+                       search=exporter._reproduce(p.winners, storage_url, export_argv, table, table_meta))
     return patches
