@@ -64,7 +64,8 @@ def _parser() -> CommandParser:
     p.add_argument("--experiment", default="experiment.py", help="the file to edit (default experiment.py)")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
     p.add_argument("--target", default="sm120", help="apply the studies of this target (default sm120)")
-    p.add_argument("--allow-replay", action="store_true", help="also apply winners replayed from a table")
+    p.add_argument("--allow-replay", action="store_true", help="also apply winners replayed from a table (--evaluator replay): no GPU measured them, and their "
+                   "confirmations are the table's answer read again")
     p.add_argument("--dry-run", action="store_true", help="print the diff, do not write")
     p = sub.add_parser("bench", help="search efficiency of the strategies on a recorded table (CPU only)")
     p.add_argument("--table", default=None, help="recorded table (default search/data/h200_sweep.json)")
@@ -163,12 +164,17 @@ def _apply(args) -> int:
     decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target, source=old)
     if not decisions:
         raise ConfigError("storage_empty", f"no search studies for target {args.target} in {describe(url)}: run `python -m search run` first")
-    new = apply.apply(old, decisions)
+    refused = [d for d in decisions if d.refusal]
+    new = apply.apply(old, decisions) if not refused else old  # all or nothing: a refusal writes no entry
     for d in decisions:
         if d.refusal:
             print(f"error: {d.refusal}", file=sys.stderr)
         else:
             print(d.note)
+    if refused:
+        print(f"nothing written: {len(refused)} of {len(decisions)} studies refused (above); apply writes all "
+              "the winners or none")
+        return BAD_INPUT
     if new != old:
         print(apply.unified_diff(old, new, args.experiment), end="")
         if not args.dry_run:
@@ -176,7 +182,7 @@ def _apply(args) -> int:
             print(f"wrote {args.experiment}")
     elif any(d.config for d in decisions):
         print(f"{args.experiment} already holds the confirmed winners")
-    return BAD_INPUT if any(d.refusal for d in decisions) else 0  # the confirmed ones are written all the same
+    return 0
 
 
 def _bench(args) -> int:

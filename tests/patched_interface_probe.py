@@ -35,8 +35,8 @@ def recording(base, into):
 
 
 interface.FlashAttentionForwardSm120 = recording(interface.FlashAttentionForwardSm120, built)
-if hasattr(interface, "FlashAttentionForwardSm120Tma"):  # a patch that carries fa4-tune's TMA class
-    interface.FlashAttentionForwardSm120Tma = recording(interface.FlashAttentionForwardSm120Tma, built)
+if hasattr(interface, "FlashAttentionForwardSm120TmaElected"):  # a patch that carries fa4-tune's TMA class
+    interface.FlashAttentionForwardSm120TmaElected = recording(interface.FlashAttentionForwardSm120TmaElected, built)
 interface.FlashAttentionBackwardSm120 = recording(interface.FlashAttentionBackwardSm120, built)
 interface.FlashAttentionBackwardPostprocess = recording(interface.FlashAttentionBackwardPostprocess, postprocess)
 compiled = []

@@ -47,7 +47,8 @@ def test_the_real_study_exports_upstreams_class_with_the_mask_fix_and_the_patch_
     assert "diff --git a/flash_attn/cute/mask.py b/flash_attn/cute/mask.py" in patch
     assert "new file mode 100644" in patch and f"b/{mask_fix.TEST_PATH}" in patch
     assert "Fixed: flash_attn/cute/mask.py." in patch and "(FlashAttentionBackwardSm120; trial #1, measured 3 times, confirmed)" in patch
-    assert "num_stages_Q=2, num_stages_dO=1, num_threads=256," in patch and "AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2," in patch
+    entry = ("num_stages_Q=2,", "num_stages_dO=1,", "num_threads=256,", "AtomLayoutMSdP=4,", "AtomLayoutNdKV=2,", "AtomLayoutMdQ=2,")
+    assert all(f"+                {knob}\n" in patch for knob in entry)  # one knob a line, as ruff format writes them
     pr = (exported / "sm120-tuned.pr.md").read_text()
     assert f"- {mask_fix.CHANGE}" in pr and f"- `pytest {mask_fix.TEST_PATH}`" in pr and "in place of" not in pr
     check = subprocess.run(["git", "apply", "--check", str(exported / "sm120-tuned.patch")],

@@ -24,6 +24,9 @@ TEMPLATES = Path(__file__).resolve().parent / "upstream_files"
 PROTOCOL_MEMBERS = {"name", "knobs", "limits", "upstream", "smem_bytes", "can_implement", "can_implement_problem",
                     "num_splits_for", "static_problem"}
 OURS = ("fa4tune", "kernels")  # packages upstream does not have
+# what a carried file must not name: our packages, our records, our project (an upstream file stands on its own)
+LEAKS = ("fa4tune", "fa4-tune", "kernels/", "tests/test_", "docs/measurements", "experiment.py", "SPLITS_DOMAIN",
+         "num_splits_for", "trim_masked", "visible_keys", "inline_asm")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class CarriedClass:
     can_implement: str  # the upstream-style can_implement method (source, indented for the class body)
     header: str = ""  # the new file's opening comment (format fields: flag, source, our_class); "" for HEADER
     module_cut: tuple[str, ...] = ()  # top-level names of our module that only our protocol uses, cut with it
+    member_cut: tuple[str, ...] = ()  # class members the upstream file does not carry (ours only, or off in it)
+    # (old, new, what) edits of the carried text, each matching once: the uses of what was cut, comments citing ours
+    source_edits: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def module(self) -> str:
@@ -95,23 +101,96 @@ TMA_CAN_IMPLEMENT = '''
         smem_usage_QV = (
             (smem_usage_Q + smem_usage_V) if not Q_in_regs else max(smem_usage_Q, smem_usage_V)
         )
-        smem_usage_mbar = MBARRIER_BYTES * FlashAttentionForwardSm120Tma.num_mbarriers(num_stages)
+        smem_usage_mbar = MBARRIER_BYTES * FlashAttentionForwardSm120TmaElected.num_mbarriers(num_stages)
         smem_usage = -(-(smem_usage_QV + smem_usage_K + smem_usage_mbar) // 1024) * 1024
         return smem_usage <= utils_basic.get_smem_capacity_in_bytes("sm_120")
 '''
+
+GEMM_PV_OLD = (  # gemm_PV with its `n_valid` branch (the trimmed variant's)
+    '    def gemm_PV(self, P: cute.Tensor, stage: Int32, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace,\n'
+    '                n_valid: Optional[Int32] = None):\n'
+    '        """O += P V from V\'s buffer `stage` (P: the softmax\'s probabilities in the input dtype, S\'s layout). With\n'
+    '        `n_valid`, only the k steps (keys) that start before it: one branch per count of steps, each branch\n'
+    '        upstream\'s pipelined loop over its first steps (no branch between a load and its MMA)."""\n'
+    '        tOrP = layout_utils.reshape_acc_to_frgA(P)\n'
+    '        tOsVt = smem_copy_params.tOsVt[None, None, None, stage]\n'
+    '        if const_expr(n_valid is None):\n'
+    '            sm80_utils.gemm_rs(mma_params.thr_mma_pv, mma_params.acc_O, tOrP, mma_params.tOrVt, tOsVt,\n'
+    '                               smem_copy_params.smem_thr_copy_V)\n'
+    '        else:\n'
+    '            num_k = const_expr(cute.size(tOrP.shape[2]))\n'
+    '            k_width = const_expr(self.tile_n // num_k)  # keys per k step\n'
+    '            steps = Int32(0)\n'
+    '            for k in cutlass.range_constexpr(num_k):\n'
+    '                steps += Int32(k * k_width < n_valid)\n'
+    '            smem_thr_copy_V = smem_copy_params.smem_thr_copy_V\n'
+    '            tOrVt_copy_view = smem_thr_copy_V.retile(mma_params.tOrVt)\n'
+    '            for count in cutlass.range_constexpr(1, num_k + 1):\n'
+    '                if steps == count:  # gemm_rs over the first `count` k steps\n'
+    '                    cute.copy(smem_thr_copy_V, tOsVt[None, None, 0], tOrVt_copy_view[None, None, 0])\n'
+    '                    for k in cutlass.range_constexpr(count):\n'
+    '                        if const_expr(k + 1 < count):\n'
+    '                            cute.copy(smem_thr_copy_V, tOsVt[None, None, k + 1], tOrVt_copy_view[None, None, k + 1])\n'
+    '                        cute.gemm(mma_params.thr_mma_pv, mma_params.acc_O, tOrP[None, None, k],\n'
+    '                                  mma_params.tOrVt[None, None, k], mma_params.acc_O)\n'
+    '\n'
+)
+
+# The TMA class as measured: the trimmed-PV variant's switch (`trim_masked`, off in this class, on in a subclass of
+# ours) and the fp16 opaque thread index (added 2026-12-06, after the shipped TMA entries were measured) stay ours.
+TMA_SOURCE_EDITS = (
+    ("    # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V\n"
+     "    # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming\n"
+     "    # those too, or alone, was slower than this on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)\n",
+     "", "trim_masked comment"),
+    (" (tests/test_tma_kernel.py checks every coordinate)", "", "_tma_layout test reference"),
+    ("        # fp16 always; bf16 where a warp owns at most 16 rows, where it costs no registers on sm_120a and the sm_90a\n"
+     "        # build keeps its ldmatrix prefetch (at 32 rows a warp it spills more on sm_120a: bf16 traced as before)\n"
+     "        if const_expr(self.dtype == cutlass.Float16 or self.tile_m // (self.num_threads // 32) <= 16):\n"
+     "            tidx = opaque_i32(tidx)\n", "", "opaque thread index"),
+    ("tOrVt=tOrVt, acc_O=acc_O,\n"
+     "                                         warp_last_row=self.warp_last_row(thr_mma_qk) if const_expr(self.trim_masked) else None)\n",
+     "tOrVt=tOrVt, acc_O=acc_O)\n", "mma_params warp_last_row"),
+    ("        trim = {\"trim\": True} if const_expr(self.trim_masked) else {}  # the masked blocks' (a subclass's own\n"
+     "        # compute_one_n_block need not take it)\n", "", "mainloop trim"),
+    ("\n            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), **trim,\n",
+     "\n            mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),\n", "first block trim"),
+    ("\n                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), **trim,\n",
+     "\n                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True),\n", "masked blocks trim"),
+    ("        check_inf: cutlass.Constexpr = True,\n        trim: cutlass.Constexpr = False,\n    ):\n"
+     "        \"\"\"One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits. `trim` (a masked\n"
+     "        block of a `trim_masked` class): the PV gemm stops at the warp's last visible key column.\"\"\"\n"
+     "        n_valid = self.warp_visible_cols(n_block, m_block, seqlen, mma_params.warp_last_row) if const_expr(trim) else None\n",
+     "        check_inf: cutlass.Constexpr = True,\n    ):\n"
+     "        \"\"\"One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits.\"\"\"\n",
+     "compute_one_n_block trim"),
+    ("        self.gemm_PV(rP, stage, mma_params, smem_copy_params, n_valid=n_valid)\n",
+     "        self.gemm_PV(rP, stage, mma_params, smem_copy_params)\n", "gemm_PV call"),
+    (GEMM_PV_OLD,
+     "    def gemm_PV(self, P: cute.Tensor, stage: Int32, mma_params: SimpleNamespace, smem_copy_params: SimpleNamespace):\n"
+     "        \"\"\"O += P V from V's buffer `stage` (P: the softmax's probabilities in the input dtype, S's layout).\"\"\"\n"
+     "        tOrP = layout_utils.reshape_acc_to_frgA(P)\n"
+     "        tOsVt = smem_copy_params.tOsVt[None, None, None, stage]\n"
+     "        sm80_utils.gemm_rs(mma_params.thr_mma_pv, mma_params.acc_O, tOrP, mma_params.tOrVt, tOsVt,\n"
+     "                           smem_copy_params.smem_thr_copy_V)\n",
+     "gemm_PV without trimming"),
+)
 
 TMA = CarriedClass(
     kernel="sm120_tma",
     source="kernels/tma_forward_sm120.py",
     our_class="TmaForwardSm120",
     our_base="TunedForwardSm120",
-    upstream_path="flash_attn/cute/flash_fwd_sm120_tma.py",
-    upstream_class="FlashAttentionForwardSm120Tma",
+    upstream_path="flash_attn/cute/flash_fwd_sm120_tma_elected.py",
+    upstream_class="FlashAttentionForwardSm120TmaElected",
     upstream_base="flash_attn.cute.flash_fwd_sm120.FlashAttentionForwardSm120",
     flag="use_tma",
-    test_path="tests/cute/test_flash_attn_sm120_tma.py",
-    test_template="test_flash_attn_sm120_tma.py.txt",
+    test_path="tests/cute/test_flash_attn_sm120_tma_elected.py",
+    test_template="test_flash_attn_sm120_tma_elected.py.txt",
     can_implement=TMA_CAN_IMPLEMENT,
+    module_cut=("visible_keys", "opaque_i32"),
+    member_cut=("trim_masked", "warp_last_row", "warp_visible_cols"),
+    source_edits=TMA_SOURCE_EDITS,
 )
 CARRIED = {c.kernel: c for c in (TMA,)}
 
@@ -120,7 +199,6 @@ HEADER = (
     "#\n"
     "# Same math as FlashAttentionForwardSm120 (SM80 mma.sync, ldmatrix, online softmax, epilogue); only the\n"
     "# loads differ. Selected per shape by config.select_sm120_fwd_tile (FwdConfig.{flag}).\n"
-    "# Contributed from fa4-tune ({source}, class {our_class}).\n"
 )
 EXTRA_IMPORTS = "import cutlass.utils as utils_basic\n"
 
@@ -171,7 +249,11 @@ def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
             out.append(EXTRA_IMPORTS + f"from {module_base} import {base_name}\n")
     if cls is None:
         raise ConfigError("carry_source", f"{c.source} defines no class {c.our_class}")
-    source = "".join(out).rstrip("\n") + "\n"
+    source = apply_edits("".join(out).rstrip("\n") + "\n", c.source_edits)
+    leaks = sorted({word for word in LEAKS if word in source})
+    if leaks:
+        raise ConfigError("carry_source", f"{c.source}: the carried {c.upstream_path} names {', '.join(leaks)}, which is "
+                          "fa4-tune's own (cut it with the CarriedClass's member_cut / source_edits)")
     used = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
     leftover = sorted(used & dropped)
     if leftover:
@@ -205,7 +287,7 @@ def _upstream_class(c: CarriedClass, lines: list[str], node: ast.ClassDef) -> st
     for member in node.body:
         targets = ([member.name] if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) else
                    [t.id for t in getattr(member, "targets", [getattr(member, "target", None)]) if isinstance(t, ast.Name)])
-        if any(t in PROTOCOL_MEMBERS for t in targets):
+        if any(t in PROTOCOL_MEMBERS or t in c.member_cut for t in targets):
             s, e = _segment(lines, member)
             while e < end and not lines[e].strip():  # the blank line after a cut member
                 e += 1
@@ -247,7 +329,20 @@ SPLITKV_HEADER = (
     "#\n"
     "# Each split writes fp32 partial O and LSE; the interface merges them with the combine kernel\n"
     "# (flash_fwd_combine). Selected for decodes by config.select_sm120_decode_fwd_tile (FwdConfig.{flag}).\n"
-    "# Contributed from fa4-tune ({source}, class {our_class}).\n"
+)
+
+# Split-KV: our search's split domain and the host wording of our interface stay ours; the comments cite upstream only.
+SPLITKV_SOURCE_EDITS = (
+    ("max_splits: int = SPLITS_DOMAIN[-1]) -> int:", "max_splits: int = 128) -> int:", "split_kv_heuristic max_splits"),
+    ("    # CTA, a partial and a combine wider than 32 (docs/measurements/2026-12-03-h200-decode-split-rounding.md)\n",
+     "    # CTA, a partial and a combine wider than 32\n", "split rounding comment"),
+    ("The host (fa4tune.sm120_interface) allocates the partials when num_splits_for(...) > 1 and\n"
+     "    runs upstream's combine after;",
+     "The interface allocates the partials when FwdConfig.num_splits > 1 and runs\n"
+     "    flash_fwd_combine after;", "class docstring host"),
+    ("    # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included\n"
+     "    # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so\n"
+     "    # a d256 decode study may try it; its trials pass the gate like any\n", "", "head dims comment"),
 )
 
 # Not in CARRIED: the single-patch export keeps falling back to upstream's kernel for a split-KV winner; the
@@ -265,7 +360,9 @@ SPLITKV = CarriedClass(
     test_template="test_flash_attn_sm120_splitkv.py.txt",
     can_implement=SPLITKV_CTAS_PER_SM,
     header=SPLITKV_HEADER,
-    module_cut=("ctas_per_sm", "STATIC_SHAPES"),
+    module_cut=("ctas_per_sm", "STATIC_SHAPES", "SPLITS_DOMAIN"),
+    member_cut=("num_n_blocks",),
+    source_edits=SPLITKV_SOURCE_EDITS,
 )
 
 

@@ -176,6 +176,10 @@ def export_series(args, storage, url: str) -> int:
         (folder / f"{p.stem}.patch").write_text(p.patch)
         (folder / f"{p.stem}.pr.md").write_text(p.pr)
         print(f"wrote {folder / p.stem}.patch and .pr.md: {len(p.winners)} winners, {', '.join(path for path, *_ in p.files)}")
+    from search.reviewing.series import not_written
+
+    for line in not_written(patches):
+        print(f"not written: {line}")
     return 0
 
 

@@ -42,7 +42,12 @@ from search.storing.history import FINISHED, TrialRecord, winner
 UPSTREAM_PATH = "flash_attn/cute/interface.py"
 CONFIG_PATH = "flash_attn/cute/config.py"
 SUBJECT = "cute: tune SM120 forward and backward defaults per head_dim, causal and GQA"
-AUTHOR = "fa4-tune <fa4-tune@users.noreply.github.com>"
+AUTHOR_PLACEHOLDER = "Your Name <you@example.com>"  # replaced by `git config user.name` / `user.email` where set
+# Upstream fixes that open pull requests already carry: the series cites them and does not duplicate them.
+OPEN_FIXES = {
+    "r2p_mask": "#2771 and #2634",  # R2P mask only where a thread's columns are in sm90_col_to_r2p_idx's order
+    "varlen_dkv_offset": "#2771 and #2634",  # the varlen GQA dK/dV accumulator offset in the SM80/SM120 backward
+}
 WIDTH = 100  # commit message prose; tables and commands may be longer
 # What the patch applies to. flash-attn-4 4.0.0b40 is the tag fa4-v4.0.0.beta40 (upstream's publish-fa4 workflow
 # builds each fa4-v* tag with setuptools-scm, tag_regex "^fa4-v(?P<version>.+)$"). Its commit is not recorded here
@@ -56,7 +61,7 @@ UPSTREAM_CONFIG_BLOB = "9953eb97b7e8f54daa3c519da7cbc93fbf1ff07f"  # git hash-ob
 EMULATION_CAVEAT = ("Measured with SM120 kernels emulated on {gpus} (SM80 mma.sync code with SM120's 99 KB "
                     "shared-memory rule, timed on {that}), not on SM120 hardware: the winners are to be confirmed "
                     "on an RTX 5090 / RTX PRO 6000 before this is merged.")
-OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before fa4-tune reproduced SM120's occupancy "
+OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured before the tuner reproduced SM120's occupancy "
                     "under emulation: that GPU then ran up to 3 CTAs per SM where SM120 runs one, which favours configs "
                     "with more shared memory (the others ran with each launch padded to SM120's CTAs per SM).")
 
@@ -104,10 +109,11 @@ class Winner:
 def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, allow_replay: bool = False,
            classes: list[str] | None = None, directions: tuple[str, ...] = ("fwd", "bwd"),
            upstream_only: bool = False, leave_out: list[str] | None = None,
-           decode: bool = False) -> tuple[list[Winner], list[str]]:
+           decode: bool = False, open_fixes: bool = False) -> tuple[list[Winner], list[str]]:
     """(the winner of every chosen study, notes on the studies left out); a one-line ConfigError for the first
     study that cannot be exported. `decode`: the decode classes too, a split-KV winner kept as it is (the series'
-    patch 2 gives them a table of their own, chosen by the query length)."""
+    patch 2 gives them a table of their own, chosen by the query length). `open_fixes`: a winner that needs a fix an
+    open upstream pull request carries (OPEN_FIXES) exports its study's best trial of upstream's kernel instead."""
     studies = [ev for ev in load_studies(storage, target) if ev.direction in directions]
     if not studies:
         raise ConfigError("storage_empty", f"no search studies for target {target} in {storage_text}: run `python -m search run` first")
@@ -136,12 +142,14 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
         # class's entry would also pick the config for every prefill of that shape
         notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: a {ev.problem_class.regime} class, and "
                      "upstream's SM120 tables do not key on the query length.")
-    winners = [_accept(ev, needed, allow_replay, upstream_only, split_kv=decode) for ev in studies if ev not in left]
+    winners = [_accept(ev, needed, allow_replay, upstream_only, split_kv=decode, open_fixes=open_fixes)
+               for ev in studies if ev not in left]
     _check_no_conflict(winners)
     return winners, notes
 
 
-def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: bool = False, split_kv: bool = False) -> Winner:
+def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: bool = False, split_kv: bool = False,
+            open_fixes: bool = False) -> Winner:
     leave_out = "(export the other studies with --problem-class)"
     if not ev.search_trials:
         raise ConfigError("study_empty", f"{ev.name}: the study has no finished trials: run `python -m search run` first {leave_out}")
@@ -161,11 +169,14 @@ def _accept(ev: StudyEvidence, needed: int, allow_replay: bool, upstream_only: b
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r}; "
                                       "--upstream-kernels-only exports the best trial of upstream's kernel instead")
         forward = isinstance(config, ForwardConfig)
+        if not forward and config.kernel == mask_fix.KERNEL and open_fixes:
+            return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} needs upstream's R2P mask gated for "
+                                      f"MMAs with warps along n, which {OPEN_FIXES['r2p_mask']} carry (not duplicated here)")
         if not forward and config.kernel == mask_fix.KERNEL:
             pass  # upstream's backward once mask.py is fixed: the patch carries the fix (mask_fix.files)
         elif not forward or (carried(config.kernel) is None and not (split_kv and is_split_kv(config) and ev.problem_class.regime == "decode")):
             return _upstream_fallback(ev, w, allow_replay, f"the winner #{w.number} uses kernel {config.kernel!r} "
-                                      f"({_where(config)}), fa4-tune's own class, which the patch cannot carry")
+                                      "of the tuner's own, a class upstream does not have and this patch does not carry")
     if w.evaluator == "replay" and not allow_replay:
         raise ConfigError("replayed_winner", f"{head} was replayed from a table, not measured by the harness (--allow-replay to export it anyway)")
     confirmed = ev.confirmed(w.number)
@@ -189,11 +200,6 @@ def _kernel_of(config: ForwardConfig | BackwardConfig) -> type:
 
 def _is_upstream(config: ForwardConfig | BackwardConfig) -> bool:
     return upstream_class(_kernel_of(config)) is not None
-
-
-def _where(config: ForwardConfig | BackwardConfig) -> str:
-    cls = _kernel_of(config)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _upstream_fallback(ev: StudyEvidence, w: TrialRecord, allow_replay: bool, why: str) -> Winner:
@@ -341,7 +347,7 @@ def forward_tile_class(tma: bool) -> str:
         "    num_threads: int = 128",
         "    num_stages: int = 1",
         "    Q_in_regs: bool = False",
-        *(["    use_tma: bool = False  # FlashAttentionForwardSm120Tma: Q/K/V tiles loaded by TMA"] if tma else []),
+        *(["    use_tma: bool = False  # FlashAttentionForwardSm120TmaElected: Q/K/V tiles loaded by TMA"] if tma else []),
     ]) + "\n"
 
 
@@ -355,7 +361,7 @@ def forward_fields_function(tma: bool) -> str:
         "    tile = select_sm120_fwd_tile(inputs)",
         "    if (tile.tile_m, tile.tile_n) != (tile_m, tile_n):",
         "        return {}",
-        *(["    # FlashAttentionForwardSm120Tma was tuned and checked on dense batches without learnable sinks",
+        *(["    # FlashAttentionForwardSm120TmaElected was tuned and checked on dense batches without learnable sinks",
            "    tile = tile._replace(use_tma=tile.use_tma and not inputs.is_varlen and not inputs.has_learnable_sink)"]
           if tma else []),
         "    return {name: value for name, value in tile._asdict().items() if name not in (\"tile_m\", \"tile_n\")}",
@@ -573,7 +579,7 @@ def _gate_summary(winners: list[Winner]) -> list[str]:
                             worst = (ratio, name, errors[name], tolerance, w.study.problem_class.name)
     cases, seeds = sorted(c for c in cases if c is not None), sorted(s for s in seeds if s is not None)
     text = (
-        "Correctness gate: fa4-tune's prepare.py with upstream's rule from tests/cute/test_flash_attn.py: against an "
+        "Correctness gate, upstream's rule from tests/cute/test_flash_attn.py: against an "
         "fp32 reference, max|out - ref| <= 2 * max|out_pt - ref| + atol, where out_pt is plain PyTorch attention in "
         "the input precision; the same for the LSE and for dQ, dK, dV. Outputs are NaN-poisoned before the kernel "
         "runs, so an element left unwritten fails. Cases per problem: normal inputs, inputs x8, a sequence length "
@@ -588,14 +594,13 @@ def _gate_summary(winners: list[Winner]) -> list[str]:
 
 
 def _evidence_table(winners: list[Winner]) -> list[str]:
-    header = ("dir", "problem class", "problem", "default", "tuned", "speedup")
+    header = ("dir", "problem class", "problem", "speedup")  # ratios only: the TFLOPS are the emulating GPU's
     rows = []
     for w in winners:
         default = w.default.tflops if w.default else {}
         for problem, tuned in w.trial.tflops.items():
             base = default.get(problem)
-            rows.append((w.direction, w.study.problem_class.name, problem, f"{base:.1f}" if base else "not measured",
-                         f"{tuned:.1f}", f"{tuned / base:.2f}x" if base else "-"))
+            rows.append((w.direction, w.study.problem_class.name, problem, f"{tuned / base:.2f}x" if base else "not measured"))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     fmt = lambda row: "  " + "  ".join(c.ljust(widths[i]) if i < 3 else c.rjust(widths[i]) for i, c in enumerate(row)).rstrip()  # noqa: E731
     return [fmt(header), *(fmt(r) for r in rows)]
@@ -676,8 +681,11 @@ def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
                    table_meta: dict | None = None, table: str | None = None, needed: int = 2,
-                   notes: list[str] | None = None, intro: list[str] | None = None) -> str:
-    """The commit message: what changes (`intro`, paragraphs, in place of the tables' own), why, and the evidence."""
+                   notes: list[str] | None = None, intro: list[str] | None = None, reproduce: bool = True,
+                   related: list[str] | None = None) -> str:
+    """The commit message: what changes (`intro`, paragraphs, in place of the tables' own), why, and the evidence
+    (speedups only); `reproduce`: the tuner's commands too (the series leaves them to the PR text); `related`: the
+    related upstream pull requests, a line each."""
     target = TARGETS.get(winners[0].study.target)
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
     dtypes = sorted({w.study.problem_class.dtype for w in winners})
@@ -747,11 +755,11 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         if w.replaces is not None:
             lines += _wrap(
                 f"{w.direction} {w.study.problem_class.name}: {w.why}. Exported instead: its best trial of upstream's "
-                f"kernel, #{w.trial.number}, {w.trial.value:.1f} TFLOPS (geomean) against the winner's "
-                f"{w.replaces.value:.1f}; {_measured(w, needed)}."
+                f"kernel, #{w.trial.number}, {w.trial.value / w.replaces.value:.2f}x the winner's speed; "
+                f"{_measured(w, needed)}."
             )
     same = "same study, same harness" if not any(replayed(w) for w in winners) else evidence_source(winners, table_meta)
-    lines += ["", f"TFLOPS per problem, upstream's previous SM120 default and the exported config ({same}):", "",
+    lines += ["", f"Speedup per problem over upstream's previous SM120 default ({same}):", "",
               *_evidence_table(winners), "", "Exported configs:"]
     lines += [f"  {w.direction} {w.study.problem_class.name}: {_knobs(w.config)} ({_class_of(w)}; trial #{w.trial.number}, "
               f"{_measured(w, needed)})" for w in winners]
@@ -759,7 +767,11 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
         lines += _wrap("The previous default won for " + ", ".join(unchanged) + ": no table entry.")
     if notes:
         lines += ["", "Not exported:", *(f"  {n}" for n in notes)]
-    lines += ["", *_gate_summary(winners), "", *_reproduce(winners, storage_url, export_argv, table, table_meta)]
+    lines += ["", *_gate_summary(winners)]
+    if reproduce:
+        lines += ["", *_reproduce(winners, storage_url, export_argv, table, table_meta)]
+    if related:
+        lines += ["", "Related pull requests:", *(f"  {line}" for line in related)]
     return "\n".join(lines) + "\n"
 
 
@@ -798,6 +810,20 @@ def _file_diff(path: str, old: str | None, new: str) -> tuple[str, int, int]:
     return head + "".join(diff), added, removed
 
 
+def author() -> str:
+    """`Name <e-mail>` from `git config` (user.name, user.email), else AUTHOR_PLACEHOLDER for the user to replace."""
+    import subprocess
+
+    def get(key: str) -> str:
+        try:
+            return subprocess.run(["git", "config", key], capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    name, email = get("user.name"), get("user.email")
+    return f"{name} <{email}>" if name and email else AUTHOR_PLACEHOLDER
+
+
 def format_patch(files: list[tuple[str, str | None, str]], message: str, subject: str = SUBJECT,
                  date: datetime | None = None) -> str:
     """A `git format-patch` style email: header, message, diffstat, the diff of each (path, old or None, new) file."""
@@ -811,21 +837,23 @@ def format_patch(files: list[tuple[str, str | None, str]], message: str, subject
     commit = hashlib.sha1((message + body).encode()).hexdigest()
     return "".join([
         f"From {commit} Mon Sep 17 00:00:00 2001\n",
-        f"From: {AUTHOR}\n",
+        f"From: {author()}\n",
         f"Date: {date.strftime('%a, %d %b %Y %H:%M:%S %z')}\n",
         f"Subject: [PATCH] {subject}\n\n",
         message,
         "---\n",
         "\n".join(_diffstat(changes)) + "\n\n",
         body,
-        "-- \nfa4-tune\n",
+        "-- \n",
     ])
 
 
 def patch_files(winners: list[Winner], old: dict[str, str]) -> list[tuple[str, str | None, str]]:
     """(path, old text or None for a new file, new text) of every file the patch touches; `old`: pristine_sources()."""
-    new = patch_upstream(old, winners)
+    from search.reviewing.upstream_lint import format_source  # as upstream's pre-commit hooks leave each file
+
+    new = {path: format_source(path, text) for path, text in patch_upstream(old, winners).items()}
     files = [(path, old[path], new[path]) for path in (CONFIG_PATH, UPSTREAM_PATH) if new[path] != old[path]]
     for c in carried_classes(winners):
         files += [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
-    return files + mask_fix.files(winners)
+    return [(path, before, format_source(path, after)) for path, before, after in files + mask_fix.files(winners)]

@@ -38,7 +38,12 @@ def print_study(name: str, meta: dict, history, out) -> None:
         w = winner(history)
         if w is not None:
             confirmed = [c for c in confirmations(history, w.number) if c.confirmed]
-            print(f"  winner #{w.number} confirmed {len(confirmed)} times" + (f" ({', '.join(f'{c.value:.1f}' for c in confirmed)})" if confirmed else ""), file=out)
+            values = f" ({', '.join(f'{c.value:.1f}' for c in confirmed)})" if confirmed else ""
+            if w.evaluator == "replay":  # a table's answer read again is no confirmation: say so where the count is
+                print(f"  winner #{w.number} replayed from a table, not measured; its {len(confirmed)} confirmations "
+                      f"read the table again{values}", file=out)
+            else:
+                print(f"  winner #{w.number} confirmed {len(confirmed)} times{values}", file=out)
     rejected = meta.get(schema.REJECTED_PROPOSALS) or {}
     print(f"  {'proposer':<12} {'trials':>6} {'evaluated':>9} {'infeasible':>10} {'rejected':>8} {'improvements':>12} {'best TFLOPS':>11}", file=out)
     for c in sorted(credit(history).values(), key=lambda c: -c.trials):

@@ -6,7 +6,7 @@
      carries the TMA class), `select_sm120_decode_fwd_tile` (asked first when max_seqlen_q <= 16), the split count
      (`select_sm120_num_splits`: the entry's, or split_kv_heuristic's over SMs x CTAs per SM) and upstream's own
      partials + combine launch;
-  3. TMA forward: flash_fwd_sm120_tma.py and the entries of the classes it won.
+  3. TMA forward: flash_fwd_sm120_tma_elected.py and the entries of the classes it won.
 
 Every stage is config.py and interface.py rebuilt from the pristine text with export's own edits (export.patch_upstream), the
 split-KV edits below added for stages 2 and 3; a patch is the diff of one stage against the previous one, so each
@@ -22,14 +22,41 @@ from dataclasses import dataclass
 from fa4tune.config import DECODE_MAX_SEQLEN_Q, ConfigError
 from fa4tune.sm120_interface import fwd_constructor
 from search.reviewing import export as exporter
-from search.reviewing import mask_fix
+from search.reviewing import upstream_lint
 from search.reviewing.carry import SPLITKV, TMA, apply_edits, upstream_source, upstream_test
 from search.reviewing.export import Winner, is_split_kv
 
 SUBJECTS = {
     "configs": "cute: tune SM120 forward and backward defaults per head_dim, causal and GQA",
     "splitkv": "cute: split-KV decode on SM120 (FlashAttentionForwardSm120SplitKV + combine)",
-    "tma": "cute: TMA-fed SM120 forward for the shapes it wins (FlashAttentionForwardSm120Tma)",
+    "tma": "cute: TMA-fed SM120 forward for the shapes it wins (FlashAttentionForwardSm120TmaElected)",
+}
+
+
+# The open upstream pull requests each patch meets, cited in its commit message and PR text (read 2026-12-07).
+RELATED = {
+    "configs": [
+        "#2634 (sm_120 dispatch auto-tuned per arch, backward fixes, its own flash_fwd_sm120_tma.py) and #2771 "
+        "(SM120 backward tuning): both carry the R2P mask gate and the varlen GQA dK/dV offset fix, which this "
+        "series cites and does not duplicate. The causal d128 backward entry here is the best config that needs "
+        "neither; a faster one (AtomLayoutMSdP below the warp count) needs the R2P gate and waits for it.",
+        "#2599 (8 MMA warps / 256 threads against causal register spills) and #2499 (forward stages, Q_in_regs): "
+        "the same knobs, which this patch moves into config.py's tables with per-shape values.",
+    ],
+    "splitkv": [
+        "#2336 builds SM120 split-KV on flash_fwd.py's SM80 path (and #2348 paged KV); this patch carries its own "
+        "class beside FlashAttentionForwardSm120 instead. If #2336 lands first, the decode table and the split count "
+        "here should drive its kernel, and flash_fwd_sm120_splitkv.py be dropped.",
+        "#2758 changes the same num_splits check in _select_fwd_config; the two must be merged by hand.",
+    ],
+    "tma": [
+        "#2634 adds FlashAttentionForwardSm120Tma in flash_attn/cute/flash_fwd_sm120_tma.py: warp-specialized (one "
+        "DMA warp + MMA warps, PipelineTmaAsync). The class here, FlashAttentionForwardSm120TmaElected in its own "
+        "file, has no producer warp: one elected thread of the MMA warps issues each copy and arms its mbarrier, "
+        "the schedule is FlashAttentionForwardSm120's. Neither name collides; the entries here were measured "
+        "against FlashAttentionForwardSm120 only, not against #2634's class.",
+        "#2349 and #2406 (TMA forwards for SM120; #2406 reports TMA 2-5% ahead under the 99 KB limit).",
+    ],
 }
 
 
@@ -94,7 +121,7 @@ def split_kv_edits(decode: list[Winner], tma: bool) -> dict[str, list[tuple[str,
     """The replacements of config.py and interface.py (after export's, with or without the TMA class's) that carry
     split-KV, by upstream path."""
     name = SPLITKV.upstream_class
-    sm120 = "(FlashAttentionForwardSm120Tma if config.use_tma else FlashAttentionForwardSm120)" if tma else "FlashAttentionForwardSm120"
+    sm120 = "(FlashAttentionForwardSm120TmaElected if config.use_tma else FlashAttentionForwardSm120)" if tma else "FlashAttentionForwardSm120"
     fwd_doc = ("def select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile:\n"
                '    """Return the SM120 forward tile and knobs.\n\n'
                "    Tuned per (head_dim, causal, qhead_per_kvhead); every entry fits SM120's 99 KB of SMEM.\n"
@@ -112,11 +139,11 @@ def split_kv_edits(decode: list[Winner], tma: bool) -> dict[str, list[tuple[str,
          f"    use_split_kv: bool = False  # {name}: the KV sequence split across CTAs\n", "Sm120FwdTile split-KV"),
         ("\n\n" + fwd_doc,
          "\n\n" + decode_function(decode) + SPLIT_HELPERS + "\n\n" + fwd_doc
-         + f"    if inputs.max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}:  # a decode: one query token (or a draft's few) over the KV\n"
+         + f"    # a decode (one query token, or a draft's few, over the KV) of the kind its entries were measured on\n"
+         + f"    if inputs.max_seqlen_q <= {DECODE_MAX_SEQLEN_Q} and sm120_can_split_kv(inputs):\n"
          "        tile = select_sm120_decode_fwd_tile(inputs)\n        if tile is not None:\n            return tile\n",
          "SM120 decode table"),
         ('    return {name: value for name, value in tile._asdict().items() if name not in ("tile_m", "tile_n")}\n',
-         "    tile = tile._replace(use_split_kv=tile.use_split_kv and sm120_can_split_kv(inputs))\n"
          "    # num_splits is select_sm120_num_splits'\n"
          '    return {\n        name: value for name, value in tile._asdict().items()\n'
          '        if name not in ("tile_m", "tile_n", "num_splits")\n    }\n', "sm120_fwd_fields split-KV"),
@@ -158,13 +185,29 @@ def _with_split_kv(stage: dict[str, str], decode: list[Winner], tma: bool) -> di
     return {path: apply_edits(text, edits.get(path, [])) for path, text in stage.items()}
 
 
+def _formatted(stage: dict[str, str]) -> dict[str, str]:
+    """A stage's files as upstream's pre-commit hooks leave them (interface.py, which they skip, as it is)."""
+    return {path: upstream_lint.format_source(path, text) for path, text in stage.items()}
+
+
 def _changed(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str]]:
     """The (path, old, new) files of a stage that differ from the stage before it, config.py first."""
     return [(path, old[path], new[path]) for path in (exporter.CONFIG_PATH, exporter.UPSTREAM_PATH) if new[path] != old[path]]
 
 
 def _carried_files(c) -> list[tuple[str, None, str]]:
-    return [(c.upstream_path, None, upstream_source(c)), (c.test_path, None, upstream_test(c))]
+    return [(path, None, upstream_lint.format_source(path, text))
+            for path, text in ((c.upstream_path, upstream_source(c)), (c.test_path, upstream_test(c)))]
+
+
+def check_lint(patches: list[SeriesPatch]) -> None:
+    """Refuse a series whose files upstream's hooks would refuse (what formatting cannot fix: an undefined name)."""
+    for p in patches:
+        for path, _, new in p.files:
+            found = upstream_lint.problems(path, new)
+            if found:
+                raise ConfigError("upstream_lint", f"{p.stem}: upstream's ruff refuses {path}: {found[0]}"
+                                  + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
 
 
 def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
@@ -188,11 +231,11 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
     stage3 = exporter.patch_upstream(pristine, prefill)
     if decode:
         stage3 = _with_split_kv(stage3, decode, tma=bool(tma))
+    stage1, stage2, stage3 = (_formatted(stage) for stage in (stage1, stage2, stage3))
     path = exporter.UPSTREAM_PATH
     patches = [SeriesPatch(
-        "sm120-configs", SUBJECTS["configs"], configs, _changed(pristine, stage1) + mask_fix.files(configs), [],
-        [exporter.CONFIG_CHANGE, exporter.INTERFACE_CHANGE]
-        + ([mask_fix.CHANGE, mask_fix.TEST_CHANGE] if mask_fix.needed(configs) else []))]
+        "sm120-configs", SUBJECTS["configs"], configs, _changed(pristine, stage1), [],
+        [exporter.CONFIG_CHANGE, exporter.INTERFACE_CHANGE])]
     if decode:
         patches.append(SeriesPatch(
             "sm120-splitkv-decode", SUBJECTS["splitkv"], decode,
@@ -229,6 +272,20 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
     return patches
 
 
+WHY_NOT_WRITTEN = {
+    "sm120-splitkv-decode": "split-KV decode: no decode study among the exported ones (the decode classes' studies, "
+                            "e.g. `search run --problem-class d128-noncausal-decode-bf16`, feed it)",
+    "sm120-tma-forward": "TMA forward: no prefill study won by the TMA class (a replayed table without kernel=sm120_tma "
+                         "never proposes it)",
+}
+
+
+def not_written(patches: list[SeriesPatch]) -> list[str]:
+    """A line per patch of the series that was not written, saying why (a patch with nothing to change)."""
+    written = {p.stem.split("-", 1)[-1] for p in patches}
+    return [why for stem, why in WHY_NOT_WRITTEN.items() if stem not in written]
+
+
 def export_series(storage, storage_url: str, export_argv: list[str], target: str = "sm120", needed: int = 2,
                   allow_replay: bool = False, classes: list[str] | None = None, table: str | None = None,
                   leave_out: list[str] | None = None, screenshot=None, decode_table=None) -> list[SeriesPatch]:
@@ -240,15 +297,18 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
 
     decode = decode_table_lines(decode_table) if decode_table is not None else []  # refused before the studies are read
     winners, notes, table_meta = chosen(storage, storage_url, table, target, needed, allow_replay, classes,
-                                        leave_out=leave_out, decode=True)
+                                        leave_out=leave_out, decode=True, open_fixes=True)
     patches = plan(winners, exporter.pristine_sources())
+    check_lint(patches)
     for i, p in enumerate(patches, 1):
         p.stem = f"{i:04d}-{p.stem}"
         later = [q.stem.split("-", 1)[-1] for q in patches[i:]]
         order = (f"Patch {i} of {len(patches)}" + (f"; applies on top of patch{'es 1-' if i > 2 else ' '}{i - 1}" if i > 1 else "; applies alone")
                  + (f"; followed by {', '.join(later)}." if later else "."))
+        kind = next(k for k, subject in SUBJECTS.items() if subject == p.subject)
         message = exporter.commit_message(p.winners, storage_url, export_argv, table_meta, table, needed,
-                                          notes if i == 1 else None, [order] + (p.intro or []) if p.intro else None)
+                                          notes if i == 1 else None, [order] + (p.intro or []) if p.intro else None,
+                                          reproduce=False, related=RELATED[kind])
         if not p.intro:  # patch 1: export's own prose, after the order line
             message = "\n".join(exporter._wrap(order)) + "\n\n" + message
         p.patch = exporter.format_patch(p.files, message, p.subject).replace("Subject: [PATCH] ", f"Subject: [PATCH {i}/{len(patches)}] ", 1)
@@ -256,5 +316,6 @@ def export_series(storage, storage_url: str, export_argv: list[str], target: str
         shot = (star, screenshot(p.stem, star.study.name)) if star is not None else None
         decodes = any(w.study.problem_class.regime == "decode" for w in p.winners)
         p.pr = pr_text(p.winners, p.files, message, p.subject, needed, table_meta, changes=[order, *p.changes],
-                       screenshot=shot, sections=decode if decodes else None)
+                       screenshot=shot, sections=decode if decodes else None, related=RELATED[kind],
+                       search=exporter._reproduce(p.winners, storage_url, export_argv, table, table_meta))
     return patches
