@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-06-upstream-series-"
+SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-07-upstream-series-"
 DEFAULT_FILES = ("test_flash_attn.py", "test_flash_attn_combine.py")
 PLUGIN = "fa4tune_sm120_capability"
 PLUGIN_SOURCE = '''"""Written by fa4-tune's bench/upstream_tests.py: compute capability 12.0 for the test files' own calls,
