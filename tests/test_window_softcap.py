@@ -66,3 +66,40 @@ def test_attention_classes_a_windowed_call_by_its_window():
     extras = api.Extras(32, 0, 30.0)
     assert api.problem_class_of(q, q, q, True, extras=extras).name == "d64-causal-window-softcap-bf16"
     assert extras.forward_args()["window_size_left"] == 32 and extras.backward_args()["softcap"] == 30.0
+
+
+def _dense(q, k, v, causal, window_size, softcap):
+    """Attention written out whole (one row at a time, keys by their index), fp64."""
+    import torch
+
+    b, sq, h, d = q.shape
+    sk, g = k.shape[1], h // k.shape[2]
+    out = torch.zeros(b, sq, h, v.shape[-1], dtype=torch.float64)
+    left, right = window_size
+    for i in range(sq):
+        diagonal = i + sk - sq
+        keys = [j for j in range(sk) if (not causal or j <= diagonal) and (left < 0 or j >= diagonal - left)
+                and (right < 0 or j <= diagonal + right)]
+        if not keys:
+            continue
+        for head in range(h):
+            s = (q[:, i, head].double()[:, None, :] * k[:, keys, head // g].double()).sum(-1) / d ** 0.5
+            s = softcap * torch.tanh(s / softcap) if softcap else s
+            out[:, i, head] = (torch.softmax(s, -1)[..., None] * v[:, keys, head // g].double()).sum(1)
+    return out
+
+
+@pytest.mark.parametrize("causal, window_size, softcap, sq, sk", [
+    (True, (16, 0), 0.0, 40, 40), (True, (7, -1), 5.0, 24, 56), (False, (5, 3), 0.0, 33, 33),
+    (False, (-1, -1), 2.0, 20, 20), (True, (-1, -1), 0.0, 30, 50), (False, (3, 0), 0.0, 40, 20)])
+def test_the_gate_s_fp32_reference_applies_the_window_and_the_softcap(causal, window_size, softcap, sq, sk):
+    import torch
+
+    from fa4tune.harness import gate
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, h, 16, generator=g) for n, h in ((sq, 4), (sk, 2), (sk, 2)))
+    ref = gate.reference_attention(q, k, v, causal, window_size=window_size, softcap=softcap, chunk_bytes=4096)
+    torch.testing.assert_close(ref.out.double(), _dense(q, k, v, causal, window_size, softcap), atol=1e-5, rtol=1e-5)
+    first, last = gate.key_range(torch.arange(sq), sq, sk, causal, window_size)
+    assert torch.equal(ref.valid_rows[0, 0], first <= last)
