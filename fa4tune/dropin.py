@@ -59,7 +59,12 @@ def _tuned(q, k, v, a: dict):
     return out, (lse if a["return_lse"] else None)
 
 
-def _upstream(name: str, reason: str, arguments: dict):
+def _route(name: str, arguments: dict):
+    """Upstream's function `name` with the same arguments where upstream_reason gives a reason, else ours."""
+    q, k, v = arguments["q"], arguments["k"], arguments["v"]
+    reason = upstream_reason(q, k, v, arguments)
+    if reason is None:
+        return _tuned(q, k, v, arguments)
     from flash_attn.cute import interface
 
     log.debug("fa4tune: upstream's %s: %s", name, reason)
@@ -103,10 +108,7 @@ def flash_attn_func(
                      block_sparse_tensors_bwd=block_sparse_tensors_bwd, return_lse=return_lse,
                      gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk,
                      config=config, scales=scales)  # not locals(): Dynamo cannot trace it
-    reason = upstream_reason(q, k, v, arguments)
-    if reason is not None:
-        return _upstream("flash_attn_func", reason, arguments)
-    return _tuned(q, k, v, arguments)
+    return _route("flash_attn_func", arguments)
 
 
 def flash_attn_varlen_func(
@@ -159,7 +161,4 @@ def flash_attn_varlen_func(
                      seqlen_k_per_split=seqlen_k_per_split, disable_scheduler_metadata=disable_scheduler_metadata,
                      gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk,
                      config=config, scales=scales)  # not locals(): Dynamo cannot trace it
-    reason = upstream_reason(q, k, v, arguments)
-    if reason is not None:
-        return _upstream("flash_attn_varlen_func", reason, arguments)
-    return _tuned(q, k, v, arguments)
+    return _route("flash_attn_varlen_func", arguments)
