@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 import torch
 
 from fa4tune import defaults, fallback
-from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig, ProblemClass, regime_of
+from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig, ProblemClass, is_local, regime_of
 from fa4tune.sm120_interface import build
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -144,15 +144,52 @@ class DispatchTables:
 
 
 def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None) -> ProblemClass:
+                     max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
+                     extras: "Extras | None" = None) -> ProblemClass:
     """The problem class of (batch, seqlen, heads, head_dim) tensors, or of packed (total, heads, head_dim) ones with
-    their longest sequences (the regime of a packed batch is its longest sequence's); one-line errors for bad input."""
+    their longest sequences (the regime of a packed batch is its longest sequence's), with the call's sliding window
+    and soft-cap (`extras`); one-line errors for bad input."""
     if q.dtype not in _DTYPE_NAMES:
         raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
     seqlen_q = q.shape[-3] if max_seqlen_q is None else max_seqlen_q
     seqlen_k = k.shape[-3] if max_seqlen_k is None else max_seqlen_k
+    extras = extras or Extras()
     return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
-                        regime_of(seqlen_q, seqlen_k, causal))
+                        regime_of(seqlen_q, seqlen_k, causal), window=extras.local(causal), softcap=extras.softcap > 0)
+
+
+@dataclass(frozen=True)
+class Extras:
+    """A call's arguments beyond its shape that reach the host path as upstream's own: the sliding window (upstream's
+    window_size sides; None or -1: no limit), the soft-cap (0: none), per-sequence lengths (seqused_q / seqused_k:
+    a padded KV cache's used lengths) and pack_gqa (None: upstream's choice)."""
+
+    window_size_left: int | None = None
+    window_size_right: int | None = None
+    softcap: float = 0.0
+    seqused_q: torch.Tensor | None = None
+    seqused_k: torch.Tensor | None = None
+    pack_gqa: bool | None = None
+
+    def local(self, causal: bool) -> bool:
+        """Whether the window masks as a sliding window (fa4tune.config.is_local, upstream's rule)."""
+        return is_local(causal, self.window_size_left, self.window_size_right)
+
+    def features(self) -> frozenset[str]:
+        """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's: per-sequence lengths."""
+        return frozenset({"seqused"}) if self.seqused_q is not None or self.seqused_k is not None else frozenset()
+
+    def backward_args(self) -> dict:
+        """The host backward's keyword arguments for these extras (window, soft-cap, per-sequence lengths)."""
+        return dict(window_size_left=self.window_size_left, window_size_right=self.window_size_right,
+                    softcap=self.softcap, seqused_q=self.seqused_q, seqused_k=self.seqused_k)
+
+    def forward_args(self) -> dict:
+        """The host forward's keyword arguments (the backward's and pack_gqa)."""
+        return dict(self.backward_args(), pack_gqa=self.pack_gqa)
+
+
+NO_EXTRAS = Extras()
 
 
 @dataclass(frozen=True)
@@ -188,34 +225,48 @@ def packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> Pac
     return Packed(cu_seqlens_q, cu_seqlens_k, max_q, max_k)
 
 
+def run_forward(kernel_class, q, k, v, causal, softmax_scale, fwd_config, packed=None, extras=NO_EXTRAS):
+    """(out, lse) of the tuned host forward (fa4tune.sm120_interface) with `fwd_config` on the kernel class
+    `kernel_class(fwd_config)` gives; the extras (window, soft-cap, seqused, pack_gqa) reach it as upstream's."""
+    varlen = packed.args() if packed is not None else {}
+    out, lse, *_ = build(kernel_class).flash_attn_fwd(
+        q, k, v, softmax_scale=softmax_scale, causal=causal, tile_mn=(fwd_config.tile_m, fwd_config.tile_n),
+        return_lse=True, sm120_config=fwd_config, **varlen, **extras.forward_args(),
+    )
+    return out, lse
+
+
+def run_backward(kernel_class, q, k, v, out, dout, lse, causal, softmax_scale, bwd_config, preprocess_threads,
+                 packed=None, extras=NO_EXTRAS, dlse=None):
+    """(dq, dk, dv) of the tuned host backward with `bwd_config` (dlse: the LSE's gradient where a caller used it)."""
+    varlen = packed.args() if packed is not None else {}
+    return build(kernel_class).flash_attn_bwd(
+        q, k, v, out, dout.contiguous(), lse, softmax_scale=softmax_scale, causal=causal, sm120_config=bwd_config,
+        sm120_preprocess_threads=preprocess_threads, dlse=dlse, **varlen, **extras.backward_args(),
+    )
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads, kernel_class, packed=None):
-        host = build(kernel_class)
-        varlen = packed.args() if packed is not None else {}
-        out, lse, *_ = host.flash_attn_fwd(
-            q, k, v, softmax_scale=softmax_scale, causal=causal,
-            tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config, **varlen,
-        )
+    def forward(ctx, q, k, v, causal, softmax_scale, fwd_config, bwd_config, preprocess_threads, kernel_class, packed=None,
+                extras=NO_EXTRAS):
+        out, lse = run_forward(kernel_class, q, k, v, causal, softmax_scale, fwd_config, packed, extras)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.softmax_scale, ctx.bwd_config = causal, softmax_scale, bwd_config
-        ctx.preprocess_threads, ctx.kernel_class, ctx.packed = preprocess_threads, kernel_class, packed
+        ctx.preprocess_threads, ctx.kernel_class, ctx.packed, ctx.extras = preprocess_threads, kernel_class, packed, extras
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        host = build(ctx.kernel_class)
-        varlen = ctx.packed.args() if ctx.packed is not None else {}
-        dq, dk, dv = host.flash_attn_bwd(
-            q, k, v, out, dout.contiguous(), lse, softmax_scale=ctx.softmax_scale, causal=ctx.causal,
-            sm120_config=ctx.bwd_config, sm120_preprocess_threads=ctx.preprocess_threads, **varlen,
-        )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        dq, dk, dv = run_backward(ctx.kernel_class, q, k, v, out, dout, lse, ctx.causal, ctx.softmax_scale, ctx.bwd_config,
+                                  ctx.preprocess_threads, ctx.packed, ctx.extras)
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, *,
-              tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, fp8=False):
+              tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, fp8=False,
+              window_size=(None, None), softcap=0.0):
     """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
 
     Configs default to `tables`' entries for the problem class; gradients flow through the tuned backward kernel.
@@ -226,9 +277,13 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     upstream's default (`DispatchTables.varlen_forward_config`).
     FP8 is opt-in: `fp8=True` (bf16 q, k, v) runs the "fp8" class's entry, and a config whose kernel class quantizes
     (sm120_fp8) runs through fa4tune.fp8 (K smoothed, Q and K in e4m3 per tile; forward only, no packed batches).
+    A sliding window (`window_size`, upstream's (left, right)) and a soft-cap (`softcap`) are class dimensions: the
+    window or softcap class's entry runs them (fa4tune.fallback: upstream's default where it has none).
     """
     packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else ()))
+    extras = Extras(*window_size, softcap=softcap)
+    pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else (None, None)),
+                          extras=extras)
     if fp8 or (fwd_config is not None and _quantizes(tables, fwd_config)):
         return _fp8_attention(q, k, v, causal, softmax_scale, fwd_config, return_lse, replace(pc, dtype=FP8), tables, packed)
     if packed is not None and fwd_config is None:
@@ -240,7 +295,7 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
-                                tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed)
+                                tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed, extras)
     return (out, lse) if return_lse else out
 
 

@@ -25,6 +25,16 @@ DECODE_MAX_SEQLEN_Q = 16
 # (docs/measurements/2026-12-01-h200-table-vs-upstream.md: 0.85x upstream on sq 1024 over sk 4096, d128).
 CHUNKED_MIN_KV_PER_Q = 2
 REGIMES = ("prefill", "decode", "chunked")
+SHORTEST_SOFTCAP = 50.0  # the soft-cap of a softcap class's shortest problem (Gemma 2's attention soft-cap)
+NO_WINDOW = -1  # a window side that masks nothing (upstream's window_size (-1, -1), or None)
+
+
+def is_local(causal: bool, window_size_left: int | None, window_size_right: int | None) -> bool:
+    """Whether a call's window masks as a sliding (local) window, as upstream's _resolve_causal_local_window decides:
+    a left side >= 0, or a right side >= 0 without causal (causal with no left side is plain causal)."""
+    left = NO_WINDOW if window_size_left is None else window_size_left
+    right = NO_WINDOW if window_size_right is None else window_size_right
+    return left >= 0 or (right >= 0 and not causal)
 
 
 def regime_of(seqlen_q: int, seqlen_k: int | None = None, causal: bool = False) -> str:
@@ -195,7 +205,9 @@ class ProblemClass(_Record):
     """What a config is tuned for: kernels specialise on these, not on batch or sequence length, except for two
     lines: a decode (at most DECODE_MAX_SEQLEN_Q query tokens) is a class of its own, since one query token over a
     long KV wants another kernel (split-KV) than a prefill does; and a chunked prefill (causal, at least
-    CHUNKED_MIN_KV_PER_Q keys per query token) is one too, since its mask removes little of the work."""
+    CHUNKED_MIN_KV_PER_Q keys per query token) is one too, since its mask removes little of the work. A sliding window
+    (`window`: a local mask, Mistral's and Gemma's) and a logit soft-cap (`softcap`: Gemma 2's tanh) are class
+    dimensions too: the kernel compiles each in (is_local, a score_mod), and a window changes the work per row."""
 
     head_dim: int
     head_dim_v: int
@@ -203,6 +215,8 @@ class ProblemClass(_Record):
     qhead_per_kvhead: int = 1
     dtype: str = "bf16"
     regime: str = "prefill"
+    window: bool = False
+    softcap: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -224,12 +238,15 @@ class ProblemClass(_Record):
         hd = f"d{self.head_dim}" if self.head_dim == self.head_dim_v else f"d{self.head_dim}v{self.head_dim_v}"
         gqa = f"-gqa{self.qhead_per_kvhead}" if self.qhead_per_kvhead > 1 else ""
         regime = "" if self.regime == "prefill" else f"-{self.regime}"
-        return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}{regime}-{self.dtype}"
+        features = ("-window" if self.window else "") + ("-softcap" if self.softcap else "")
+        return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}{features}{regime}-{self.dtype}"
 
     @classmethod
     def parse(cls, name: str) -> "ProblemClass":
         """Inverse of `name`."""
         parts = name.split("-")
+        features = {part: part in parts for part in ("window", "softcap")}
+        parts = [part for part in parts if part not in features]
         try:
             hd = parts[0][1:]
             head_dim, head_dim_v = (int(x) for x in hd.split("v")) if "v" in hd else (int(hd), int(hd))
@@ -239,7 +256,7 @@ class ProblemClass(_Record):
             dtype = parts[-1]
         except (IndexError, KeyError, ValueError):
             raise ConfigError("problem_class_name", f"cannot parse problem class {name!r} (expected e.g. d128-causal-gqa4-bf16)")
-        return cls(head_dim, head_dim_v, causal, gqa, dtype, regime)
+        return cls(head_dim, head_dim_v, causal, gqa, dtype, regime, **features)
 
     def shortest_problem(self) -> "Problem":
         """The class's shortest problem (one batch, one KV head): a decode of 1 query over 1 key, a chunked prefill
@@ -248,7 +265,9 @@ class ProblemClass(_Record):
         seqlen_q = 1 if self.regime == "decode" else DECODE_MAX_SEQLEN_Q + 1
         seqlen_k = CHUNKED_MIN_KV_PER_Q * seqlen_q if self.regime == "chunked" else seqlen_q
         return Problem(1, seqlen_q, seqlen_k, self.qhead_per_kvhead, 1, self.head_dim, self.head_dim_v, self.causal,
-                       self.dtype, backward=False, name=f"{self.name} at seqlen_q={seqlen_q}, seqlen_k={seqlen_k}")
+                       self.dtype, backward=False, name=f"{self.name} at seqlen_q={seqlen_q}, seqlen_k={seqlen_k}",
+                       window_size_left=seqlen_k // 2 if self.window else NO_WINDOW,
+                       softcap=SHORTEST_SOFTCAP if self.softcap else 0.0)
 
 
 @dataclass(frozen=True)
@@ -268,6 +287,9 @@ class Problem(_Record):
     backward: bool = True
     name: str = ""
     lengths: tuple[int, ...] = ()
+    window_size_left: int = NO_WINDOW  # a sliding window, as upstream's window_size: keys [i - left, i + right] of
+    window_size_right: int = NO_WINDOW  # query i (bottom-right aligned), -1 for no limit on that side
+    softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) (0: none), as upstream's softcap
 
     def __post_init__(self):
         n = self.lengths
@@ -282,13 +304,21 @@ class Problem(_Record):
         for name in ("batch", "seqlen_q", "seqlen_k", "num_heads"):
             if getattr(self, name) <= 0:
                 raise ConfigError("problem_size", f"{name} must be positive, got {getattr(self, name)}")
+        for side in ("window_size_left", "window_size_right"):
+            value = getattr(self, side)
+            if isinstance(value, bool) or not isinstance(value, int) or value < NO_WINDOW:
+                raise ConfigError("window_size", f"{side} must be an integer >= -1 (-1: no limit), got {value!r}")
+        if isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float)) or self.softcap < 0:
+            raise ConfigError("softcap", f"softcap must be a number >= 0 (0: none), got {self.softcap!r}")
         self.problem_class  # validates head dims and dtype
 
     @property
     def problem_class(self) -> ProblemClass:
         """The class this problem dispatches on."""
         return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype,
-                            regime_of(self.seqlen_q, self.seqlen_k, self.causal))
+                            regime_of(self.seqlen_q, self.seqlen_k, self.causal),
+                            window=is_local(self.causal, self.window_size_left, self.window_size_right),
+                            softcap=self.softcap > 0)
 
     @property
     def label(self) -> str:
@@ -299,4 +329,8 @@ class Problem(_Record):
         h = f"h{self.num_heads}" if self.num_heads == self.num_heads_kv else f"hq{self.num_heads}/hkv{self.num_heads_kv}"
         if self.lengths:
             s = f"packed {len(self.lengths)} seqs {sum(self.lengths)} tokens (longest {self.seqlen_q})"
-        return f"{s if self.lengths else f'b{self.batch} {s}'} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"
+        window = (f" window ({self.window_size_left}, {self.window_size_right})"
+                  if is_local(self.causal, self.window_size_left, self.window_size_right) else "")
+        softcap = f" softcap {self.softcap:g}" if self.softcap else ""
+        return (f"{s if self.lengths else f'b{self.batch} {s}'} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"
+                f"{window}{softcap}")

@@ -6,8 +6,8 @@ rule, here, that `fa4tune.api` (the call path), `search run` / `search apply` (w
 the static check (what it compiles) all use:
 
 1. Its own entry.
-2. Else the entry of a neighbour: a class with the same head dims (q/k and v), the same mask (causal or not) and the
-   same regime, a chunked class counting prefill classes as neighbours too (its rows are a causal prefill's).
+2. Else the entry of a neighbour: a class with the same head dims (q/k and v), the same mask (causal or not, a sliding
+   window or not, a softcap or not: each compiles another kernel) and the same regime, a chunked class counting prefill classes as neighbours too (its rows are a causal prefill's).
    Neighbours are tried nearest first, by these keys, in order:
    a. the same regime before a chunked class's prefill neighbour (a chunked problem's short query over a long key
       runs best on the tiles measured on chunked problems: the chunked entries are not the prefill ones);
@@ -93,8 +93,9 @@ def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
             other = ProblemClass.parse(name)
         except ConfigError:
             continue
-        if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal)
-                == (pc.head_dim, pc.head_dim_v, pc.causal) and (other.dtype == FP8) == (pc.dtype == FP8)):
+        if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal, other.window,
+                other.softcap) == (pc.head_dim, pc.head_dim_v, pc.causal, pc.window, pc.softcap)
+                and (other.dtype == FP8) == (pc.dtype == FP8)):
             found.append(other)
     return sorted(found, key=lambda o: (o.regime != pc.regime, abs(o.qhead_per_kvhead - pc.qhead_per_kvhead),
                                         o.dtype != pc.dtype, -o.qhead_per_kvhead))

@@ -11,7 +11,8 @@ has a rule.
 from __future__ import annotations
 
 from fa4tune.config import FP8, BackwardConfig, ForwardConfig, Problem, ProblemClass
-from fa4tune.kernel_class import backward_kernel, backward_kernels, forward_kernel, forward_kernels, runs_varlen
+from fa4tune.kernel_class import (backward_kernel, backward_kernels, class_features, forward_kernel, forward_kernels,
+                                  runs_features, runs_varlen)
 from fa4tune.targets import Target
 from fa4tune.verdict import OK, Verdict  # noqa: F401  (named here: a rule's answer, ok or failing)
 
@@ -66,6 +67,8 @@ def check_forward(cfg: ForwardConfig, pc: ProblemClass, target: Target, kernels:
         return verdict
     if not (verdict := _fp8_opt_in(cfg, pc, cls)):
         return verdict
+    if not (verdict := _features(cfg, pc, cls)):
+        return verdict
     if not (verdict := _sizes(cfg, "tile_m", "tile_n")):
         return verdict
     if not (verdict := _limits(cfg, pc, cls)):  # before the shared-memory formula, which needs a stage count
@@ -117,6 +120,15 @@ def _fp8_opt_in(cfg: ForwardConfig, pc: ProblemClass, cls: type) -> Verdict:
     if pc.dtype != FP8 and cls.quantizes:
         return _fail("fp8_opt_in", f"{cfg.kernel} computes S in e4m3: it never serves the {pc.dtype} class {pc.name} "
                                    "(FP8 is opt-in: an fp8 problem class, or fa4tune.fp8.attention_fp8)")
+    return OK
+
+
+def _features(cfg: ForwardConfig | BackwardConfig, pc: ProblemClass, cls: type) -> Verdict:
+    """A window or softcap class runs only a kernel class whose own code declares that feature (`features`)."""
+    missing = sorted(class_features(pc) - runs_features(cls))
+    if missing:
+        return _fail(f"kernel_{missing[0]}", f"kernel {cfg.kernel!r} does not run {missing[0]} ({pc.name}; only a class "
+                                             f"that declares {missing[0]!r} in its features does)")
     return OK
 
 
@@ -195,6 +207,8 @@ def check_backward(cfg: BackwardConfig, pc: ProblemClass, target: Target, skip: 
         return _fail("kernel_known", f"backward kernel {cfg.kernel!r} is not one of {', '.join(kernels)} (the kernel "
                                      "classes of kernels/ and experiment.py)")
     if not (verdict := _kernel_knobs(cfg, cls)):
+        return verdict
+    if not (verdict := _features(cfg, pc, cls)):
         return verdict
     if not (verdict := _sizes(cfg, "m_block_size", "n_block_size")):
         return verdict

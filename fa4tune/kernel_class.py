@@ -12,6 +12,10 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - `upstream`: the upstream class it runs unchanged, which export can write into upstream's interface;
   - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
+  - optionally `features` (read from the class itself, never inherited; default none): the call features its code
+    runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap) and "seqused" (seqused_q / seqused_k,
+    per-sequence lengths of a padded KV cache); a class that lacks one never serves a window or softcap class, and a
+    call with seqused_k runs another config (fa4tune.torch_op);
   - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
     (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
@@ -72,6 +76,7 @@ class ForwardKernel:
     varlen: ClassVar[bool] = False  # runs packed batches (cu_seqlens); read from the class itself only, as `upstream`
     searched: ClassVar[bool] = True  # in the search's `kernel` domain (False: dispatch entries and benches only)
     quantizes: ClassVar[bool] = False  # takes bf16 q, k, v and computes in FP8: runs the fp8 classes and only those
+    features: ClassVar[frozenset[str]] = frozenset()  # of FEATURES; read from the class itself only, as `varlen`
 
     @classmethod
     def smem_bytes(cls, config: ForwardConfig, problem_class) -> tuple[int, str]:
@@ -113,6 +118,7 @@ class BackwardKernel:
     upstream: ClassVar[type | None] = None
     searched: ClassVar[bool] = True
     fixes: ClassVar[frozenset[str]] = frozenset()  # upstream's backward rules (feasibility) its own code makes moot
+    features: ClassVar[frozenset[str]] = frozenset()  # of FEATURES, as a forward class's; read from the class itself
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -129,6 +135,23 @@ def runs_varlen(cls: type) -> bool:
     """Whether the class itself declares that it runs packed batches (cu_seqlens); a subclass changes the code, so
     the declaration is never inherited."""
     return cls.__dict__.get("varlen", False) is True
+
+
+FEATURES = ("local", "softcap", "seqused")  # call features a kernel class may declare it runs (`features`)
+
+
+def runs_features(cls: type) -> frozenset[str]:
+    """The call features (FEATURES) the class itself declares it runs; never inherited: a subclass changes the code."""
+    declared = frozenset(cls.__dict__.get("features", ()))
+    if declared - set(FEATURES):
+        raise ConfigError("kernel_features", f"{cls.__name__} declares features {sorted(declared - set(FEATURES))}, "
+                                             f"not among {', '.join(FEATURES)}")
+    return declared
+
+
+def class_features(problem_class) -> frozenset[str]:
+    """The features a problem class's calls need of a kernel class (its window and softcap dimensions)."""
+    return frozenset(name for name, needed in (("local", problem_class.window), ("softcap", problem_class.softcap)) if needed)
 
 
 def upstream_class(cls: type) -> type | None:

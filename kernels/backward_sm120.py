@@ -29,6 +29,8 @@ class BackwardSm120(BackwardKernel, FlashAttentionBackwardSm120):
     # export writes knobs into upstream's interface; this class differs from upstream's only by the packed GQA fix,
     # a patch of its own (docs/measurements/data/2026-12-05-upstream-fix-0001-varlen-gqa-dkv-offset.patch)
     upstream = FlashAttentionBackwardSm120
+    # upstream's SM80 backward: a sliding window, the soft-cap's backward score_mod, per-sequence lengths
+    features = frozenset({"local", "softcap", "seqused"})
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:

@@ -73,6 +73,24 @@ def causal_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, num_keys: int)
     return cols[None, :] > rows[:, None] + (seqlen_k - seqlen_q)
 
 
+def key_range(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, causal: bool, window_size=(-1, -1)):
+    """(first, last) key each query row sees, bottom-right aligned, as upstream's masks: causal caps the right side at
+    0; a window side >= 0 limits that side (-1 or None: no limit); a row with first > last sees no key."""
+    left, right = (-1 if side is None else side for side in window_size)
+    right = 0 if causal else right
+    diagonal = rows + (seqlen_k - seqlen_q)
+    first = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(rows)
+    last = (diagonal + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(rows, seqlen_k - 1)
+    return first, last
+
+
+def window_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, num_keys: int, causal: bool, window_size) -> torch.Tensor:
+    """True where a key is masked for these query rows (causal and a sliding window, key_range's rule)."""
+    first, last = key_range(rows, seqlen_q, seqlen_k, causal, window_size)
+    cols = torch.arange(num_keys, device=rows.device)
+    return (cols[None, :] < first[:, None]) | (cols[None, :] > last[:, None])
+
+
 @contextmanager
 def _fp32_matmul_exact():
     # The fp32 reference must not be computed in TF32 (about bf16's mantissa): that would loosen the gate.
@@ -84,12 +102,15 @@ def _fp32_matmul_exact():
         torch.set_float32_matmul_precision(previous)
 
 
-def _attention_rows(q, k, v, scale, mask, group):
-    """One chunk: q (rows, hq, d), k (keys, hkv, d), v (keys, hkv, dv) -> out (rows, hq, dv), lse (hq, rows)."""
+def _attention_rows(q, k, v, scale, mask, group, softcap=0.0):
+    """One chunk: q (rows, hq, d), k (keys, hkv, d), v (keys, hkv, dv) -> out (rows, hq, dv), lse (hq, rows); a
+    soft-cap maps the scaled scores s to softcap * tanh(s / softcap), as upstream's score_mod does."""
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q.transpose(0, 1), k.permute(1, 2, 0)) * scale  # (hq, rows, keys)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1).float()
@@ -111,9 +132,13 @@ def reference_attention(
     dtype: torch.dtype = torch.float32,
     dout: torch.Tensor | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    window_size: tuple = (-1, -1),
+    softcap: float = 0.0,
 ) -> AttentionReference:
     """softmax(q k^T * scale) v in `dtype` for (batch, seqlen, heads, head_dim) tensors, GQA by repeating
-    K/V heads; with `dout`, also dQ, dK, dV (computed in `dtype`, summed in fp32)."""
+    K/V heads; with `dout`, also dQ, dK, dV (computed in `dtype`, summed in fp32). A sliding window (`window_size`,
+    upstream's (left, right)) and a soft-cap (`softcap`) as upstream's kernels apply them."""
+    masked = causal or any(side is not None and side >= 0 for side in window_size)
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     group = heads // heads_kv
@@ -127,7 +152,6 @@ def reference_attention(
         dk = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float32, device=device)
         dv = torch.zeros(batch, seqlen_k, heads_kv, v.shape[-1], dtype=torch.float32, device=device)
     rows_per_chunk = max(1, chunk_bytes // (heads * max(seqlen_k, 1) * 4 * _INTERMEDIATES))
-    offset = seqlen_k - seqlen_q
     with _fp32_matmul_exact(), torch.set_grad_enabled(grads):
         for b in range(batch):
             kb = k[b].detach().to(dtype).requires_grad_(grads)
@@ -135,13 +159,13 @@ def reference_attention(
             for start in range(0, seqlen_q, rows_per_chunk):
                 stop = min(seqlen_q, start + rows_per_chunk)
                 # keys past the last row's causal limit are masked for every row of the chunk: skip them
-                num_keys = min(seqlen_k, stop + offset) if causal else seqlen_k
+                rows = torch.arange(start, stop, device=device)
+                num_keys = int(key_range(rows[-1:], seqlen_q, seqlen_k, causal, window_size)[1]) + 1 if masked else seqlen_k
                 if num_keys <= 0:
                     continue  # every row sees no key: out 0, lse -inf, gradients 0
                 qc = q[b, start:stop].detach().to(dtype).requires_grad_(grads)
-                rows = torch.arange(start, stop, device=device)
-                mask = causal_mask(rows, seqlen_q, seqlen_k, num_keys) if causal else None
-                oc, lc = _attention_rows(qc, kb[:num_keys], vb[:num_keys], scale, mask, group)
+                mask = window_mask(rows, seqlen_q, seqlen_k, num_keys, causal, window_size) if masked else None
+                oc, lc = _attention_rows(qc, kb[:num_keys], vb[:num_keys], scale, mask, group, softcap)
                 out[b, start:stop] = oc.detach()
                 lse[b, :, start:stop] = lc.detach()
                 if grads:
@@ -149,8 +173,8 @@ def reference_attention(
                     dq[b, start:stop] = gq.float()
                     dk[b] += gk.float()
                     dv[b] += gv.float()
-    rows = torch.arange(seqlen_q, device=device)
-    valid = (rows + offset >= 0) if causal else torch.ones(seqlen_q, dtype=torch.bool, device=device)
+    first, last = key_range(torch.arange(seqlen_q, device=device), seqlen_q, seqlen_k, causal, window_size)
+    valid = first <= last
     valid_rows = valid[None, None, :].expand(batch, heads, seqlen_q)
     if not grads:
         return AttentionReference(out, lse, valid_rows=valid_rows)

@@ -1,0 +1,218 @@
+"""Issue 69's GPU checks of the drop-in (fa4tune.dropin), one step per argument; prints what each shows.
+
+    python3 bench/dropin_gpu.py compile   # torch.compile(fullgraph=True) of a layer calling ours: no graph break,
+                                          # forward and backward equal to eager (window + softcap call included)
+    python3 bench/dropin_gpu.py graphs    # CUDA graphs: a prefill and a split-KV decode captured, replayed on new inputs,
+                                          # equal to eager on those inputs (and a decode with seqused_k)
+    python3 bench/dropin_gpu.py window    # MODELS' real window / softcap settings: ours and upstream's SM120 config
+                                          # gated against the fp32 reference with the same window and softcap, timed
+    python3 bench/dropin_gpu.py hf        # a random-weight Llama from a config: attn_implementation "fa4tune" vs "sdpa"
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# (label, batch, seqlen, heads, heads_kv, head_dim, window_size_left, softcap, source): the models' config.json values
+MODELS = [
+    ("Mistral 7B v0.1 (window 4096)", 1, 8192, 32, 8, 128, 4096, 0.0,
+     "mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096, 32 heads, 8 KV heads, head_dim 128"),
+    ("Gemma 2 9B local layer", 1, 8192, 16, 8, 256, 4096, 50.0,
+     "google/gemma-2-9b config.json: sliding_window 4096, attn_logit_softcapping 50.0, 16 heads, 8 KV, head_dim 256"),
+    ("Gemma 2 9B global layer", 1, 8192, 16, 8, 256, -1, 50.0,
+     "google/gemma-2-9b config.json: attn_logit_softcapping 50.0 on every layer, global ones unwindowed"),
+    ("Gemma 3 12B local layer", 1, 8192, 16, 8, 256, 1024, 0.0,
+     "google/gemma-3-12b-pt config.json: sliding_window 1024, 16 heads, 8 KV heads, head_dim 256"),
+]
+
+
+def _tensors(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, grad=False, seed=0):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = ((batch, seqlen_q, heads, head_dim), (batch, seqlen_k, heads_kv, head_dim), (batch, seqlen_k, heads_kv, head_dim))
+    return [torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_(grad) for s in shapes]
+
+
+def _max_diff(a, b) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def compile_step() -> int:
+    import torch
+
+    from fa4tune.dropin import flash_attn_func
+
+    def layer(q, k, v):
+        a, _ = flash_attn_func(q, k, v, causal=True)
+        b, _ = flash_attn_func(q, k, v, causal=True, window_size=(256, 0), softcap=30.0)
+        return a + b
+
+    failures = 0
+    explained = torch._dynamo.explain(layer)(*_tensors(2, 1024, 1024, 16, 4, 128))
+    print(f"graph breaks: {explained.graph_break_count}, graphs: {explained.graph_count}")
+    failures += explained.graph_break_count != 0
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True)
+    for seed in range(2):
+        q, k, v = _tensors(2, 1024, 1024, 16, 4, 128, grad=True, seed=seed)
+        eager = layer(q, k, v)
+        eager.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        out = compiled(q, k, v)
+        out.sum().backward()
+        diffs = [_max_diff(out, eager)] + [_max_diff(t.grad, g) for t, g in zip((q, k, v), grads)]
+        print(f"fullgraph inductor vs eager, inputs {seed}: max |diff| out {diffs[0]:.3g} dq {diffs[1]:.3g} "
+              f"dk {diffs[2]:.3g} dv {diffs[3]:.3g}")
+        failures += any(d != 0 for d in diffs)
+    return failures
+
+
+def graphs_step() -> int:
+    import torch
+
+    from fa4tune.dropin import flash_attn_func, flash_attn_varlen_func
+
+    failures = 0
+    cases = {
+        "prefill b2 s2048 hq32/hkv8 d128 causal": (lambda q, k, v, used: flash_attn_func(q, k, v, causal=True)[0],
+                                                   (2, 2048, 2048, 32, 8, 128)),
+        "decode b8 sq1 sk8192 hq32/hkv8 d128 (split-KV)": (lambda q, k, v, used: flash_attn_func(q, k, v, causal=True)[0],
+                                                           (8, 1, 8192, 32, 8, 128)),
+        "decode with seqused_k (a KV cache)": (lambda q, k, v, used: flash_attn_varlen_func(q, k, v, seqused_k=used,
+                                                                                            causal=True)[0],
+                                               (8, 1, 8192, 32, 8, 128)),
+    }
+    for label, (call, shape) in cases.items():
+        static = _tensors(*shape, seed=0)
+        used = torch.randint(1, shape[2] + 1, (shape[0],), device="cuda", dtype=torch.int32)
+        with torch.no_grad():
+            call(*static, used)  # compiles and fills the host's caches outside the capture
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                call(*static, used)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = call(*static, used)
+            for seed in (1, 2):
+                fresh = _tensors(*shape, seed=seed)
+                for s, f in zip(static, fresh):
+                    s.copy_(f)
+                used.copy_(torch.randint(1, shape[2] + 1, (shape[0],), device="cuda", dtype=torch.int32))
+                graph.replay()
+                torch.cuda.synchronize()
+                diff = _max_diff(captured, call(*fresh, used))
+                print(f"{label}: replay on new inputs {seed}: max |diff| vs eager {diff:.3g}")
+                failures += diff != 0
+    return failures
+
+
+def window_step(repeats: int = 30) -> int:
+    import torch
+
+    from bench.common import geomean
+    from fa4tune import api, defaults, torch_op
+    from fa4tune.dropin import flash_attn_func
+    from fa4tune.harness import gate
+
+    failures, speedups = 0, []
+    for label, batch, seqlen, heads, heads_kv, head_dim, left, softcap, source in MODELS:
+        window = (left, 0) if left >= 0 else (None, None)
+        q, k, v = _tensors(batch, seqlen, seqlen, heads, heads_kv, head_dim)
+        extras = api.Extras(*window, softcap=softcap)
+        pc = api.problem_class_of(q, k, v, True, extras=extras)
+        upstream_config = defaults.upstream_forward(pc)
+        from fa4tune.feasibility import check_forward_entry
+        from fa4tune.targets import get_target
+
+        fits = check_forward_entry(upstream_config, pc, get_target())
+
+        def ours():
+            return flash_attn_func(q, k, v, causal=True, window_size=window, softcap=softcap)[0]
+
+        def upstream():
+            return api.run_forward(torch_op.registry_class, q, k, v, True, head_dim ** -0.5, upstream_config, None,
+                                   extras)[0]
+
+        ref = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap)
+        low = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap, dtype=torch.bfloat16)
+        bound = 2 * _max_diff(low.out, ref.out) + 1e-4
+        row = [f"{label:32s} {pc.name:40s}"]
+        times = {}
+        if not fits:
+            row.append(f"upstream's SM120 config does not run it ({fits.rule})")
+        for name, fn in (("ours", ours), ("upstream", upstream))[:2 if fits else 1]:
+            err = _max_diff(fn(), ref.out)
+            failures += err > bound
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            samples = []
+            for _ in range(repeats):
+                start.record(); fn(); stop.record(); torch.cuda.synchronize()  # noqa: E702
+                samples.append(start.elapsed_time(stop))
+            times[name] = sorted(samples)[repeats // 2]
+            row.append(f"{name} err {err:.3g} (bound {bound:.3g}) {times[name]:.3f} ms")
+        if fits:
+            speedups.append(times["upstream"] / times["ours"])
+        print("  ".join(row) + (f"  {speedups[-1]:.3f}x" if fits else "") + f"   # {source}")
+    print(f"geomean speedup over upstream's SM120 config: {geomean(speedups) if speedups else float('nan'):.3f}x (no window/softcap entry yet: "
+          "1.0x by construction until a study adds one)")
+    return failures
+
+
+def hf_step() -> int:
+    import torch
+    import transformers
+
+    from fa4tune import hf_attention
+
+    hf_attention.register()
+    config = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    ids = torch.randint(0, 32000, (2, 1024), device="cuda")
+    with torch.no_grad():
+        model.set_attn_implementation("sdpa")
+        sdpa = model(ids).logits.float()
+        model.set_attn_implementation("fa4tune")
+        ours = model(ids).logits.float()
+    diff, scale = _max_diff(ours, sdpa), sdpa.abs().max().item()
+    agree = (ours.argmax(-1) == sdpa.argmax(-1)).float().mean().item()
+    print(f"Llama (random weights, 4 layers, GQA 4, d128, bf16) fa4tune vs sdpa: max |diff| {diff:.3g} of {scale:.3g}, "
+          f"top-1 agreement {agree:.4f}")
+    return int(agree < 0.99)
+
+
+STEPS = {"compile": compile_step, "graphs": graphs_step, "window": window_step, "hf": hf_step}
+
+
+def main(argv: list[str]) -> int:
+    import logging
+
+    if not argv or any(name not in STEPS for name in argv):
+        print(f"error: steps: one or more of {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("fa4tune").addHandler(handler)
+    logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # which path ran each call, and why
+    import experiment  # noqa: F401  (the shipped tables: the drop-in finds them as the loaded experiment module)
+
+    failures = 0
+    for name in argv:
+        print(f"== {name}", flush=True)
+        failed = STEPS[name]()
+        print(f"{name}: {'ok' if not failed else f'{failed} failed'}", flush=True)
+        failures += failed
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,201 @@
+"""The tuned call as torch custom ops (`fa4tune::fwd`, `fa4tune::bwd`): a fake implementation for tracing and an
+autograd formula, so that `torch.compile(model, fullgraph=True)` traces through a call with no graph break and
+CUDA graphs capture it (the host's compile caches and config lookups run at the op's first eager call).
+
+Inside the op, per call: the problem class (head dims, causal, GQA ratio, dtype, regime, sliding window, soft-cap),
+its entry in the dispatch tables in use (`use_tables`; else the loaded experiment module's TABLES; else none:
+upstream's SM120 configs through our host path), the per-call features that entry's kernel class must run
+(seqused: per-sequence KV lengths) and an explicit split count (`num_splits` above 1: the split-KV class's). Where
+the entry's class cannot run the call, upstream's SM120 config runs it; a debug line on the "fa4tune" logger says
+which config ran and why. fa4tune.dropin routes a call here or to upstream's own functions.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass, replace
+
+import torch
+
+from fa4tune import api, defaults
+from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+
+log = logging.getLogger("fa4tune")
+SPLIT_KERNEL = "sm120_splitkv"  # the kernel class an explicit num_splits > 1 runs (kernels/splitkv_forward_sm120.py)
+_TABLES: list = []  # the tables use_tables handed over (last one wins)
+_LOCK = threading.Lock()
+_MEMO: dict = {}  # (tables id, class, features, num_splits, direction) -> Choice: lookups once per distinct call
+
+
+def use_tables(tables) -> None:
+    """The dispatch tables fa4tune's flash_attn_func / flash_attn_varlen_func run (e.g. experiment.TABLES)."""
+    with _LOCK:
+        _TABLES[:] = [tables]
+        _MEMO.clear()
+
+
+def tables_in_use():
+    """The tables handed to use_tables; else the loaded experiment module's TABLES; else empty tables (every class
+    runs upstream's SM120 config through our host path)."""
+    if _TABLES:
+        return _TABLES[0]
+    from fa4tune.kernel_class import experiment_module
+
+    module = experiment_module()
+    return getattr(module, "TABLES", None) or _EMPTY
+
+
+def registry_class(config) -> type:
+    """The kernel class of a config from the registry (our classes, the loaded experiment module's)."""
+    from fa4tune.kernel_class import backward_kernel, forward_kernel
+
+    return backward_kernel(config.kernel) if isinstance(config, BackwardConfig) else forward_kernel(config.kernel)
+
+
+_EMPTY = api.DispatchTables({}, {}, kernel_class=registry_class)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The config a call runs in one direction and why (the debug line's words)."""
+
+    config: ForwardConfig | BackwardConfig
+    reason: str
+
+
+def _kernel_class(tables):
+    return getattr(tables, "kernel_class", None) or registry_class
+
+
+def _missing(tables, config, needed: frozenset[str]) -> list[str]:
+    from fa4tune.kernel_class import runs_features
+
+    return sorted(needed - runs_features(_kernel_class(tables)(config)))
+
+
+def forward_choice(tables, pc: ProblemClass, packed: bool, needed: frozenset[str], num_splits: int) -> Choice:
+    """The forward config of a call: the class's entry (its varlen entry for a packed call); an explicit num_splits
+    above 1 on the split-KV class (the entry's tiles where it is split-KV already); upstream's SM120 config where the
+    entry's kernel class lacks a per-call feature (`needed`: seqused)."""
+    found = tables.varlen_forward_config(pc) if packed else tables.forward_config(pc)
+    resolution = getattr(tables, "resolution", None)
+    reason = resolution("fwd", pc).describe() if resolution and not packed else f"{pc.name}: packed entry"
+    if num_splits > 1 and not packed and not pc.window and not pc.softcap:
+        split = found if found.kernel == SPLIT_KERNEL else replace(defaults.upstream_forward(pc), kernel=SPLIT_KERNEL,
+                                                                   tile_m=64)
+        found, reason = replace(split, extra={"num_splits": num_splits}), f"{reason}; num_splits={num_splits} on {SPLIT_KERNEL}"
+    missing = _missing(tables, found, needed)
+    if missing:
+        found = defaults.upstream_forward(pc)
+        reason = f"{reason}; its kernel does not run {', '.join(missing)}: upstream's SM120 config"
+    return Choice(found, reason)
+
+
+def backward_choice(tables, pc: ProblemClass, needed: frozenset[str]) -> Choice:
+    """The backward config of a call: the class's (one error naming the rules where none runs it); upstream's SM120
+    backward where that config's kernel class lacks a per-call feature."""
+    tables.check_backward_runs(pc) if hasattr(tables, "check_backward_runs") else None
+    found = tables.backward_config(pc)
+    missing = _missing(tables, found, needed)
+    if missing:
+        return Choice(defaults.upstream_backward(pc), f"{pc.name}: backward kernel lacks {', '.join(missing)}: upstream's")
+    return Choice(found, f"{pc.name}: backward {found.kernel}")
+
+
+def _memo(key, choose):
+    with _LOCK:
+        if key not in _MEMO:
+            _MEMO[key] = choose()
+        return _MEMO[key]
+
+
+def _call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+          window_left, window_right, softcap, pack_gqa):
+    """The call's packing, extras and problem class."""
+    packed = api.packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    extras = api.Extras(window_left, window_right, softcap, seqused_q, seqused_k, pack_gqa)
+    longest = (packed.max_seqlen_q, packed.max_seqlen_k) if packed else (max_seqlen_q, max_seqlen_k)
+    return packed, extras, api.problem_class_of(q, k, v, causal, *longest, extras=extras)
+
+
+def tuned_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+               cu_seqlens_k: torch.Tensor | None, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
+               max_seqlen_q: int | None, max_seqlen_k: int | None, softmax_scale: float | None, causal: bool,
+               window_left: int | None, window_right: int | None, softcap: float, num_splits: int,
+               pack_gqa: bool | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the tuned forward for the call's class (the module's docstring: which config runs); the LSE is
+    always computed (the backward reads it), `return_lse` says whether its gradient reaches the backward."""
+    packed, extras, pc = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                               causal, window_left, window_right, softcap, pack_gqa)
+    tables = tables_in_use()
+    choice = _memo((id(tables), "fwd", pc, packed is not None, extras.features(), num_splits),
+                   lambda: forward_choice(tables, pc, packed is not None, extras.features(), num_splits))
+    log.debug("fa4tune: tuned forward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    return api.run_forward(_kernel_class(tables), q, k, v, causal, scale, choice.config, packed, extras)
+
+
+forward_op = torch.library.custom_op("fa4tune::fwd", tuned_forward, mutates_args=(), device_types="cuda")
+
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_left, window_right, softcap, num_splits, pack_gqa, return_lse):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if cu_seqlens_q is None:  # upstream's LSE layouts: (batch, heads, seqlen) or packed (heads, total)
+        lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    else:
+        lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return out, lse
+
+
+def tuned_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, dlse: torch.Tensor | None, cu_seqlens_q: torch.Tensor | None,
+                cu_seqlens_k: torch.Tensor | None, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
+                max_seqlen_q: int | None, max_seqlen_k: int | None, softmax_scale: float | None, causal: bool,
+                window_left: int | None, window_right: int | None, softcap: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the tuned backward for the call's class."""
+    packed, extras, pc = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                               causal, window_left, window_right, softcap, None)
+    tables = tables_in_use()
+    choice = _memo((id(tables), "bwd", pc, packed is not None, extras.features()),
+                   lambda: backward_choice(tables, pc, extras.features()))
+    log.debug("fa4tune: tuned backward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
+    threads = tables.preprocess_threads(pc, choice.config)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
+    dq, dk, dv = api.run_backward(_kernel_class(tables), q, k, v, out, dout, lse, causal, scale, choice.config, threads,
+                                  packed, extras, dlse)
+    return dq, dk, dv
+
+
+backward_op = torch.library.custom_op("fa4tune::bwd", tuned_backward, mutates_args=(), device_types="cuda")
+
+
+@backward_op.register_fake
+def _backward_fake(dout, q, k, v, out, lse, dlse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                   max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_SAVED_ARGS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_q", "seqused_k")
+_PLAIN_ARGS = ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "window_left", "window_right", "softcap")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *plain = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ctx.plain = dict(zip(_PLAIN_ARGS, plain[:len(_PLAIN_ARGS)]))
+    ctx.return_lse = plain[-1]
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, *saved = ctx.saved_tensors
+    dq, dk, dv = backward_op(dout, q, k, v, out, lse, dlse if ctx.return_lse else None, *saved, **ctx.plain)
+    return (dq, dk, dv) + (None,) * 14
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)
