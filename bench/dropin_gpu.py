@@ -203,7 +203,10 @@ def main(argv: list[str]) -> int:
     handler.setFormatter(logging.Formatter("%(message)s"))
     logging.getLogger("fa4tune").addHandler(handler)
     logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # which path ran each call, and why
-    import experiment  # noqa: F401  (the shipped tables: the drop-in finds them as the loaded experiment module)
+    from fa4tune.harness.candidates import load_default_experiment
+    from fa4tune.torch_op import use_tables
+
+    use_tables(load_default_experiment().TABLES)  # the shipped tables, through the guards' shared entry point
 
     failures = 0
     for name in argv:
