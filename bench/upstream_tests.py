@@ -14,9 +14,11 @@ real device's answer, so on a GPU that is not SM 12.0 its SM120 classes run emul
 After each test the plugin gives its process's cached GPU memory back to the driver (PyTorch's caching allocator
 would keep the pool of the largest test the worker ran, out of the other workers' reach).
 
-The two files hold 418,214 cases (2026-08 tests): `--sample S` runs, of each test function with more than 16, a
-fixed pseudo-random S * log2(n) of its n cases (by the hash of their ids: the same cases in every variant and
-every run; at least 16), and every case of the others; `--sample 0` runs all.
+The two files hold 418,214 cases (2026-08 tests). First run every case that reaches a tuned entry of the series: its
+parameters (d, causal, mha_type or qhead_per_kvhead, seqlen_q, local_enum, dtype) select, in the patched config.py, an
+SM120 forward or backward entry other than the previous default. Then `--sample S` of the others: of each test
+function with more than 16, a fixed pseudo-random S * log2(n) of its n cases (by the hash of their ids: the same
+cases in every variant and every run; at least 16), and every case of the others; `--sample 0` runs all.
 
 A call cut off by its time limit (a device call's 10 minutes) is continued by the next with `--resume` and the same
 --out: each variant's cases that have their outcome in its report keep it and do not run again, the others run, then
@@ -56,6 +58,7 @@ import pytest
 TESTS = tuple(p for p in os.environ.get("FA4TUNE_UPSTREAM_TESTS", "").split(os.pathsep) if p)
 REPORT = os.environ.get("FA4TUNE_UPSTREAM_REPORT", "")
 DONE = os.environ.get("FA4TUNE_UPSTREAM_DONE", "")
+PARAMS = os.environ.get("FA4TUNE_UPSTREAM_PARAMS", "")
 GPUS = [g for g in os.environ.get("FA4TUNE_UPSTREAM_GPUS", "").split(",") if g]
 _controller = []
 _sticky = []
@@ -129,9 +132,19 @@ def _release():
         pass
 
 
+def _plain(value):
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+
 def pytest_collection_modifyitems(config, items):
-    """--resume: the cases an earlier call finished (DONE, one id a line) are deselected, by their exact ids (pytest's
-    --deselect takes prefixes: test_a would take test_ab with it)."""
+    """Each case's parameters to PARAMS (a JSON line per case: its id and params) when set; --resume: the cases an
+    earlier call finished (DONE, one id a line) are deselected, by their exact ids (pytest's --deselect takes
+    prefixes: test_a would take test_ab with it)."""
+    if PARAMS:
+        with open(PARAMS, "w") as stream:
+            for item in items:
+                params = getattr(getattr(item, "callspec", None), "params", {})
+                stream.write(json.dumps({"id": item.nodeid, "params": {k: _plain(v) for k, v in params.items()}}) + "\\n")
     if not DONE:
         return
     with open(DONE) as stream:
@@ -262,12 +275,12 @@ def finished(path: Path) -> set[str]:
 
 
 def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: float, report: Path | None = None,
-            done: Path | None = None, append: bool = False, gpus: str = "") -> int:
+            done: Path | None = None, append: bool = False, gpus: str = "", params: Path | None = None) -> int:
     """pytest in the tests directory with the variant first on the path and the capability plugin; its exit code
     (-1 past the timeout: the whole process group, xdist's workers with it, is killed), its output in `log` (after
     an earlier call's where `append`), each test's outcome in `report` as it lands, the cases listed in `done` (one
     id a line) deselected; `gpus` (comma-separated CUDA device indices): each xdist worker on one of them, round
-    robin. The plugin, pytest's cache and the series' added tests live beside `site` (the --work directory)."""
+    robin; `params`: each collected case's parameters written there. The plugin, pytest's cache and the series' added tests live beside `site` (the --work directory)."""
     work = site.parent
     plugin_dir = work / "plugin"
     plugin_dir.mkdir(exist_ok=True)
@@ -277,7 +290,8 @@ def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: fl
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(plugin_dir), os.environ.get("PYTHONPATH", "")]),
                FA4TUNE_UPSTREAM_TESTS=os.pathsep.join([str(tests_dir.resolve()), str((work / "added-tests").resolve())]),
                FA4TUNE_UPSTREAM_REPORT=str(report.resolve()) if report else "",
-               FA4TUNE_UPSTREAM_DONE=str(done.resolve()) if done else "", FA4TUNE_UPSTREAM_GPUS=gpus)
+               FA4TUNE_UPSTREAM_DONE=str(done.resolve()) if done else "", FA4TUNE_UPSTREAM_GPUS=gpus,
+               FA4TUNE_UPSTREAM_PARAMS=str(params.resolve()) if params else "")
     with open(log, "a" if append else "w") as stream:
         process = subprocess.Popen(argv, cwd=tests_dir, env=env, stdout=stream, stderr=subprocess.STDOUT,
                                    start_new_session=True)
@@ -290,9 +304,11 @@ def _pytest(site: Path, tests_dir: Path, args: list[str], log: Path, timeout: fl
 
 
 def collect(site: Path, tests_dir: Path, files: list[str], k: str | None, out: Path, timeout: float) -> list[str]:
-    """The node ids pytest collects from `files` (with -k), on the variant at `site`."""
+    """The node ids pytest collects from `files` (with -k), on the variant at `site`; their parameters in
+    out/params.jsonl (read_params)."""
     log = out / "collect.log"
-    code = _pytest(site, tests_dir, [*files, "--collect-only", "-q", *(["-k", k] if k else [])], log, timeout)
+    code = _pytest(site, tests_dir, [*files, "--collect-only", "-q", *(["-k", k] if k else [])], log, timeout,
+                   params=out / "params.jsonl")
     ids = [line for line in log.read_text().splitlines() if "::" in line and not line.startswith(" ")]
     if code not in (0, 5):  # 5: nothing collected (-k left nothing of the upstream files: the patches' tests may run)
         raise SystemExit(f"upstream_tests: collecting {', '.join(files)} failed (exit {code}); see {log}")
@@ -312,6 +328,78 @@ def sample(ids: list[str], scale: float) -> list[str]:
         keep = len(group) if len(group) <= 16 else min(len(group), max(16, round(scale * math.log2(len(group)))))
         chosen.update(sorted(group, key=lambda n: hashlib.sha1(n.encode()).hexdigest())[:keep])
     return [n for n in ids if n in chosen]
+
+
+def read_params(path: Path) -> dict[str, dict]:
+    """{case id: its parameters} as collect wrote them (a missing file: none)."""
+    if not path.is_file():
+        return {}
+    return {row["id"]: row["params"] for row in map(json.loads, path.read_text().splitlines())}
+
+
+# Upstream's parameter names for what the SM120 tables key on. mha_type: test_flash_attn_output's and
+# test_flash_attn_varlen_output's query heads per KV head (6 query heads; gqa 3 KV heads, mqa 1).
+HEAD_DIM = ("d", "head_dim", "headdim")
+MHA_TYPES = {"mha": 1, "gqa": 2, "mqa": 6}
+PREFILL_SEQLEN = 1024  # a case without a query length: a prefill
+
+
+def case_shape(params: dict) -> dict | None:
+    """The shape a case runs (head_dim, causal, qhead_per_kvhead, seqlens, local, dtype), or None where its parameters
+    do not say its head dim and causality."""
+    d = next((params[n] for n in HEAD_DIM if isinstance(params.get(n), int)), None)
+    if d is None or not isinstance(params.get("causal"), bool):
+        return None
+    ratio = params.get("qhead_per_kvhead", MHA_TYPES.get(params.get("mha_type", "mha")))
+    if not isinstance(ratio, int):
+        return None
+    seqlen_q = params.get("seqlen_q") if isinstance(params.get("seqlen_q"), int) else PREFILL_SEQLEN
+    seqlen_k = params.get("seqlen_k") if isinstance(params.get("seqlen_k"), int) else seqlen_q
+    local = bool(params.get("local_enum", 0)) or params.get("local") is True
+    dtype = params.get("dtype", "torch.bfloat16")
+    return dict(head_dim=d, head_dim_v=params.get("dv") if isinstance(params.get("dv"), int) else d,
+                causal=params["causal"], qhead_per_kvhead=ratio, seqlen_q=max(seqlen_q, 1), seqlen_k=max(seqlen_k, 1),
+                local=local, dtype=dtype if dtype.startswith("torch.") else "torch.bfloat16")
+
+
+def load_config(site: Path):
+    """The variant's flash_attn/cute/config.py, loaded alone (it imports the standard library only)."""
+    spec = importlib.util.spec_from_file_location("upstream_tests_config", site / "flash_attn" / "cute" / "config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reaches_tuned_entry(config, shape: dict) -> bool:
+    """Whether the series' SM120 tables (the patched `config` module's) choose an entry of their own for the shape,
+    forward or backward: one that differs from what they choose for the same shape with a local window, which
+    every table leaves to the previous defaults."""
+    if shape["local"]:
+        return False
+    nheads_kv = 2
+    common = dict(device_arch=120, head_dim=shape["head_dim"], head_dim_v=shape["head_dim_v"], dtype=shape["dtype"],
+                  num_heads=nheads_kv * shape["qhead_per_kvhead"], num_heads_kv=nheads_kv, causal=shape["causal"])
+    fwd = config.FwdHeuristicInputs(**common, num_sms=170, batch_size=1, total_q=shape["seqlen_q"],
+                                    total_k=shape["seqlen_k"], max_seqlen_q=shape["seqlen_q"], max_seqlen_k=shape["seqlen_k"])
+    bwd = config.BwdHeuristicInputs(**common, max_seqlen_q=shape["seqlen_q"], max_seqlen_k=shape["seqlen_k"])
+    tuned = False
+    if hasattr(config, "select_sm120_fwd_tile"):
+        tuned |= config.select_sm120_fwd_tile(fwd) != config.select_sm120_fwd_tile(fwd._replace(local=True))
+    if hasattr(config, "sm120_bwd_fields"):
+        tuned |= config.sm120_bwd_fields(bwd) != config.sm120_bwd_fields(bwd._replace(local=True))
+    return tuned
+
+
+def prioritized(ids: list[str], params: dict[str, dict], config, scale: float) -> tuple[list[str], int]:
+    """Every case that reaches a tuned entry of the series (in collection order), then `sample` of the others; and how
+    many came first."""
+    def tuned(node: str) -> bool:
+        shape = case_shape(params.get(node, {}))
+        return shape is not None and reaches_tuned_entry(config, shape)
+
+    first = [n for n in ids if tuned(n)]
+    chosen = set(first)
+    return first + sample([n for n in ids if n not in chosen], scale), len(first)
 
 
 # failed for want of the GPU memory the workers share, with a CUDA error (the test's own, or one a kernel before it left),
@@ -485,6 +573,13 @@ def main(argv=None) -> int:
     if args.resume and targets is None and chosen.is_file():  # the earlier call's cases, not collected again
         targets = ["@" + str(chosen.resolve())] if chosen.read_text().strip() else []
         print(f"resuming: {len(chosen.read_text().split())} cases selected by the earlier call: {chosen}", flush=True)
+    series_config = None
+    if targets is None:  # the tables of the whole series decide which cases go first
+        series_site = work / "site-series"
+        shutil.rmtree(series_site, ignore_errors=True)
+        series_site.mkdir()
+        make_variant(series_site, package, patches)
+        series_config = load_config(series_site)
     for n in wanted:
         name = "pristine" if n == 0 else "+" + "+".join(p.name[len(args.series.name):][:4] for p in patches[:n])
         site = work / f"site-{n}"
@@ -492,10 +587,12 @@ def main(argv=None) -> int:
         site.mkdir()
         make_variant(site, package, patches[:n])
         if targets is None:  # chosen on the first variant run, the same for all (the upstream files are not patched)
-            ids = sample(collect(site, tests_dir, files, args.k, args.out, args.timeout), args.sample)
+            collected = collect(site, tests_dir, files, args.k, args.out, args.timeout)
+            ids, first = prioritized(collected, read_params(args.out / "params.jsonl"), series_config, args.sample)
             (args.out / "selected.txt").write_text("".join(f"{i}\n" for i in ids))
             targets = ["@" + str((args.out / "selected.txt").resolve())] if ids else []
-            print(f"{len(ids)} cases selected (--sample {args.sample:g}): {args.out / 'selected.txt'}", flush=True)
+            print(f"{len(ids)} cases selected: first the {first} that reach a tuned entry of the series, then "
+                  f"--sample {args.sample:g} of the others: {args.out / 'selected.txt'}", flush=True)
         outcome = run_variant(name, site, tests_dir, targets, added, args.k, args.workers, args.out, args.timeout,
                               args.resume, args.gpus)
         outcomes.append(outcome)

@@ -543,3 +543,65 @@ def test_gpus_put_each_worker_on_one_of_them_round_robin(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="--gpus 0,x: comma-separated CUDA device indices"):
         upstream_tests.main(["--tests", str(tests), "--files", "test_sees_gpu.py", "--series", str(prefix), "--out",
                              str(out), "--gpus", "0,x"])
+
+
+TUNED_STAND_IN = '''
+import pytest
+
+
+@pytest.mark.parametrize("dtype", ["bf16"])
+@pytest.mark.parametrize("mha_type", ["mha", "mqa", "gqa"])
+@pytest.mark.parametrize("local_enum", [0, 1])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 96, 128, 192])
+@pytest.mark.parametrize("seqlen_q,seqlen_k", [(1, 239), (113, 203), (1024, 1024)])
+def test_flash_attn_output(seqlen_q, seqlen_k, d, causal, local_enum, mha_type, dtype):
+    pass
+
+
+@pytest.mark.parametrize("qhead_per_kvhead", [1, 4])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [96, 128])
+def test_flash_attn_varlen_cumsum_metadata_paths(d, causal, qhead_per_kvhead):
+    pass
+
+
+@pytest.mark.parametrize("i", range(40))
+def test_unrelated(i):
+    pass
+'''
+
+
+def test_the_cases_that_reach_a_tuned_entry_of_the_series_go_first_then_the_hash_sample(tmp_path):
+    """The shipped series' tables (its patched config.py) decide: the MHA cases of a tuned head dim without a local
+    window (the stand-in's GQA ratios 2 and 6 reach no entry), and of the qhead_per_kvhead cases the causal d128 GQA 4
+    entry's, not d96 GQA 4 (no prefill entry); then --sample's share of the rest, as without the series."""
+    tests = tmp_path / "fa" / "tests" / "cute"
+    tests.mkdir(parents=True)
+    (tests / "test_stand_in.py").write_text(TUNED_STAND_IN)
+    package, work = upstream_tests.installed_package(), tmp_path / "work"
+    sites = {}
+    for name, patches in (("pristine", []), ("series", upstream_tests.series_patches())):
+        sites[name] = work / f"site-{name}"
+        sites[name].mkdir(parents=True)
+        upstream_tests.make_variant(sites[name], package, patches)
+    ids = upstream_tests.collect(sites["pristine"], tests, ["test_stand_in.py"], None, tmp_path, 120)
+    params = upstream_tests.read_params(tmp_path / "params.jsonl")
+    assert len(ids) == 144 + 8 + 40 and set(params) == set(ids)
+    assert params[ids[0]] == {"seqlen_q": 1, "seqlen_k": 239, "d": 64, "causal": False, "local_enum": 0, "mha_type": "mha",
+                              "dtype": "bf16"}
+    config = upstream_tests.load_config(sites["series"])
+    chosen, first = upstream_tests.prioritized(ids, params, config, 4)
+
+    def tuned(node):
+        p = params[node]
+        if "mha_type" in p:
+            return p["mha_type"] == "mha" and p["d"] in (64, 96, 128) and p["local_enum"] == 0
+        return p["qhead_per_kvhead"] == 1 or (p["d"], p["causal"]) == (128, True)
+
+    expected = [n for n in ids if "test_unrelated" not in n and tuned(n)]
+    assert first == len(expected) == 3 * 3 * 2 + 4 + 1 and chosen[:first] == expected
+    rest = [n for n in ids if n not in expected]
+    assert chosen[first:] == upstream_tests.sample(rest, 4)
+    # the pristine tables have no entry of their own: the hash sample alone, as before
+    assert upstream_tests.prioritized(ids, params, upstream_tests.load_config(sites["pristine"]), 4) == (upstream_tests.sample(ids, 4), 0)

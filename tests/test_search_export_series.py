@@ -345,3 +345,53 @@ def test_a_series_without_decode_or_tma_winners_says_why_those_patches_were_not_
     assert len(lines) == 2 and lines[0].startswith("split-KV decode: no decode study") and lines[1].startswith("TMA forward:")
     assert not_written(only_configs + [SeriesPatch("0002-sm120-splitkv-decode", "s", [], [], [], []),
                                        SeriesPatch("0003-sm120-tma-forward", "s", [], [], [], [])]) == []
+
+
+def _pytest_in(checkout: Path, *args: str) -> subprocess.CompletedProcess:
+    """Upstream's added tests run by pytest in a checkout of the patched tree (its flash_attn first on the path)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=checkout, env=env,
+                          capture_output=True, text=True)
+
+
+def _counts(done: subprocess.CompletedProcess) -> dict[str, int]:
+    return {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|error)", done.stdout.splitlines()[-1])}
+
+
+def test_the_entry_tests_select_each_tuned_entry_of_the_patched_tree_and_only_there(series, tmp_path):
+    """tests/cute/test_flash_attn_sm120_configs.py's CPU part in the tree with all patches: a case per tuned class and
+    length, forward and backward (GQA 4 and d96 among them); the same file fails on the pristine tables."""
+    from search.reviewing.entry_tests import PATH
+
+    _, out, _, _ = series
+    checkout = _pristine_checkout(tmp_path / "fa")
+    for stem in SERIES:
+        assert _apply(checkout, out / f"{stem}.patch").returncode == 0, stem
+    test = (checkout / PATH).read_text()
+    for row in ('("d128-causal-gqa4-bf16", 128, True, 4, False, dict(tile_m=64, tile_n=128, num_threads=128, num_stages=1, '
+                'Q_in_regs=False, use_split_kv=False, use_tma=True))', '("d96-causal-bf16", 96, True, 1, False, dict(tile_m=64, '
+                'tile_n=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False, '
+                'AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False))'):
+        assert row in test, row
+    done = _pytest_in(checkout, PATH, "-k", "is_the_tuned_entry or output_sm120_tuned")
+    # 19 forward classes (13 decode, 6 TMA) and 7 backward ones, 2 lengths each; the GPU cases skip without SM120
+    assert done.returncode == 0 and _counts(done) == {"passed": 52, "skipped": 52, "deselected": 26}, done.stdout[-3000:]
+    pristine = _pristine_checkout(tmp_path / "pristine")
+    (pristine / PATH).parent.mkdir(parents=True)
+    (pristine / PATH).write_text(test)
+    done = _pytest_in(pristine, PATH, "-k", "bwd_config_is_the_tuned_entry")
+    assert _counts(done) == {"failed": 14, "deselected": 116}, done.stdout[-3000:]
+
+
+@pytest.mark.compile
+def test_the_entry_tests_fake_compile_the_gqa4_entries_for_sm120_on_the_cpu(series, tmp_path):
+    """The added test's fake compile (FakeTensorMode, sm_120a, a subprocess) of the causal d128 GQA 4 entries: the kernel
+    objects the interface built are the TMA forward and the backward with the table's knobs."""
+    from search.reviewing.entry_tests import PATH
+
+    _, out, _, _ = series
+    checkout = _pristine_checkout(tmp_path / "fa")
+    for stem in SERIES:
+        assert _apply(checkout, out / f"{stem}.patch").returncode == 0, stem
+    done = _pytest_in(checkout, PATH, "-k", "compiles_for_sm120 and d128-causal-gqa4-bf16")
+    assert done.returncode == 0 and _counts(done) == {"passed": 2, "deselected": 128}, done.stdout[-3000:]

@@ -749,7 +749,9 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
             + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
             + " or ".join(sorted({str(len(w.confirmations)) for w in searched})) + " times and confirmed within tolerance")
            if searched else "")
-        + f". Tuned on {', '.join(dtypes)}; the tables do not key on dtype."
+        + f". Tuned on {' and '.join(dtypes)} inputs only; the tables do not key on dtype"
+        + "".join(f", so {d} calls of these shapes take the same entries, which were neither timed nor gated in {d}"
+                  for d in [", ".join(sorted({"bf16", "fp16"} - set(dtypes)))] if d) + "."
     )
     for w in winners:
         if w.replaces is not None:

@@ -193,9 +193,11 @@ def pr_text(winners: list[Winner], files: list[tuple[str, str | None, str]], mes
         lines += ["", "### Not exported", ""] + [f"- {line.strip()}" for line in
                                                  message.split("Not exported:\n", 1)[1].split("\n\n", 1)[0].splitlines()]
     lines += ["", "### Testing", ""]
-    lines += [f"- `pytest {path}`: its cases without a GPU (`can_implement`, the split heuristic) run anywhere; its output "
-              "cases are skipped without an SM120 GPU (or emulation, below) and have not run on SM120 hardware."
-              for path, old, _ in files if old is None and path.startswith("tests/")]
+    anywhere = {"tests/cute/test_flash_attn_sm120_configs.py": "each entry's config selection, and its fake-tensor "
+                "compile for sm_120a (a subprocess)"}
+    lines += [f"- `pytest {path}`: its cases without a GPU ({anywhere.get(path, '`can_implement`, the split heuristic')}) "
+              "run anywhere; its output cases are skipped without an SM120 GPU (or emulation, below) and have not run "
+              "on SM120 hardware." for path, old, _ in files if old is None and path.startswith("tests/")]
     lines += upstream_test_lines() + reproduce_lines(files)
     if search:
         lines += ["", "<details><summary>How the configs were found (the tuner's commands)</summary>", "", "```",

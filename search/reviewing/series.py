@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from fa4tune.config import DECODE_MAX_SEQLEN_Q, ConfigError
 from fa4tune.sm120_interface import fwd_constructor
 from search.reviewing import export as exporter
-from search.reviewing import upstream_lint
+from search.reviewing import entry_tests, upstream_lint
 from search.reviewing.carry import SPLITKV, TMA, apply_edits, upstream_source, upstream_test
 from search.reviewing.export import Winner, is_split_kv
 
@@ -190,9 +190,15 @@ def _formatted(stage: dict[str, str]) -> dict[str, str]:
     return {path: upstream_lint.format_source(path, text) for path, text in stage.items()}
 
 
-def _changed(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str, str]]:
-    """The (path, old, new) files of a stage that differ from the stage before it, config.py first."""
-    return [(path, old[path], new[path]) for path in (exporter.CONFIG_PATH, exporter.UPSTREAM_PATH) if new[path] != old[path]]
+def _changed(old: dict[str, str], new: dict[str, str]) -> list[tuple[str, str | None, str]]:
+    """The (path, old, new) files of a stage that differ from the stage before it, config.py first, the entries' test
+    last (old None: the stage adds it)."""
+    return [(path, old.get(path), new[path]) for path in (exporter.CONFIG_PATH, exporter.UPSTREAM_PATH, entry_tests.PATH)
+            if new[path] != old.get(path)]
+
+
+def _with_entry_test(stage: dict[str, str], winners: list[Winner]) -> dict[str, str]:
+    return {**stage, entry_tests.PATH: entry_tests.entry_test(winners)}
 
 
 def _carried_files(c) -> list[tuple[str, None, str]]:
@@ -227,15 +233,16 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
         raise ConfigError("series_no_configs", "the series' patch 1 (configs) needs a prefill study won by upstream's kernels "
                           f"(found {len(prefill)} prefill winners, {len(tma)} of them TMA): export with --problem-class instead")
     stage1 = exporter.patch_upstream(pristine, configs)
-    stage2 = _with_split_kv(stage1, decode, tma=False) if decode else stage1
+    stage2 = _with_entry_test(_with_split_kv(stage1, decode, tma=False) if decode else stage1, configs + decode)
     stage3 = exporter.patch_upstream(pristine, prefill)
     if decode:
         stage3 = _with_split_kv(stage3, decode, tma=bool(tma))
+    stage1, stage3 = _with_entry_test(stage1, configs), _with_entry_test(stage3, prefill + decode)
     stage1, stage2, stage3 = (_formatted(stage) for stage in (stage1, stage2, stage3))
     path = exporter.UPSTREAM_PATH
     patches = [SeriesPatch(
         "sm120-configs", SUBJECTS["configs"], configs, _changed(pristine, stage1), [],
-        [exporter.CONFIG_CHANGE, exporter.INTERFACE_CHANGE])]
+        [exporter.CONFIG_CHANGE, exporter.INTERFACE_CHANGE, ENTRY_TEST_CHANGE])]
     if decode:
         patches.append(SeriesPatch(
             "sm120-splitkv-decode", SUBJECTS["splitkv"], decode,
@@ -251,11 +258,13 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
                 "lse_partial and _flash_attn_fwd_combine. Varlen, paged KV, learnable sinks, score/mask mods and local "
                 "windows keep the previous unsplit path; use_split_kv is in the compile key with the rest of FwdConfig.",
                 "The measurements launched the combine as a programmatic dependent launch (PDL); this patch launches it as "
-                "upstream does (plain stream order), which is correct and may cost a few microseconds per call."],
+                "upstream does (plain stream order), which is correct and may cost a few microseconds per call.",
+                ENTRY_TEST_GROWS.format(which="decode")],
             [f"`{exporter.CONFIG_PATH}`: `select_sm120_decode_fwd_tile` (asked first when max_seqlen_q <= "
              f"{DECODE_MAX_SEQLEN_Q}), `FwdConfig.use_split_kv`, `select_sm120_num_splits` and `sm120_can_split_kv`, checked "
              "by `validate_fwd_config`.", f"`{path}`: {SPLITKV.upstream_class} for `config.use_split_kv`; the combine through "
              "upstream's split path (launched as upstream launches it; the measurements launched it with PDL)."]
+            + [f"`{entry_tests.PATH}`: the decode entries' rows."]
             + ([f"`{SPLITKV.upstream_path}` (new): `{SPLITKV.upstream_class}`, split-KV SM120 forward, `split_kv_heuristic`, "
                 "`ctas_per_sm`.", f"`{SPLITKV.test_path}` (new): the heuristic and CTAs per SM anywhere, outputs against "
                 "`attention_ref` on SM120."] if has_split else [])))
@@ -264,12 +273,20 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
         patches.append(SeriesPatch(
             "sm120-tma-forward", SUBJECTS["tma"], tma, _changed(stage2, stage3) + _carried_files(c),
             [f"The SM120 forward table gains the entries of the classes {c.upstream_class} won; they select it with "
-             f"FwdConfig.{c.flag}."],
+             f"FwdConfig.{c.flag}.", ENTRY_TEST_GROWS.format(which="TMA forward")],
             [f"`{exporter.CONFIG_PATH}`: the TMA classes' entries in `select_sm120_fwd_tile`, `FwdConfig.{c.flag}` "
              "(dense batches without learnable sinks).", f"`{path}`: {c.upstream_class} for `config.{c.flag}`.",
              f"`{c.upstream_path}` (new): `{c.upstream_class}`, SM120 forward with Q/K/V loaded by TMA on mbarriers.",
-             f"`{c.test_path}` (new): `can_implement` cases anywhere, outputs against `attention_ref` on SM120."]))
+             f"`{c.test_path}` (new): `can_implement` cases anywhere, outputs against `attention_ref` on SM120.",
+             f"`{entry_tests.PATH}`: the TMA entries' rows."]))
     return patches
+
+
+ENTRY_TEST_CHANGE = (f"`{entry_tests.PATH}` (new): each tuned entry (GQA 4 and head_dim 96 included, which "
+                     "test_flash_attn.py's parameters do not reach) selected by select_fwd_config / select_bwd_config on "
+                     "the CPU, compiled for sm_120a under FakeTensorMode anywhere, its outputs and gradients against "
+                     "`attention_ref` on SM120.")
+ENTRY_TEST_GROWS = f"{entry_tests.PATH} lists the {{which}} entries with the others."
 
 
 WHY_NOT_WRITTEN = {
