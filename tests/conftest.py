@@ -67,19 +67,30 @@ def pytest_collection_modifyitems(items):
 
 
 # The tests leave the checkout as they found them (issue 67: compiles left *.cubin files and a refused command an
-# empty out/ in the repo root): the controlling process lists the root before and after, and a new entry fails the run.
-_ROOT_BEFORE: set = set()
+# empty out/ in the repo root): the controlling process lists the root before and after, and a new entry, or a file
+# written again, fails the run. Compiles anywhere in the session (probe subprocesses included) keep their dumps in a
+# temporary folder: the DSL writes them to the working directory when CUTE_DSL_DUMP_DIR is unset.
+_ROOT_BEFORE: dict = {}
 
 
 def pytest_configure(config):
+    import os
+    import tempfile
+
+    os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="fa4tune-test-dumps-"))
     if not hasattr(config, "workerinput"):
-        _ROOT_BEFORE.update(p.name for p in ROOT.iterdir())
+        _ROOT_BEFORE.update(_root_entries())
+
+
+def _root_entries() -> dict:
+    return {p.name: p.stat().st_mtime if p.is_file() else None for p in ROOT.iterdir()}
 
 
 def pytest_sessionfinish(session, exitstatus):
     if hasattr(session.config, "workerinput"):
         return
-    left = sorted(p.name for p in ROOT.iterdir() if p.name not in _ROOT_BEFORE and p.name not in (".pytest_cache",))
+    left = sorted(name for name, mtime in _root_entries().items()
+                  if name != ".pytest_cache" and (name not in _ROOT_BEFORE or _ROOT_BEFORE[name] != mtime))
     if left:
         session.config.get_terminal_writer().line(f"error: tests_left_files: the tests wrote {left} into {ROOT}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

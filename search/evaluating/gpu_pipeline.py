@@ -12,6 +12,7 @@ compile stage knows the gate's shapes and the child computes each problem's refe
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -41,10 +42,11 @@ def shared_env(target: Target, num_sms: int, cache_dir: Path) -> dict:
 
 
 def compile_env(target: Target, capability: tuple[int, int], num_sms: int, cache_dir: Path) -> dict:
-    """Compilers: the GPU's arch without touching the GPU (fake tensors), cubins kept for their facts."""
+    """Compilers: the GPU's arch without touching the GPU (fake tensors), cubins kept for their facts (in a temporary
+    folder: the DSL writes them to the working directory otherwise)."""
     return {
         **shared_env(target, num_sms, cache_dir), "CUTE_DSL_ARCH": device_arch(*capability), "CUDA_VISIBLE_DEVICES": "",
-        "CUTE_DSL_KEEP": "cubin", "PYTHONWARNINGS": "ignore",
+        "CUTE_DSL_KEEP": "cubin", "CUTE_DSL_DUMP_DIR": tempfile.mkdtemp(prefix="fa4tune-cubins-"), "PYTHONWARNINGS": "ignore",
     }
 
 
