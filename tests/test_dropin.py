@@ -28,6 +28,28 @@ def test_the_signatures_are_the_pinned_release_s(name):
     assert _parameters(getattr(dropin, name)) == _parameters(getattr(interface, name))
 
 
+def test_the_package_names_them_on_first_use_and_import_fa4tune_stays_light():
+    # fa4tune.__getattr__ (PEP 562): `import fa4tune` imports no torch; the names are fa4tune.dropin's own functions
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, fa4tune\n"
+            "light = 'torch' not in sys.modules and 'fa4tune.dropin' not in sys.modules\n"
+            "import fa4tune.dropin as d\n"
+            "print(json.dumps({'light': light, 'same': [getattr(fa4tune, n) is getattr(d, n) for n in fa4tune.DROPIN],\n"
+            "                  'listed': set(fa4tune.DROPIN) <= set(dir(fa4tune))}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"light": True, "same": [True, True], "listed": True}
+    import fa4tune
+
+    assert fa4tune.DROPIN == FUNCTIONS
+    assert _parameters(fa4tune.flash_attn_func) == _parameters(dropin.flash_attn_func)
+    with pytest.raises(AttributeError, match="no attribute 'flash_attn'"):
+        fa4tune.flash_attn
+
+
 def _tensors(device="cpu", seqlen_q=128, seqlen_k=128, heads=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16):
     q = torch.zeros(2, seqlen_q, heads, head_dim, dtype=dtype, device=device)
     k = torch.zeros(2, seqlen_k, heads_kv, head_dim, dtype=dtype, device=device)
