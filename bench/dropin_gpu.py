@@ -3,7 +3,9 @@
     python3 bench/dropin_gpu.py compile   # torch.compile(fullgraph=True) of a layer calling ours: no graph break,
                                           # forward and backward equal to eager (window + softcap call included)
     python3 bench/dropin_gpu.py graphs    # CUDA graphs: a prefill and a split-KV decode captured, replayed on new inputs,
-                                          # equal to eager on those inputs (and a decode with seqused_k)
+                                          # equal to eager on those inputs (and a decode with seqused_k, checked as below)
+    python3 bench/dropin_gpu.py seqused   # KV-cache decodes with seqused_k: the split-KV class ran them (debug line),
+                                          # each sequence within the gate's bound of the fp32 reference on its used keys
     python3 bench/dropin_gpu.py window    # MODELS' real window / softcap settings: ours and upstream's SM120 config
                                           # gated against the fp32 reference with the same window and softcap, timed
     python3 bench/dropin_gpu.py hf        # a random-weight Llama from a config: attn_implementation "fa4tune" vs "sdpa"
@@ -39,6 +41,48 @@ def _tensors(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, grad=False, s
 
 def _max_diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
+
+
+class _Lines:
+    """The "fa4tune" logger's debug lines while it is open (which config ran each call)."""
+
+    def __enter__(self):
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.DEBUG)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        logging.getLogger("fa4tune").addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger("fa4tune").removeHandler(self.handler)
+
+
+SPLIT = "kernel=sm120_splitkv"  # a config's short() names its kernel class
+
+
+def kv_cache_failures(label: str, out, q, k, v, used, lines: list[str]) -> int:
+    """A causal decode's output with seqused_k against the fp32 reference of each sequence on its used keys (the gate's
+    bound: 2 x the bf16 reference's error + 1e-4), and the split-KV class having run it (the call's debug line)."""
+    import torch
+
+    from fa4tune.harness import gate
+
+    ran = [line for line in lines if "tuned forward" in line]
+    failures = int(not ran or any(SPLIT not in line or "upstream's SM120 config" in line for line in ran))
+    worst, bound = 0.0, 0.0
+    for b, n in enumerate(used.tolist()):
+        args = (q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], True)
+        ref, low = gate.reference_attention(*args), gate.reference_attention(*args, dtype=torch.bfloat16)
+        err, limit = _max_diff(out[b:b + 1], ref.out), 2 * _max_diff(low.out, ref.out) + 1e-4
+        failures += err > limit
+        worst, bound = max(worst, err), max(bound, limit)
+    print(f"{label}: used {used.tolist()[:8]}: vs fp32 reference per sequence max |diff| {worst:.3g} (bound {bound:.3g}); "
+          f"ran: {ran[-1] if ran else 'no tuned forward'}")
+    return failures
 
 
 def compile_step() -> int:
@@ -108,9 +152,39 @@ def graphs_step() -> int:
                 used.copy_(torch.randint(1, shape[2] + 1, (shape[0],), device="cuda", dtype=torch.int32))
                 graph.replay()
                 torch.cuda.synchronize()
-                diff = _max_diff(captured, call(*fresh, used))
+                with _Lines() as lines:
+                    eager = call(*fresh, used)
+                diff = _max_diff(captured, eager)
                 print(f"{label}: replay on new inputs {seed}: max |diff| vs eager {diff:.3g}")
                 failures += diff != 0
+                if "seqused_k" in label:
+                    failures += kv_cache_failures(f"{label}, replay {seed}", captured, *fresh, used, lines)
+    return failures
+
+
+# (label, batch, seqlen_k (the cache's slots), heads, heads_kv, head_dim, used lengths or None (random), num_splits)
+KV_CACHES = [
+    ("b8 hq32/hkv8 d128, 8K slots", 8, 8192, 32, 8, 128, None, 1),
+    ("b4 hq16/hkv2 d64, 32K slots, 1 to all", 4, 32768, 16, 2, 64, [1, 64, 4097, 32768], 1),
+    ("b2 hq32/hkv8 d128, 16K slots, num_splits=8", 2, 16384, 32, 8, 128, [5000, 16384], 8),
+    ("b16 hq32/hkv4 d128, 4K slots", 16, 4096, 32, 4, 128, None, 1),
+]
+
+
+def seqused_step() -> int:
+    import torch
+
+    from fa4tune import flash_attn_varlen_func
+
+    failures = 0
+    for label, batch, slots, heads, heads_kv, head_dim, lengths, splits in KV_CACHES:
+        q, k, v = _tensors(batch, 1, slots, heads, heads_kv, head_dim)
+        g = torch.Generator(device="cuda").manual_seed(batch)
+        used = (torch.tensor(lengths, dtype=torch.int32, device="cuda") if lengths else
+                torch.randint(1, slots + 1, (batch,), generator=g, device="cuda", dtype=torch.int32))
+        with torch.no_grad(), _Lines() as lines:
+            out, _ = flash_attn_varlen_func(q, k, v, seqused_k=used, causal=True, num_splits=splits)
+        failures += kv_cache_failures(label, out, q, k, v, used, lines)
     return failures
 
 
@@ -190,7 +264,7 @@ def hf_step() -> int:
     return int(agree < 0.99)
 
 
-STEPS = {"compile": compile_step, "graphs": graphs_step, "window": window_step, "hf": hf_step}
+STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step, "window": window_step, "hf": hf_step}
 
 
 def main(argv: list[str]) -> int:

@@ -176,8 +176,10 @@ class Extras:
         return is_local(causal, self.window_size_left, self.window_size_right)
 
     def features(self) -> frozenset[str]:
-        """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's: per-sequence lengths."""
-        return frozenset({"seqused"}) if self.seqused_q is not None or self.seqused_k is not None else frozenset()
+        """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's: per-sequence lengths (seqused:
+        of the keys, seqused_q: of the queries)."""
+        return frozenset(name for name, used in (("seqused", self.seqused_k), ("seqused_q", self.seqused_q))
+                         if used is not None)
 
     def backward_args(self) -> dict:
         """The host backward's keyword arguments for these extras (window, soft-cap, per-sequence lengths)."""

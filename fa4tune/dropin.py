@@ -1,6 +1,6 @@
 """flash-attn-4's two public functions with the pinned release's parameters, tuned: `flash_attn_func` and
-`flash_attn_varlen_func` (`from fa4tune.dropin import flash_attn_func`, in place of `from flash_attn.cute import ...`;
-not re-exported by the package: a lazy re-export in fa4tune/__init__.py would close an import cycle, fa4tune.import_graph).
+`flash_attn_varlen_func` (`fa4tune.flash_attn_func`, or `from fa4tune import flash_attn_func`, in place of
+`from flash_attn.cute import ...`; the package loads this module on first use, so `import fa4tune` stays light).
 
 A call runs our tuned entry for its problem class (fa4tune.torch_op: a torch custom op, so torch.compile traces it
 whole) unless it sets an argument our kernels do not run (UPSTREAM_ONLY, or fp8 inputs, MLA's shared K/V, one-sided

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fa4tune.config import Problem, ProblemClass
+from fa4tune.config import Problem, ProblemClass, is_local
 
 STATIC_SEQLEN = 1024  # the static check's shape: several tiles in both directions; kernels do not specialise on it
 STATIC_HEADS_KV = 2
@@ -180,6 +180,10 @@ def _run_shape(experiment, host, kind: str, problem: Problem, fwd_config, bwd_co
     from fa4tune.harness.gate import TORCH_DTYPES
 
     dtype = TORCH_DTYPES[problem.dtype]
+    # the problem's sliding window and soft-cap, as the harness calls it (they are in upstream's compile key)
+    local = is_local(problem.causal, problem.window_size_left, problem.window_size_right)
+    window = (problem.window_size_left, problem.window_size_right) if local else (None, None)
+    host_args = dict(window_size_left=window[0], window_size_right=window[1], softcap=float(problem.softcap))
     with FakeTensorMode():
         q = torch.empty(problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim, dtype=dtype, device="cuda")
         k = torch.empty(problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim, dtype=dtype, device="cuda")
@@ -187,16 +191,19 @@ def _run_shape(experiment, host, kind: str, problem: Problem, fwd_config, bwd_co
         if kind == "fwd":
             start = time.perf_counter()
             with torch.no_grad():
-                experiment.attention(q, k, v, causal=problem.causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True)
+                experiment.attention(q, k, v, causal=problem.causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True,
+                                     **({"window_size": window} if local else {}),
+                                     **({"softcap": problem.softcap} if problem.softcap else {}))
             return time.perf_counter() - start
         scale = 1.0 / math.sqrt(problem.head_dim)
         out, lse, *_ = host.flash_attn_fwd(q, k, v, softmax_scale=scale, causal=problem.causal,
-                                           tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config)
+                                           tile_mn=(fwd_config.tile_m, fwd_config.tile_n), return_lse=True, sm120_config=fwd_config,
+                                           **host_args)
         start = time.perf_counter()
         own = getattr(experiment, "preprocess_threads", None)  # the preprocess's thread count, as _Attention.backward passes it
         threads = own(problem.problem_class, bwd_config) if own else 256
         host.flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, softmax_scale=scale, causal=problem.causal, sm120_config=bwd_config,
-                            sm120_preprocess_threads=threads)
+                            sm120_preprocess_threads=threads, **host_args)
         return time.perf_counter() - start
 
 

@@ -143,13 +143,20 @@ def compile_fp8(config, qq, qs, kq, ks, v, out, lse, causal: bool, softmax_scale
     from flash_attn.cute.cute_dsl_utils import to_cute_tensor
     from flash_attn.cute.utils import AuxData
 
-    from kernels.fp8_forward_sm120 import Fp8ForwardSm120
+    from fa4tune.kernel_class import forward_kernel
 
     key = (config, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], causal)
     if key not in COMPILED:
-        kernel = Fp8ForwardSm120(cutlass.BFloat16, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], is_causal=causal,
-                                 pack_gqa=False, tile_m=config.tile_m, tile_n=config.tile_n, num_stages=config.num_stages,
-                                 num_threads=config.num_threads, pv_fp8=pv_fp8(config))
+        # the class by the config's name, from the registry (fa4tune/ imports no kernels/ module: fa4tune.import_graph)
+        cls = forward_kernel(config.kernel)
+        if not getattr(cls, "quantizes", False):
+            from fa4tune.config import ConfigError
+
+            raise ConfigError("fp8_kernel", f"the FP8 path runs a kernel class that quantizes (sm120_fp8); "
+                              f"kernel {config.kernel!r} does not")
+        kernel = cls(cutlass.BFloat16, qq.shape[3], v.shape[3], qq.shape[2] // kq.shape[2], is_causal=causal,
+                     pack_gqa=False, tile_m=config.tile_m, tile_n=config.tile_n, num_stages=config.num_stages,
+                     num_threads=config.num_threads, pv_fp8=pv_fp8(config))
         tensors = [to_cute_tensor(t) for t in (qq, kq, v, out)]
         scales = [to_cute_tensor(t, assumed_align=4) for t in (qs, ks)]
         # FP8 PV: V^T and its per-channel scales after the Q / K scales (None without pv_fp8)

@@ -13,9 +13,9 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
   - optionally `features` (read from the class itself, never inherited; default none): the call features its code
-    runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap) and "seqused" (seqused_q / seqused_k,
-    per-sequence lengths of a padded KV cache); a class that lacks one never serves a window or softcap class, and a
-    call with seqused_k runs another config (fa4tune.torch_op);
+    runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap), "seqused" (seqused_k, per-sequence
+    lengths of a padded KV cache) and "seqused_q" (per-sequence query lengths); a class that lacks one never serves a
+    window or softcap class, and a call with seqused_k or seqused_q runs another config (fa4tune.torch_op);
   - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
     (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
@@ -137,7 +137,7 @@ def runs_varlen(cls: type) -> bool:
     return cls.__dict__.get("varlen", False) is True
 
 
-FEATURES = ("local", "softcap", "seqused")  # call features a kernel class may declare it runs (`features`)
+FEATURES = ("local", "softcap", "seqused", "seqused_q")  # call features a kernel class may declare it runs (`features`)
 
 
 def runs_features(cls: type) -> frozenset[str]:

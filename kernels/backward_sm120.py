@@ -30,7 +30,7 @@ class BackwardSm120(BackwardKernel, FlashAttentionBackwardSm120):
     # a patch of its own (docs/measurements/data/2026-12-05-upstream-fix-0001-varlen-gqa-dkv-offset.patch)
     upstream = FlashAttentionBackwardSm120
     # upstream's SM80 backward: a sliding window, the soft-cap's backward score_mod, per-sequence lengths
-    features = frozenset({"local", "softcap", "seqused"})
+    features = frozenset({"local", "softcap", "seqused", "seqused_q"})
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:

@@ -78,6 +78,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
 
     name = "sm120_splitkv"
     knobs = {"num_splits": SPLITS_DOMAIN}
+    # seqused (seqused_k): a KV cache's per-sequence lengths bound each sequence's block range (upstream's SeqlenInfoQK);
+    # no window or softcap (its mainloop masks neither), no seqused_q (its partial rows are dense)
+    features = frozenset({"seqused"})
     # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
@@ -164,10 +167,11 @@ class SplitKvForwardSm120(TunedForwardSm120):
         mCuTotalSplitsMBlocks: Optional[cute.Tensor] = None,
         stream: cuda.CUstream = None,
     ):
-        """Upstream's SM80 host code with split-KV: O (num_splits, b, s, h, d) fp32 and LSE (num_splits, b, h, s)."""
+        """Upstream's SM80 host code with split-KV: O (num_splits, b, s, h, d) fp32 and LSE (num_splits, b, h, s);
+        mSeqUsedK (a KV cache's used lengths, one per sequence) bounds each sequence's KV blocks and so its splits."""
         assert learnable_sink is None and mPageTable is None, "sm120_splitkv: no learnable sink, no paged KV"
-        assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None and mSeqUsedK is None, \
-            "sm120_splitkv: no varlen"
+        assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None, \
+            "sm120_splitkv: no packed batches, no seqused_q (seqused_k only)"
         self.is_split_kv = len(mO.shape) == 5
         if const_expr(self.is_split_kv):
             assert mO.element_type == Float32 and mLSE is not None, "split-KV partials are fp32 O with an LSE"
@@ -214,7 +218,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         grid_dim = SingleTileScheduler.get_grid_shape(tile_sched_params)
         softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(softmax_scale, self.score_mod)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, softmax_scale_log2, softmax_scale, num_splits,
+            mQ, mK, mV, mO, mLSE, mSeqUsedK, softmax_scale_log2, softmax_scale, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,
@@ -228,6 +232,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         mV: cute.Tensor,
         mO: cute.Tensor,
         mLSE: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
         softmax_scale_log2: Float32,
         softmax_scale: Optional[Float32],
         num_splits: Int32,
@@ -259,6 +264,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
             batch_idx=batch_idx,
             seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],
             seqlen_k_static=mK.shape[0],
+            mSeqUsedK=mSeqUsedK,  # this sequence's used keys: its split ranges divide them, its masks stop at them
         )
         n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block, split_idx, num_splits)
 

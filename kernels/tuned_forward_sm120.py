@@ -33,7 +33,7 @@ class TunedForwardSm120(ForwardKernel, FlashAttentionForwardSm120):
     varlen = True  # upstream's SM80 code reads cu_seqlens (SeqlenInfo, the varlen tile scheduler)
     # upstream's SM80 code: a sliding window (BlockInfo, AttentionMask's mask_local), the soft-cap (the host's score_mod)
     # and per-sequence lengths (SeqlenInfo's seqused_q / seqused_k), as upstream's SM120 path runs them
-    features = frozenset({"local", "softcap", "seqused"})
+    features = frozenset({"local", "softcap", "seqused", "seqused_q"})
     limits = Limits(num_stages=(1, 2, 3, 4))
 
     @classmethod

@@ -3,7 +3,10 @@ host path chose and compiled: the splits, whether the kernel ran split (its comp
 compiled, the kernel's shared storage and its cubin's registers and spills.
 
 Run by tests/test_splitkv.py in a subprocess (the DSL reads its arch from the environment at import time).
-stdin: a JSON list of {"config": ForwardConfig dict, "problem": Problem dict}; stdout: one JSON list.
+stdin: a JSON list of {"config": ForwardConfig dict, "problem": Problem dict}; stdout: one JSON list. A job with
+"seqused_k" (one used length per sequence) instead runs the drop-in's call (fa4tune.torch_op.tuned_forward with
+experiment.TABLES: the problem's class picks its entry) with those lengths, and reports the debug line too and whether
+the split kernel's trace read them (SeqlenInfoQK.create with mSeqUsedK).
 """
 
 import json
@@ -33,16 +36,68 @@ def recording_init(self, *args, **kwargs):
 
 
 split_class.__init__ = recording_init  # the class itself (compile keys name it), not a subclass
+import kernels.splitkv_forward_sm120 as split_module  # noqa: E402
+
+seqused_traced = []  # per trace of the split kernel: whether SeqlenInfoQK got the used lengths
+original_create = split_module.SeqlenInfoQK.create
+
+
+def recording_create(*args, **kwargs):
+    seqused_traced.append(kwargs.get("mSeqUsedK") is not None)
+    return original_create(*args, **kwargs)
+
+
+split_module.SeqlenInfoQK = type("RecordingSeqlenInfoQK", (), {"create": staticmethod(recording_create)})
+
+
+def dropin_call(problem: Problem, used: list[int]):
+    """The drop-in's tuned forward with seqused_k, fake tensors: (config it ran, the debug line, compiled function)."""
+    import logging
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fa4tune import torch_op
+    from fa4tune.harness.gate import TORCH_DTYPES
+
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("fa4tune").addHandler(handler)
+    logging.getLogger("fa4tune").setLevel(logging.DEBUG)
+    torch_op.use_tables(experiment.TABLES)
+    host = build(experiment.kernel_class)
+    compiled = []
+    host.fwd_cache.listeners.append(lambda key, fn: compiled.append(fn))
+    dtype = TORCH_DTYPES[problem.dtype]
+    with FakeTensorMode():
+        shape = (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim)
+        q = torch.empty(problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim, dtype=dtype, device="cuda")
+        k, v = torch.empty(shape, dtype=dtype, device="cuda"), torch.empty(shape, dtype=dtype, device="cuda")
+        seqused_k = torch.tensor(used, dtype=torch.int32).to("cuda")
+        torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, problem.causal, None, None, 0.0,
+                               1, None, False)
+    line = next(line for line in lines if "tuned forward" in line)
+    config = experiment.TABLES.forward_config(problem.problem_class)
+    return config, line, compiled
+
+
 report = []
 for job in json.loads(sys.stdin.read()):
-    config, problem = ForwardConfig.from_dict(job["config"]), Problem.from_dict(job["problem"])
+    problem = Problem.from_dict(job["problem"])
     combines = dict(combine_cache.cache)
-    del instances[:]
-    facts = compile_shapes(experiment, "fwd", config, [problem])
+    del instances[:], seqused_traced[:]
+    if "seqused_k" in job:
+        config, line, compiled = dropin_call(problem, job["seqused_k"])
+        facts = {"debug_line": line, "config": config.to_dict(), "seqused_k_traced": list(seqused_traced),
+                 **(_read_cubin(compiled[0]) if compiled else {})}
+    else:
+        config = ForwardConfig.from_dict(job["config"])
+        facts = compile_shapes(experiment, "fwd", config, [problem]).resources()
     report.append({
         "splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
         "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
-        **facts.resources(),
+        **facts,
     })
 print(json.dumps(report))

@@ -1,8 +1,12 @@
 """bench/dropin_gpu.py (issue 69's GPU checks): its models' rows are the window and softcap classes they claim, and a
 bad step name is one line and exit 2 (the steps themselves need a GPU: docs/measurements/data/2026-12-07-gpu-issue69.sh)."""
 
+import torch
+
+import experiment
 from bench import dropin_gpu
 from fa4tune.config import Problem
+from fa4tune.harness import gate
 
 
 def test_the_models_rows_are_window_and_softcap_classes():
@@ -19,3 +23,35 @@ def test_the_models_rows_are_window_and_softcap_classes():
 def test_a_bad_step_is_one_line_and_exit_2(capsys):
     assert dropin_gpu.main(["nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_the_kv_cache_rows_are_decodes_whose_entry_or_split_count_runs_the_split_kv_class():
+    for label, batch, slots, heads, heads_kv, head_dim, lengths, splits in dropin_gpu.KV_CACHES:
+        pc = Problem(batch, 1, slots, heads, heads_kv, head_dim, head_dim, True, backward=False).problem_class
+        assert pc.regime == "decode" and (lengths is None or (len(lengths) == batch and max(lengths) <= slots))
+        assert splits > 1 or experiment.TABLES.forward_config(pc).kernel == "sm120_splitkv", label
+
+
+def _kv_cache(used):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 4, 64, generator=g).bfloat16() for n in (1, 96, 96))
+    used = torch.tensor(used, dtype=torch.int32)
+    out = torch.cat([gate.reference_attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], True).out
+                     for b, n in enumerate(used.tolist())]).bfloat16()
+    return out, q, k, v, used
+
+
+SPLIT_LINE = "fa4tune: tuned forward d64-causal-gqa2-decode-bf16: tile_m=32 kernel=sm120_splitkv (runs its own entry)"
+
+
+def test_the_kv_cache_check_passes_the_split_class_on_each_sequence_s_used_keys(capsys):
+    assert dropin_gpu.kv_cache_failures("case", *_kv_cache([5, 96]), [SPLIT_LINE]) == 0
+    assert "used [5, 96]" in capsys.readouterr().out
+
+
+def test_the_kv_cache_check_fails_another_class_or_the_whole_cache_s_keys():
+    out, q, k, v, used = _kv_cache([5, 96])
+    assert dropin_gpu.kv_cache_failures("case", out, q, k, v, used, ["fa4tune: tuned forward x: kernel=sm120 (...)"]) == 1
+    assert dropin_gpu.kv_cache_failures("case", out, q, k, v, used, []) == 1  # no tuned forward ran (upstream's did)
+    whole, *_ = _kv_cache([96, 96])  # attention over every slot, not the used ones: the first sequence is off
+    assert dropin_gpu.kv_cache_failures("case", whole, q, k, v, used, [SPLIT_LINE]) == 1

@@ -12,7 +12,7 @@ import torch
 
 import experiment
 from fa4tune import api, dropin, torch_op
-from fa4tune.config import ForwardConfig
+from fa4tune.config import ForwardConfig, ProblemClass
 
 FUNCTIONS = ("flash_attn_func", "flash_attn_varlen_func")
 
@@ -26,6 +26,28 @@ def test_the_signatures_are_the_pinned_release_s(name):
     from flash_attn.cute import interface
 
     assert _parameters(getattr(dropin, name)) == _parameters(getattr(interface, name))
+
+
+def test_the_package_names_them_on_first_use_and_import_fa4tune_stays_light():
+    # fa4tune.__getattr__ (PEP 562): `import fa4tune` imports no torch; the names are fa4tune.dropin's own functions
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, fa4tune\n"
+            "light = 'torch' not in sys.modules and 'fa4tune.dropin' not in sys.modules\n"
+            "import fa4tune.dropin as d\n"
+            "print(json.dumps({'light': light, 'same': [getattr(fa4tune, n) is getattr(d, n) for n in fa4tune.DROPIN],\n"
+            "                  'listed': set(fa4tune.DROPIN) <= set(dir(fa4tune))}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"light": True, "same": [True, True], "listed": True}
+    import fa4tune
+
+    assert fa4tune.DROPIN == FUNCTIONS
+    assert _parameters(fa4tune.flash_attn_func) == _parameters(dropin.flash_attn_func)
+    with pytest.raises(AttributeError, match="no attribute 'flash_attn'"):
+        fa4tune.flash_attn
 
 
 def _tensors(device="cpu", seqlen_q=128, seqlen_k=128, heads=4, heads_kv=2, head_dim=64, dtype=torch.bfloat16):
@@ -135,14 +157,34 @@ def test_an_explicit_split_count_runs_the_split_kv_class_with_it(host_calls):
     assert config.kernel == "sm120_splitkv" and config.extra_knobs == {"num_splits": 8}
 
 
-def test_seqused_k_runs_a_kernel_class_that_reads_it(host_calls, caplog):
+def _forward_q(q, k, v, seqused_q):
+    return torch_op.tuned_forward(q, k, v, None, None, seqused_q, None, None, None, None, True, None, None, 0.0, 1, None,
+                                  False)
+
+
+def test_a_kv_cache_decode_with_seqused_k_runs_the_split_kv_entry(host_calls, caplog):
+    # the split-KV class reads seqused_k (feature "seqused"): the decode class's own entry runs it
     used = torch.tensor([100, 4000], dtype=torch.int32)
     with caplog.at_level(logging.DEBUG, logger="fa4tune"):
         _forward(*_tensors(seqlen_q=1, seqlen_k=4096), seqused_k=used)
     (kernel_class, *_, config, packed, extras), = host_calls
     from fa4tune.kernel_class import runs_features
 
+    pc = "d64-causal-gqa2-decode-bf16"
+    assert config == experiment.TABLES.forward_config(ProblemClass.parse(pc)) and config.kernel == "sm120_splitkv"
     assert "seqused" in runs_features(kernel_class(config)) and extras.seqused_k is used
+    assert f"tuned forward {pc}: {config.short()}" in caplog.text and "upstream's SM120 config" not in caplog.text
+
+
+def test_seqused_q_runs_a_config_whose_kernel_reads_it(host_calls, caplog):
+    # the split-KV class writes dense partial rows (no seqused_q): upstream's SM120 config runs such a decode
+    with caplog.at_level(logging.DEBUG, logger="fa4tune"):
+        _forward_q(*_tensors(seqlen_q=1, seqlen_k=4096), torch.tensor([1, 0], dtype=torch.int32))
+    (kernel_class, *_, config, packed, extras), = host_calls
+    from fa4tune.kernel_class import runs_features
+
+    assert config.kernel == "sm120" and "seqused_q" in runs_features(kernel_class(config))
+    assert "its kernel does not run seqused_q: upstream's SM120 config" in caplog.text
 
 
 def test_the_backward_of_a_window_class_runs_a_backward_kernel_that_runs_windows(host_calls):

@@ -100,6 +100,13 @@ def test_the_host_path_refuses_bad_calls_with_one_error_before_any_compile():
         fp8.attention_fp8(q, k, v, config=replace(fp8.default_config(128), Q_in_regs=True))
 
 
+def test_the_host_path_takes_the_config_s_class_from_the_registry_and_refuses_one_that_does_not_quantize():
+    # fa4tune/ names no kernels/ module (the registry finds the class: no import cycle through the package)
+    t = torch.zeros(1, 64, 4, 128)
+    with pytest.raises(ConfigError, match="^fp8_kernel: .*'sm120' does not"):
+        fp8.compile_fp8(replace(fp8.default_config(128), kernel="sm120"), t, t, t, t, t, t, t, True, 0.1)
+
+
 def test_sm120a_facts_through_the_host_path_s_compile(tmp_path):
     """The d128 and d96 tiles the H100 run gated (128 x 64; causal with GQA 4 among them), and d64 at 128 x 64 with two
     stages. At tile_m 128 the d128 / d96 kernels spill as upstream's bf16 kernel does at the same tiles (255 registers;

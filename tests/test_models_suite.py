@@ -43,7 +43,15 @@ CLASSES = [
     "d256-causal-gqa2-decode-bf16", "d128-causal-gqa2-chunked-bf16",
     "d96-causal-bf16", "d96-causal-fp16", "d96-causal-decode-bf16", "d128-noncausal-bf16", "d64-noncausal-fp16",
     "d64-noncausal-bf16",
+    # issue 69: the models' sliding windows and soft-caps
+    "d128-causal-gqa4-window-bf16", "d128-causal-gqa4-window-decode-bf16", "d128-causal-gqa2-window-softcap-bf16",
+    "d128-causal-gqa2-softcap-bf16", "d128-causal-gqa2-window-bf16", "d128-causal-gqa2-window-decode-bf16",
 ]
+# The models' own settings (their config.json, cited in each row): sliding_window (window_size (w, 0)) and
+# attn_logit_softcapping; a row of such a model without them is a global layer or a sequence the window does not reach.
+# Gemma 2 9B (d256) has neither: no kernel class that runs a window or soft-cap fits d256 in 99 KB yet.
+WINDOWS = {"mistral-7b": 4096, "gemma2-27b": 4096, "gemma3-27b": 1024}
+SOFTCAPS = {"gemma2-27b": 50.0}
 
 
 def _rows():
@@ -61,7 +69,7 @@ def _model(name):
 
 def test_every_row_loads_and_names_are_unique_and_readable():
     pairs = _rows()
-    assert 40 <= len(pairs) <= 60
+    assert 40 <= len(pairs) <= 70
     names = [p.name for _, p in pairs]
     assert len(set(names)) == len(names)
     assert all(re.fullmatch(r"[a-z0-9./-]+ [a-z0-9 -]+ (bf16|fp16)", n) and n.endswith(p.dtype) for n, (_, p) in zip(names, pairs))
@@ -120,3 +128,24 @@ def test_the_loader_drops_a_citation_key_and_still_rejects_other_unknown_keys(tm
     assert load_suite(str(cited)) == load_suite(str(plain))
     with pytest.raises(ConfigError, match="sources"):
         load_suite(str(bad))
+
+
+def test_windows_and_softcaps_are_the_models_own_settings_and_named():
+    rows = _rows()
+    for row, p in rows:
+        model = _model(p.name)
+        window, softcap = p.problem_class.window, p.problem_class.softcap
+        assert window == ("window" in p.name) and softcap == ("softcap" in p.name), p.name
+        if window:
+            assert (p.window_size_left, p.window_size_right) == (WINDOWS[model], 0), p.name
+            assert p.seqlen_k > WINDOWS[model], p.name  # the window masks some keys
+            assert f"sliding_window {WINDOWS[model]}" in row["source"], p.name
+        if softcap:
+            assert p.softcap == SOFTCAPS[model] and f"attn_logit_softcapping {SOFTCAPS[model]}" in row["source"], p.name
+        if model in SOFTCAPS and p.seqlen_q > 1 and (window or softcap):
+            assert softcap, p.name  # Gemma 2 caps every layer's scores, local or global
+    windowed = {_model(p.name) for _, p in rows if p.problem_class.window}
+    assert windowed == set(WINDOWS)
+    assert {_model(p.name) for _, p in rows if p.problem_class.softcap} == set(SOFTCAPS)
+    assert any(p.backward and p.problem_class.window for _, p in rows)  # a windowed training row (Mistral)
+    assert {p.problem_class.regime for _, p in rows if p.problem_class.window} == {"prefill", "decode"}

@@ -258,6 +258,31 @@ def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
         assert facts["registers"] <= 255
 
 
+@pytest.mark.compile
+def test_a_kv_cache_decode_with_seqused_k_compiles_the_split_class_reading_the_lengths(tmp_path):
+    """The drop-in's call with seqused_k (a KV cache of 8192 slots, sequences of 100 to 8192 used keys): the decode
+    class's own entry (sm120_splitkv) runs it, its kernel compiles split for sm_120a with SeqlenInfoQK reading the used
+    lengths, without spills; the combine is the same as without them."""
+    problem = decode(batch=4, seqlen_k=8192, causal=True)
+    (report,) = probe([{"problem": problem.to_dict(), "seqused_k": [100, 4000, 8192, 1]}], tmp_path)
+    entry = experiment.TABLES.forward_config(problem.problem_class)
+    assert entry.kernel == "sm120_splitkv" and report["config"] == entry.to_dict()
+    assert f"tuned forward {problem.problem_class.name}: {entry.short()}" in report["debug_line"]
+    assert "upstream's SM120 config" not in report["debug_line"]
+    assert report["splits"] > 1 and report["split_kv_compiled"] == [True] and report["seqused_k_traced"] == [True]
+    assert report["spill_store_bytes"] == 0 and report["registers"] <= 255
+
+
+def test_the_split_class_declares_seqused_k_and_not_what_its_code_lacks():
+    from fa4tune.api import Extras
+    from fa4tune.kernel_class import runs_features
+
+    assert runs_features(SplitKvForwardSm120) == {"seqused"}  # no window, softcap or seqused_q
+    used = object()
+    assert Extras(seqused_k=used).features() == {"seqused"} and Extras(seqused_q=used).features() == {"seqused_q"}
+    assert Extras().features() == set()
+
+
 # ---- bench/gpu_splitkv.py's CPU parts ----
 
 def load_gpu_bench():

@@ -1,7 +1,8 @@
 """Candidates: what a step runs. A forward is `forward(q, k, v, causal) -> (out, lse or None)`, differentiable
 through autograd; q, k, v are (batch, seqlen, heads, head_dim). A packed (varlen) problem's call is
 `forward(q, k, v, causal, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., max_seqlen_k=...)` on (total, heads,
-head_dim) tensors, its LSE (heads, total).
+head_dim) tensors, its LSE (heads, total). A problem with a sliding window or a soft-cap adds `window_size=(left,
+right)` and `softcap=...` (upstream's names; fa4tune.harness.gate.call_arguments), for the candidate and the reference.
 
 experiment.py's attention with a pair of configs (guarded: fa4tune.harness.guards' rules apply), upstream's SM120
 defaults through it, FA4's own path for the local GPU and torch SDPA; each travels to a child process as a JSON
@@ -50,10 +51,10 @@ def fa4_candidate() -> Candidate:
     """FlashAttention-4's public path for the local GPU (no arch override: SM90 kernels on an H200)."""
     from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 
-    def forward(q, k, v, causal, **packed):
-        if packed:
-            return flash_attn_varlen_func(q, k, v, causal=causal, return_lse=True, **packed)
-        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    def forward(q, k, v, causal, **arguments):
+        if arguments.get("cu_seqlens_q") is not None:
+            return flash_attn_varlen_func(q, k, v, causal=causal, return_lse=True, **arguments)
+        out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **arguments)
         return out, lse
 
     return Candidate(FA4_OWN_PATH, forward, {"path": "flash_attn.cute.interface.flash_attn_func"})
@@ -61,7 +62,8 @@ def fa4_candidate() -> Candidate:
 
 def sdpa_candidate() -> Candidate:
     """torch.nn.functional.scaled_dot_product_attention (GQA through enable_gqa; no LSE to check); a packed call
-    runs each sequence on its own and concatenates the outputs (what a caller without a varlen kernel would do)."""
+    runs each sequence on its own and concatenates the outputs (what a caller without a varlen kernel would do); a
+    sliding window through the gate's mask; a soft-cap SDPA cannot apply: one error (sdpa_softcap)."""
     import torch
     import torch.nn.functional as F
 
@@ -75,15 +77,21 @@ def sdpa_candidate() -> Candidate:
             known = bounds[id(cu_seqlens)] = (cu_seqlens, cu_seqlens.tolist())
         return known[1]
 
-    def forward(q, k, v, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    def forward(q, k, v, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                window_size=(-1, -1), softcap=0.0):
+        if softcap:
+            raise ConfigError("sdpa_softcap", f"torch SDPA has no soft-cap: softcap={softcap:g} (its scores are not capped)")
         if cu_seqlens_q is not None:
             bq, bk = offsets(cu_seqlens_q), offsets(cu_seqlens_k)
-            outs = [forward(q[a:b][None], k[c:d][None], v[c:d][None], causal)[0][0]
+            outs = [forward(q[a:b][None], k[c:d][None], v[c:d][None], causal, window_size=window_size)[0][0]
                     for a, b, c, d in zip(bq, bq[1:], bk, bk[1:])]
             return torch.cat(outs), None
         seqlen_q, seqlen_k = q.shape[1], k.shape[1]
         mask, is_causal = None, causal
-        if causal and seqlen_q != seqlen_k:
+        if any(side >= 0 for side in window_size):  # a sliding window: the gate's mask, as a boolean keep-mask
+            rows = torch.arange(seqlen_q, device=q.device)
+            mask, is_causal = ~gate.window_mask(rows, seqlen_q, seqlen_k, seqlen_k, causal, window_size), False
+        elif causal and seqlen_q != seqlen_k:
             # SDPA's is_causal is top-left aligned; FlashAttention's (and the gate's) is bottom-right
             mask = ~gate.causal_mask(torch.arange(seqlen_q, device=q.device), seqlen_q, seqlen_k, seqlen_k)
             is_causal = False

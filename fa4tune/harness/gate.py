@@ -29,7 +29,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from fa4tune.config import Problem
+from fa4tune.config import Problem, is_local
 from fa4tune.harness import fp8_gate
 from fa4tune.harness.guards import INPUT_WRITE, GuardViolation
 
@@ -245,13 +245,13 @@ class ReferenceCache:
 
 
 def reference_key(direction: str, q, k, v, dout, causal: bool, softmax_scale: float | None, seed: int,
-                  input_scale: float, chunk_bytes: int) -> tuple:
+                  input_scale: float, chunk_bytes: int, window_size=(-1, -1), softcap: float = 0.0) -> tuple:
     """The ReferenceCache key of a gate case's inputs (first and last element of each as a check)."""
     tensors = [t for t in (q, k, v, dout) if t is not None]
     ends = torch.stack([t.detach().reshape(-1)[i].float() for t in tensors for i in (0, -1)]).tolist()
     return (
         direction, tuple(tuple(t.shape) for t in tensors), str(q.dtype), str(q.device), bool(causal), softmax_scale,
-        seed, float(input_scale), chunk_bytes, tuple(ends),
+        seed, float(input_scale), chunk_bytes, tuple(ends), tuple(window_size), float(softcap),
     )
 
 
@@ -420,11 +420,29 @@ def packing(lengths, device) -> dict:
     return dict(cu_seqlens_q=starts, cu_seqlens_k=starts, max_seqlen_q=max(lengths), max_seqlen_k=max(lengths))
 
 
-def _run_forward(forward: Forward, q, k, v, causal, lengths=()):
+def call_arguments(problem: Problem) -> dict:
+    """The problem's arguments beyond its shape, as a candidate's forward and the reference take them: `window_size`
+    (upstream's (left, right)) where it masks as a sliding window, `softcap` where set; {} for a plain problem (its
+    call is unchanged)."""
+    found = {}
+    if is_local(problem.causal, problem.window_size_left, problem.window_size_right):
+        found["window_size"] = (problem.window_size_left, problem.window_size_right)
+    if problem.softcap:
+        found["softcap"] = float(problem.softcap)
+    return found
+
+
+def _called(window_size, softcap) -> dict:
+    """call_arguments' keywords for these values (only those set)."""
+    return {**({"window_size": tuple(window_size)} if tuple(window_size) != (-1, -1) else {}),
+            **({"softcap": softcap} if softcap else {})}
+
+
+def _run_forward(forward: Forward, q, k, v, causal, lengths=(), window_size=(-1, -1), softcap=0.0):
     out_shape = (*q.shape[:-1], v.shape[-1])
     # (batch, heads, seqlen); a packed call's LSE is (heads, total), as upstream's varlen path returns it
     lse_shape = (q.shape[2], q.shape[0]) if lengths else (q.shape[0], q.shape[2], q.shape[1])
-    packed = packing(lengths, q.device)
+    packed = {**packing(lengths, q.device), **_called(window_size, softcap)}
     if getattr(forward, "accepts_out", False):
         out = torch.full(out_shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device)
@@ -464,36 +482,40 @@ def _shape_text(q, k, v, causal, lengths=()) -> str:
 def gate_forward(
     forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
-    lengths: tuple[int, ...] = (), precision: str | None = None,
+    lengths: tuple[int, ...] = (), precision: str | None = None, window_size=(-1, -1), softcap: float = 0.0,
 ) -> GateResult:
     """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
     `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before); with `lengths`, a
     packed call, each sequence against its own; `precision` "fp8": under the FP8 gate. GuardViolation (input_write) when
-    the call changed q, k or v; the reference comes from copies taken before it."""
+    the call changed q, k or v; the reference comes from copies taken before it. A sliding window and a soft-cap
+    (call_arguments) reach the forward and the reference alike."""
     verify = read_only({"q": q, "k": k, "v": v})
-    out, lse = _run_forward(forward, q, k, v, causal, lengths)
+    out, lse = _run_forward(forward, q, k, v, causal, lengths, window_size, softcap)
     q, k, v = verify(f"gate case {variant}")
     return check_outputs(q, k, v, causal, out, lse, variant=variant, seed=seed, chunk_bytes=chunk_bytes,
-                         references=references, input_scale=input_scale, lengths=lengths, precision=precision)
+                         references=references, input_scale=input_scale, lengths=lengths, precision=precision,
+                         window_size=window_size, softcap=softcap)
 
 
 def check_outputs(
     q, k, v, causal: bool, out, lse, grads=None, dout=None, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
-    lengths: tuple[int, ...] = (), precision: str | None = None,
+    lengths: tuple[int, ...] = (), precision: str | None = None, window_size=(-1, -1), softcap: float = 0.0,
 ) -> GateResult:
     """The pass rule on outputs already computed: out and LSE (either may be None: not checked), and with
     `grads` (dq, dk, dv) of `dout`, the gradients, against the fp32 reference of (q, k, v) (from `references`
     when these inputs, drawn from `seed` at `input_scale`, were checked before). The gate and the check of
     timed calls' outputs (fa4tune.harness.steps) both use it. With `lengths`, packed tensors: _check_packed."""
     if lengths:
-        return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths, references)
+        return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths, references,
+                             window_size, softcap)
     direction = "fwd" if grads is None else "bwd"
+    mask = dict(window_size=window_size, softcap=softcap)
     ref, plain = _references(
         references if seed is not None else None,
-        lambda: reference_key(direction, q, k, v, dout, causal, None, seed, input_scale, chunk_bytes),
-        lambda: (reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes),
-                 reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes)),
+        lambda: reference_key(direction, q, k, v, dout, causal, None, seed, input_scale, chunk_bytes, **mask),
+        lambda: (reference_attention(q, k, v, causal, dout=dout, chunk_bytes=chunk_bytes, **mask),
+                 reference_attention(q, k, v, causal, dtype=q.dtype, dout=dout, chunk_bytes=chunk_bytes, **mask)),
     )
     if precision == "fp8":  # the opt-in FP8 path: its own rule (fp8_gate), forward only
         return GateResult(variant, _shape_text(q, k, v, causal), _fp8_checks(out, lse, ref), seed)
@@ -531,7 +553,7 @@ def _fp8_checks(out, lse, ref: AttentionReference) -> tuple[TensorCheck, ...]:
 
 
 def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths,
-                  references=None) -> GateResult:
+                  references=None, window_size=(-1, -1), softcap: float = 0.0) -> GateResult:
     """Each sequence of a packed call (q, k, v, out, dout, grads: (total, heads, dim); lse: (heads, total)) against
     its own reference, alone (cached per sequence: its slice's shape, ends and checksum tell it from the others):
     the first failing sequence's result, named; else, per tensor, the check with the largest error."""
@@ -548,7 +570,8 @@ def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_b
             seq_grads = grads  # not (dq, dk, dv): check_outputs says so
         seq_lse = None if lse is None else (lse[:, start:stop][None] if lse.dim() == 2 else lse)
         result = check_outputs(one(q), one(k), one(v), causal, one(out), seq_lse, seq_grads, one(dout), variant=variant,
-                               seed=seed, chunk_bytes=chunk_bytes, references=references, input_scale=input_scale)
+                               seed=seed, chunk_bytes=chunk_bytes, references=references, input_scale=input_scale,
+                               window_size=window_size, softcap=softcap)
         if not result.passed:
             return replace(result, variant=f"{variant}, sequence {i} of {len(lengths)} (length {stop - start})",
                            problem=_shape_text(q, k, v, causal, lengths))
@@ -561,14 +584,14 @@ def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_b
 def gate_backward(
     forward: Forward, q, k, v, causal: bool, dout, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
-    lengths: tuple[int, ...] = (),
+    lengths: tuple[int, ...] = (), window_size=(-1, -1), softcap: float = 0.0,
 ) -> GateResult:
     """Run forward and backward (autograd through `forward`) and check out, LSE, dQ, dK and dV (references
     from `references` as in gate_forward; with `lengths`, per sequence; inputs read-only as in gate_forward)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
     verify = read_only({"q": q, "k": k, "v": v, "dout": dout})
     with torch.enable_grad():
-        out, lse = _run_forward(forward, q, k, v, causal, lengths)
+        out, lse = _run_forward(forward, q, k, v, causal, lengths, window_size, softcap)
         if poisons(q.device):
             poison_cuda_allocator([q.numel() * q.element_size(), k.numel() * k.element_size(), v.numel() * v.element_size()], q.device)
         dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
@@ -577,7 +600,8 @@ def gate_backward(
     out, lse = out.detach(), (lse.detach() if lse is not None else None)
     q, k, v, dout = verify(f"gate case {variant}")
     return check_outputs(q, k, v, causal, out, lse, (dq, dk, dv), dout, variant=variant, seed=seed,
-                         chunk_bytes=chunk_bytes, references=references, input_scale=input_scale, lengths=lengths)
+                         chunk_bytes=chunk_bytes, references=references, input_scale=input_scale, lengths=lengths,
+                         window_size=window_size, softcap=softcap)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -378,24 +378,28 @@ def sample_rows(seqlen_q: int, count: int, seed: int) -> torch.Tensor:
     return torch.tensor(sorted(rows))
 
 
-def row_reference(q, k, v, causal: bool, rows: torch.Tensor, dtype, dout=None):
+def row_reference(q, k, v, causal: bool, rows: torch.Tensor, dtype, dout=None, window_size=(-1, -1), softcap: float = 0.0):
     """Attention of some query rows only, computed in `dtype`: out (b, r, hq, dv), lse (b, hq, r), and with
-    `dout` the rows' dQ (b, r, hq, d). Rows are independent, so this is exact for them at any sequence length."""
+    `dout` the rows' dQ (b, r, hq, d). Rows are independent, so this is exact for them at any sequence length. A
+    sliding window and a soft-cap as the gate's reference applies them."""
     batch, seqlen_q, _, head_dim = q.shape
     seqlen_k, group = k.shape[1], q.shape[2] // k.shape[2]
     scale = 1.0 / math.sqrt(head_dim)
     rows = rows.to(q.device)
-    mask = gate.causal_mask(rows, seqlen_q, seqlen_k, seqlen_k) if causal else None
+    windowed = any(side is not None and side >= 0 for side in window_size)
+    mask = (gate.window_mask(rows, seqlen_q, seqlen_k, seqlen_k, causal, window_size) if windowed else
+            gate.causal_mask(rows, seqlen_q, seqlen_k, seqlen_k) if causal else None)
     outs, lses, dqs = [], [], []
     with gate._fp32_matmul_exact(), torch.enable_grad():
         for b in range(batch):
             qc = q[b, rows].detach().to(dtype).requires_grad_(dout is not None)
-            oc, lc = gate._attention_rows(qc, k[b].detach().to(dtype), v[b].detach().to(dtype), scale, mask, group)
+            oc, lc = gate._attention_rows(qc, k[b].detach().to(dtype), v[b].detach().to(dtype), scale, mask, group, softcap)
             outs.append(oc.detach())
             lses.append(lc.detach())
             if dout is not None:
                 dqs.append(torch.autograd.grad(oc, qc, dout[b, rows].to(dtype))[0])
-    valid = (rows + (seqlen_k - seqlen_q) >= 0) if causal else torch.ones_like(rows, dtype=torch.bool)
+    first, last = gate.key_range(rows, seqlen_q, seqlen_k, causal, window_size)
+    valid = first <= last  # a row that sees no key has no LSE to compare
     valid = valid[None, None, :].expand(batch, q.shape[2], len(rows))
     return torch.stack(outs), torch.stack(lses), (torch.stack(dqs) if dout is not None else None), valid
 
@@ -407,7 +411,8 @@ def _longest_sequence(lengths) -> slice:
     return slice(start, start + lengths[i])
 
 
-def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(), precision: str | None = None) -> str:
+def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(), precision: str | None = None,
+                  window_size=(-1, -1), softcap: float = 0.0) -> str:
     """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule
     (the FP8 gate's for precision "fp8"): '' when they match, else why. A packed call's rows are its longest
     sequence's (rows < seqlen_q, the longest), as a batch of one."""
@@ -415,8 +420,8 @@ def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=No
         part = _longest_sequence(lengths)
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
         lse = None if lse is None else lse[:, part][None]
-    ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout)
-    plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout)
+    ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout, window_size, softcap)
+    plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout, window_size, softcap)
     rows = rows.to(q.device)
     if precision == "fp8":
         found = fp8_gate.check(out.detach()[:, rows].float(), None if lse is None else lse.detach()[:, :, rows].float(),
@@ -461,7 +466,7 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
     a = gate.random_inputs(problem, seed, device, count=3)
     b = gate.random_inputs(problem, seed + 1, device, count=3)
     c = gate.random_inputs(problem, seed + 2, device, count=3)
-    packed = gate.packing(problem.lengths, device)
+    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
     sample = sample_rows(problem.seqlen_q, rows, seed)
     live: dict[str, torch.Tensor] = {"q of set A": a[0], "k of set A": a[1], "v of set A": a[2],
                                      "q of set B": b[0], "k of set B": b[1], "v of set B": b[2]}
@@ -480,7 +485,8 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
         for earlier_label, earlier_out in previous:
             if _same_bits(out, earlier_out):
                 raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same out as {earlier_label}, for other inputs")
-        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths, precision=problem.dtype)
+        _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths, precision=problem.dtype,
+                    **gate.call_arguments(problem))
         previous.append((label, out))
         live.update({f"out of call {number}": out, f"lse of call {number}": lse})
 
@@ -493,12 +499,13 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     sample = sample_rows(problem.seqlen_q, rows, seed)
     label = "forward (set A, recording autograd)"
-    packed = gate.packing(problem.lengths, device)
+    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
     out, lse = observe_call(_forward_call(forward, q, k, v, problem.causal, True, packed), ("out", "lse"), sync, label,
                             {"q": q, "k": k, "v": v})
     _check_graph(label, out, (q, k, v), recording=True)
     _check_no_alias(label, {"out": out, "lse": lse}, {"q": q, "k": k, "v": v})
-    _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths)
+    _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths,
+                **gate.call_arguments(problem))
     live = {"q": q, "k": k, "v": v, "dout": dout, "out": out, "lse": lse}
     previous = None
     for number in (1, 2):
@@ -517,7 +524,8 @@ def check_backward_reuse(forward, problem, device, seed: int, sync, rows: int = 
             for name in ("dk", "dv"):
                 if _same_bits(grads[name], previous[name]):
                     raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same {name} as backward 1, for another dout")
-        _check_rows(label, q, k, v, problem.causal, sample, dout=dout, dq=dq, lengths=problem.lengths)
+        _check_rows(label, q, k, v, problem.causal, sample, dout=dout, dq=dq, lengths=problem.lengths,
+                    **gate.call_arguments(problem))
         live.update({f"{name} of backward {number}": value for name, value in grads.items()})
         previous = grads
 

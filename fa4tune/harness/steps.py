@@ -102,13 +102,13 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
             result = gate.gate_forward(
                 candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
-                lengths=case.problem.lengths, precision=problem.dtype,
+                lengths=case.problem.lengths, precision=problem.dtype, **gate.call_arguments(problem),
             )
         else:
             result = gate.gate_backward(
                 candidate.forward, q, k, v, problem.causal, dout, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
-                lengths=case.problem.lengths,
+                lengths=case.problem.lengths, **gate.call_arguments(problem),
             )
         del q, k, v, dout
         done.append(result)
@@ -125,7 +125,8 @@ class TimedCall:
 
     def __init__(self, candidate: Candidate, problem: Problem, direction: str, device, seed: int, trapped: bool = False):
         self.forward, self.causal, self.trapped = candidate.forward, problem.causal, trapped
-        self.packed = gate.packing(problem.lengths, device)
+        # a packed problem's cu_seqlens, and the problem's window and soft-cap (gate.call_arguments)
+        self.packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
         q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
         self.forward_outputs = None  # the backward's (out, lse) of this round's graph
         if direction == "bwd":
@@ -269,20 +270,23 @@ class TimedOutputCheck:
         """'' when the output matches the reference of this round's values (whole, or on `rows`), else the reason."""
         q, k, v, dout = inputs
         problem, chunk = self.problem, self.settings.reference_chunk_bytes
+        mask = gate.call_arguments(problem)
         if not whole:
             if call.forward_outputs is None:
                 return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, out=named["out"], lse=named["lse"],
-                                                    lengths=problem.lengths, precision=problem.dtype)
-            return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, dout=dout, dq=named["dq"], lengths=problem.lengths)
+                                                    lengths=problem.lengths, precision=problem.dtype, **mask)
+            return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, dout=dout, dq=named["dq"], lengths=problem.lengths,
+                                                **mask)
         if call.forward_outputs is None:
             result = gate.check_outputs(q, k, v, problem.causal, named["out"], named["lse"], variant="timed", seed=seed,
-                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths, precision=problem.dtype)
+                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths, precision=problem.dtype,
+                                        **mask)
         else:
             out, lse = call.forward_outputs
             out, lse = out.detach(), (lse.detach() if lse is not None else None)
             grads = (named["dq"], named["dk"], named["dv"])
             result = gate.check_outputs(q, k, v, problem.causal, out, lse, grads, dout, variant="timed", seed=seed,
-                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths)
+                                        chunk_bytes=chunk, references=self.references, lengths=problem.lengths, **mask)
         return "" if result.passed else result.reason
 
 
@@ -312,7 +316,7 @@ def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, devi
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(device)
     q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
-    packed = gate.packing(problem.lengths, device)
+    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)  # the inputs count (allocated now), making them does not
     if direction == "fwd":
