@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # fa4tune, when run as a script
 SERIES = ROOT / "docs" / "measurements" / "data" / "2026-12-07-upstream-series-"
 DEFAULT_FILES = ("test_flash_attn.py", "test_flash_attn_combine.py")
 PLUGIN = "fa4tune_sm120_capability"
@@ -364,10 +365,9 @@ def case_shape(params: dict) -> dict | None:
 
 def load_config(site: Path):
     """The variant's flash_attn/cute/config.py, loaded alone (it imports the standard library only)."""
-    spec = importlib.util.spec_from_file_location("upstream_tests_config", site / "flash_attn" / "cute" / "config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from fa4tune.upstream import load_config as load_alone
+
+    return load_alone(site / "flash_attn" / "cute" / "config.py", "upstream_tests_config")
 
 
 def reaches_tuned_entry(config, shape: dict) -> bool:

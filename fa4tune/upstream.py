@@ -287,8 +287,12 @@ def _installed() -> str:
 def config_module():
     """The pinned release's flash_attn/cute/config.py, loaded alone (standard library imports only)."""
     spec = importlib.util.find_spec("flash_attn")
-    path = Path(next(iter(spec.submodule_search_locations))) / "cute" / "config.py"
-    loaded = importlib.util.spec_from_file_location("fa4tune._upstream_config", path)
+    return load_config(Path(next(iter(spec.submodule_search_locations))) / "cute" / "config.py")
+
+
+def load_config(path: Path, name: str = "fa4tune._upstream_config"):
+    """A flash_attn/cute/config.py (the installed one, or a patched copy's) as a module of its own, imported alone."""
+    loaded = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(loaded)
     sys.modules[loaded.name] = module  # dataclasses resolve their module by name
     loaded.loader.exec_module(module)
