@@ -1,10 +1,15 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# the static facts cache (default: .cache/ in the working directory) of this process and of every command a test
+# starts: a temporary folder, set before fa4tune.static_check reads it at import
+os.environ.setdefault("FA4TUNE_CACHE_DIR", tempfile.mkdtemp(prefix="fa4tune-test-cache-"))
 
 
 def _keep_static_workers() -> None:
@@ -74,9 +79,6 @@ _ROOT_BEFORE: dict = {}
 
 
 def pytest_configure(config):
-    import os
-    import tempfile
-
     os.environ.setdefault("CUTE_DSL_DUMP_DIR", tempfile.mkdtemp(prefix="fa4tune-test-dumps-"))
     if not hasattr(config, "workerinput"):
         _ROOT_BEFORE.update(_root_entries())
