@@ -557,10 +557,34 @@ def test_a_time_below_the_memory_floor_is_refused():
     ("import torch\nE = getattr(getattr(torch, 'cuda'), 'Event')", "getattr(torch.cuda, 'Event')"),
     ("def f(x, name, value):\n    setattr(x, name, value)", "setattr(x, <computed name>)"),
     ("import torch\ntorch.equal = lambda a, b: True", "assignment to torch.equal"),
+    # the plain reference's cuBLAS reductions loosened through the private setter (the public flag is an assignment)
+    ("import torch\ntorch._C._set_cublas_allow_bf16_reduced_precision_reduction(True)", "torch._C"),
+    ("import torch\ntorch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True",
+     "assignment to torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction"),
 ])
 def test_frames_computed_names_and_module_patches_are_refused_statically(source, what):
     violations = guards.check_source_text(source, "experiment.py")
     assert any(what in v.what for v in violations), violations
+
+
+def test_the_references_run_with_the_numerics_of_the_harness_s_import_whatever_a_candidate_set():
+    """A candidate that flipped cuBLAS's reduced-precision reductions (or TF32) at run time would loosen the plain
+    reference, and the gate's tolerance with it: the references run with the flags the harness was imported with."""
+    matmul = torch.backends.cuda.matmul
+    before = (matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction,
+              torch.get_float32_matmul_precision())
+    try:
+        matmul.allow_bf16_reduced_precision_reduction = not gate._PLAIN_REDUCTIONS[0]
+        matmul.allow_fp16_reduced_precision_reduction = not gate._PLAIN_REDUCTIONS[1]
+        torch.set_float32_matmul_precision("medium")
+        with gate._fp32_matmul_exact():
+            inside = (matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction,
+                      torch.get_float32_matmul_precision())
+        assert inside == (*gate._PLAIN_REDUCTIONS, "highest")
+        assert matmul.allow_bf16_reduced_precision_reduction == (not gate._PLAIN_REDUCTIONS[0])  # restored after
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction, matmul.allow_fp16_reduced_precision_reduction = before[:2]
+        torch.set_float32_matmul_precision(before[2])
 
 
 def test_a_kernel_may_still_read_its_own_objects_fields_by_computed_name():

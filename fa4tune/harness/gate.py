@@ -91,15 +91,25 @@ def window_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, num_keys: int,
     return (cols[None, :] < first[:, None]) | (cols[None, :] > last[:, None])
 
 
+# The plain reference's bf16 / fp16 matmuls with reduced-precision reductions as they were when the harness was
+# imported (PyTorch's defaults): a candidate that flipped these global flags would loosen the plain reference, and the
+# gate's tolerance with it (issue 66).
+_MATMUL = torch.backends.cuda.matmul
+_PLAIN_REDUCTIONS = (_MATMUL.allow_bf16_reduced_precision_reduction, _MATMUL.allow_fp16_reduced_precision_reduction)
+
+
 @contextmanager
 def _fp32_matmul_exact():
     # The fp32 reference must not be computed in TF32 (about bf16's mantissa): that would loosen the gate.
-    previous = torch.get_float32_matmul_precision()
+    previous = (torch.get_float32_matmul_precision(), _MATMUL.allow_bf16_reduced_precision_reduction,
+                _MATMUL.allow_fp16_reduced_precision_reduction)
     torch.set_float32_matmul_precision("highest")
+    _MATMUL.allow_bf16_reduced_precision_reduction, _MATMUL.allow_fp16_reduced_precision_reduction = _PLAIN_REDUCTIONS
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(previous)
+        torch.set_float32_matmul_precision(previous[0])
+        _MATMUL.allow_bf16_reduced_precision_reduction, _MATMUL.allow_fp16_reduced_precision_reduction = previous[1:]
 
 
 def _attention_rows(q, k, v, scale, mask, group, softcap=0.0):
