@@ -39,7 +39,7 @@ STORAGES = ("2026-12-01-standard-study", "2026-12-06-h200-bwd-cmask", "2026-12-0
 def shipped_storages(tmp: Path) -> list[str]:
     """The standard study's storage, then the causal d128 backward study that drew the coordinate-mask class, the
     decode-classes and decode-causal studies' (a later storage's study replaces the standard study's of the same
-    name), as docs/measurements/data/2026-12-06-upstream-series-make.sh reads them."""
+    name), as docs/measurements/data/2026-12-07-upstream-series-make.sh reads them."""
     urls = []
     for name in STORAGES:
         db = tmp / f"{name}.db"
