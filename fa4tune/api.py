@@ -19,7 +19,8 @@ from typing import Callable, Mapping
 import torch
 
 from fa4tune import defaults, fallback
-from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig, ProblemClass, is_local, regime_of
+from fa4tune.config import (FP8, BackwardConfig, ConfigError, ForwardConfig, ProblemClass, check_page_size, is_local,
+                            regime_of)
 from fa4tune.sm120_interface import build
 
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -147,22 +148,43 @@ def problem_class_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
                      max_seqlen_q: int | None = None, max_seqlen_k: int | None = None,
                      extras: "Extras | None" = None) -> ProblemClass:
     """The problem class of (batch, seqlen, heads, head_dim) tensors, or of packed (total, heads, head_dim) ones with
-    their longest sequences (the regime of a packed batch is its longest sequence's), with the call's sliding window
-    and soft-cap (`extras`); one-line errors for bad input."""
+    their longest sequences (the regime of a packed batch is its longest sequence's), with the call's sliding window,
+    soft-cap and page table (`extras`; a paged cache's sequences hold up to a table row's pages of keys); one-line
+    errors for bad input."""
     if q.dtype not in _DTYPE_NAMES:
         raise ConfigError("dtype", f"dtype must be bfloat16 or float16, got {q.dtype}")
-    seqlen_q = q.shape[-3] if max_seqlen_q is None else max_seqlen_q
-    seqlen_k = k.shape[-3] if max_seqlen_k is None else max_seqlen_k
     extras = extras or Extras()
+    page_size = k.shape[1] if extras.page_table is not None else 0
+    seqlen_q = q.shape[-3] if max_seqlen_q is None else max_seqlen_q
+    seqlen_k = (k.shape[-3] if not page_size else extras.page_table.shape[1] * page_size) if max_seqlen_k is None else max_seqlen_k
     return ProblemClass(q.shape[-1], v.shape[-1], causal, q.shape[-2] // k.shape[-2], _DTYPE_NAMES[q.dtype],
-                        regime_of(seqlen_q, seqlen_k, causal), window=extras.local(causal), softcap=extras.softcap > 0)
+                        regime_of(seqlen_q, seqlen_k, causal), window=extras.local(causal), softcap=extras.softcap > 0,
+                        page_size=page_size)
+
+
+def check_paging(q, k, v, page_table, cu_seqlens_k=None) -> None:
+    """One-line errors naming the rule for a malformed paged call: a page table of int32 (batch, pages per sequence)
+    and K / V page pools (num_pages, page_size, kv heads, head dim) with a page size of config.PAGE_SIZES."""
+    if page_table.dtype != torch.int32 or page_table.dim() != 2:
+        raise ConfigError("page_table", f"page_table must be a 2-d int32 tensor (batch, pages per sequence), got "
+                                        f"{page_table.dtype} {tuple(page_table.shape)}")
+    if cu_seqlens_k is not None:
+        raise ConfigError("page_table", "a paged call takes seqused_k for its sequences' lengths, not cu_seqlens_k")
+    if q.dim() != 4 or page_table.shape[0] != q.shape[0]:
+        raise ConfigError("page_table", f"page_table has {page_table.shape[0]} rows; q {tuple(q.shape)} must be "
+                                        "(batch, seqlen, heads, head_dim) with one row per sequence")
+    if k.dim() != 4 or v.dim() != 4 or k.shape[:2] != v.shape[:2]:
+        raise ConfigError("paged_kv_layout", f"a paged call's k and v are page pools (num_pages, page_size, kv heads, "
+                                             f"head_dim) of the same pages, got {tuple(k.shape)} and {tuple(v.shape)}")
+    check_page_size(int(k.shape[1]))
 
 
 @dataclass(frozen=True)
 class Extras:
     """A call's arguments beyond its shape that reach the host path as upstream's own: the sliding window (upstream's
     window_size sides; None or -1: no limit), the soft-cap (0: none), per-sequence lengths (seqused_q / seqused_k:
-    a padded KV cache's used lengths) and pack_gqa (None: upstream's choice)."""
+    a padded KV cache's used lengths), pack_gqa (None: upstream's choice) and a paged KV cache's page table (int32
+    (batch, pages per sequence); k and v are then page pools; forward only)."""
 
     window_size_left: int | None = None
     window_size_right: int | None = None
@@ -170,6 +192,7 @@ class Extras:
     seqused_q: torch.Tensor | None = None
     seqused_k: torch.Tensor | None = None
     pack_gqa: bool | None = None
+    page_table: torch.Tensor | None = None
 
     def local(self, causal: bool) -> bool:
         """Whether the window masks as a sliding window (fa4tune.config.is_local, upstream's rule)."""
@@ -177,9 +200,9 @@ class Extras:
 
     def features(self) -> frozenset[str]:
         """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's: per-sequence lengths (seqused:
-        of the keys, seqused_q: of the queries)."""
-        return frozenset(name for name, used in (("seqused", self.seqused_k), ("seqused_q", self.seqused_q))
-                         if used is not None)
+        of the keys, seqused_q: of the queries) and a page table (paged)."""
+        used = (("seqused", self.seqused_k), ("seqused_q", self.seqused_q), ("paged", self.page_table))
+        return frozenset(name for name, given in used if given is not None)
 
     def backward_args(self) -> dict:
         """The host backward's keyword arguments for these extras (window, soft-cap, per-sequence lengths)."""
@@ -187,8 +210,8 @@ class Extras:
                     softcap=self.softcap, seqused_q=self.seqused_q, seqused_k=self.seqused_k)
 
     def forward_args(self) -> dict:
-        """The host forward's keyword arguments (the backward's and pack_gqa)."""
-        return dict(self.backward_args(), pack_gqa=self.pack_gqa)
+        """The host forward's keyword arguments (the backward's, pack_gqa and the page table)."""
+        return dict(self.backward_args(), pack_gqa=self.pack_gqa, page_table=self.page_table)
 
 
 NO_EXTRAS = Extras()
@@ -268,7 +291,7 @@ class _Attention(torch.autograd.Function):
 
 def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_config=None, return_lse=False, *,
               tables, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, fp8=False,
-              window_size=(None, None), softcap=0.0):
+              window_size=(None, None), softcap=0.0, page_table=None, seqused_k=None):
     """softmax(q k^T * scale) v for (batch, seqlen, heads, head_dim) tensors through the SM120 kernels.
 
     Configs default to `tables`' entries for the problem class; gradients flow through the tuned backward kernel.
@@ -281,9 +304,16 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     (sm120_fp8) runs through fa4tune.fp8 (K smoothed, Q and K in e4m3 per tile; forward only, no packed batches).
     A sliding window (`window_size`, upstream's (left, right)) and a soft-cap (`softcap`) are class dimensions: the
     window or softcap class's entry runs them (fa4tune.fallback: upstream's default where it has none).
+    A paged KV cache (vLLM-style): k and v are page pools (num_pages, page_size, kv heads, head_dim), `page_table`
+    int32 (batch, pages per sequence) names each sequence's pages in order and `seqused_k` (int32, batch) its used
+    keys (None: every table row's pages, whole); the page size is a class dimension; forward only.
     """
+    if page_table is not None:
+        check_paging(q, k, v, page_table, cu_seqlens_k)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise ConfigError("paged_forward_only", "a paged KV cache runs forward only: call it under torch.no_grad()")
     packed = packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    extras = Extras(*window_size, softcap=softcap)
+    extras = Extras(*window_size, softcap=softcap, seqused_k=seqused_k, page_table=page_table)
     pc = problem_class_of(q, k, v, causal, *((packed.max_seqlen_q, packed.max_seqlen_k) if packed else (None, None)),
                           extras=extras)
     if fp8 or (fwd_config is not None and _quantizes(tables, fwd_config)):
@@ -291,6 +321,8 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     if packed is not None and fwd_config is None:
         fwd_config = tables.varlen_forward_config(pc)
     fwd_config = fwd_config or tables.forward_config(pc)
+    if extras.features():  # per-call features (seqused_k, a page table): the config's kernel class must run them
+        _check_runs(tables, fwd_config, extras.features())
     if bwd_config is None and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         getattr(tables, "check_backward_runs", lambda pc: None)(pc)  # before the forward, not after it
     bwd_config = bwd_config or tables.backward_config(pc)
@@ -299,6 +331,17 @@ def attention(q, k, v, causal=False, softmax_scale=None, fwd_config=None, bwd_co
     out, lse = _Attention.apply(q, k, v, causal, softmax_scale, fwd_config, bwd_config,
                                 tables.preprocess_threads(pc, bwd_config), tables.kernel_class, packed, extras)
     return (out, lse) if return_lse else out
+
+
+def _check_runs(tables, config: ForwardConfig, needed: frozenset[str]) -> None:
+    """One error naming the first per-call feature the config's kernel class does not run (kernel_<feature>)."""
+    from fa4tune.kernel_class import forward_kernel, runs_features
+
+    kernel_class = getattr(tables, "kernel_class", None) or (lambda c: forward_kernel(c.kernel))
+    missing = sorted(needed - runs_features(kernel_class(config)))
+    if missing:
+        raise ConfigError(f"kernel_{missing[0]}", f"kernel {config.kernel!r} does not run {missing[0]} (only a class "
+                                                  f"that declares {missing[0]!r} in its features does)")
 
 
 def _quantizes(tables, config: ForwardConfig) -> bool:

@@ -27,6 +27,17 @@ CHUNKED_MIN_KV_PER_Q = 2
 REGIMES = ("prefill", "decode", "chunked")
 SHORTEST_SOFTCAP = 50.0  # the soft-cap of a softcap class's shortest problem (Gemma 2's attention soft-cap)
 NO_WINDOW = -1  # a window side that masks nothing (upstream's window_size (-1, -1), or None)
+# A paged KV cache (vLLM-style block tables, issue 71): pages of a power-of-two number of tokens in this range; 0 in a
+# class or problem means a contiguous cache.
+PAGE_SIZES = (16, 256)
+
+
+def check_page_size(page_size) -> None:
+    """ConfigError (rule page_size) unless `page_size` is 0 (no pages) or a power of two in PAGE_SIZES' range."""
+    low, high = PAGE_SIZES
+    if (isinstance(page_size, bool) or not isinstance(page_size, int)
+            or (page_size and (page_size & (page_size - 1) or not low <= page_size <= high))):
+        raise ConfigError("page_size", f"a page holds a power of two of {low} to {high} tokens (0: no pages), got {page_size!r}")
 
 
 def is_local(causal: bool, window_size_left: int | None, window_size_right: int | None) -> bool:
@@ -207,7 +218,9 @@ class ProblemClass(_Record):
     long KV wants another kernel (split-KV) than a prefill does; and a chunked prefill (causal, at least
     CHUNKED_MIN_KV_PER_Q keys per query token) is one too, since its mask removes little of the work. A sliding window
     (`window`: a local mask, Mistral's and Gemma's) and a logit soft-cap (`softcap`: Gemma 2's tanh) are class
-    dimensions too: the kernel compiles each in (is_local, a score_mod), and a window changes the work per row."""
+    dimensions too: the kernel compiles each in (is_local, a score_mod), and a window changes the work per row. So is
+    a paged KV cache's page size (`page_size`, 0: contiguous): the kernel compiles its gather for it (a KV tile within
+    one page, or each row from its own page)."""
 
     head_dim: int
     head_dim_v: int
@@ -217,8 +230,10 @@ class ProblemClass(_Record):
     regime: str = "prefill"
     window: bool = False
     softcap: bool = False
+    page_size: int = 0
 
     def __post_init__(self):
+        check_page_size(self.page_size)
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         for name in ("head_dim", "head_dim_v"):
@@ -239,15 +254,19 @@ class ProblemClass(_Record):
         gqa = f"-gqa{self.qhead_per_kvhead}" if self.qhead_per_kvhead > 1 else ""
         regime = "" if self.regime == "prefill" else f"-{self.regime}"
         features = ("-window" if self.window else "") + ("-softcap" if self.softcap else "")
+        features += f"-page{self.page_size}" if self.page_size else ""
         return f"{hd}-{'causal' if self.causal else 'noncausal'}{gqa}{features}{regime}-{self.dtype}"
 
     @classmethod
     def parse(cls, name: str) -> "ProblemClass":
         """Inverse of `name`."""
         parts = name.split("-")
-        features = {part: part in parts for part in ("window", "softcap")}
-        parts = [part for part in parts if part not in features]
+        features: dict = {part: part in parts for part in ("window", "softcap")}
+        pages = [part for part in parts if part.startswith("page")]
+        parts = [part for part in parts if part not in features and part not in pages]
         try:
+            if pages:
+                features["page_size"] = int(pages[-1][4:])
             hd = parts[0][1:]
             head_dim, head_dim_v = (int(x) for x in hd.split("v")) if "v" in hd else (int(hd), int(hd))
             causal = {"causal": True, "noncausal": False}[parts[1]]
@@ -267,7 +286,7 @@ class ProblemClass(_Record):
         return Problem(1, seqlen_q, seqlen_k, self.qhead_per_kvhead, 1, self.head_dim, self.head_dim_v, self.causal,
                        self.dtype, backward=False, name=f"{self.name} at seqlen_q={seqlen_q}, seqlen_k={seqlen_k}",
                        window_size_left=seqlen_k // 2 if self.window else NO_WINDOW,
-                       softcap=SHORTEST_SOFTCAP if self.softcap else 0.0)
+                       softcap=SHORTEST_SOFTCAP if self.softcap else 0.0, page_size=self.page_size)
 
 
 @dataclass(frozen=True)
@@ -290,6 +309,9 @@ class Problem(_Record):
     window_size_left: int = NO_WINDOW  # a sliding window, as upstream's window_size: keys [i - left, i + right] of
     window_size_right: int = NO_WINDOW  # query i (bottom-right aligned), -1 for no limit on that side
     softcap: float = 0.0  # scores become softcap * tanh(scores / softcap) (0: none), as upstream's softcap
+    # a paged KV cache (0: contiguous): each sequence's seqlen_k keys in pages of page_size tokens, found through a page
+    # table (the harness shuffles the pages: fa4tune.harness.gate.paging); forward only, not packed
+    page_size: int = 0
 
     def __post_init__(self):
         n = self.lengths
@@ -310,6 +332,10 @@ class Problem(_Record):
                 raise ConfigError("window_size", f"{side} must be an integer >= -1 (-1: no limit), got {value!r}")
         if isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float)) or self.softcap < 0:
             raise ConfigError("softcap", f"softcap must be a number >= 0 (0: none), got {self.softcap!r}")
+        check_page_size(self.page_size)
+        if self.page_size and (self.backward or self.lengths):
+            raise ConfigError("paged_forward_only", f"a paged KV cache (page_size={self.page_size}) is a forward problem of "
+                                                    "padded sequences: backward must be false and lengths empty")
         self.problem_class  # validates head dims and dtype
 
     @property
@@ -318,7 +344,7 @@ class Problem(_Record):
         return ProblemClass(self.head_dim, self.head_dim_v, self.causal, self.num_heads // self.num_heads_kv, self.dtype,
                             regime_of(self.seqlen_q, self.seqlen_k, self.causal),
                             window=is_local(self.causal, self.window_size_left, self.window_size_right),
-                            softcap=self.softcap > 0)
+                            softcap=self.softcap > 0, page_size=self.page_size)
 
     @property
     def label(self) -> str:
@@ -332,5 +358,6 @@ class Problem(_Record):
         window = (f" window ({self.window_size_left}, {self.window_size_right})"
                   if is_local(self.causal, self.window_size_left, self.window_size_right) else "")
         softcap = f" softcap {self.softcap:g}" if self.softcap else ""
+        paged = f" paged {self.page_size}" if self.page_size else ""
         return (f"{s if self.lengths else f'b{self.batch} {s}'} {h} d{self.head_dim} {'causal' if self.causal else 'non-causal'}"
-                f"{window}{softcap}")
+                f"{window}{softcap}{paged}")

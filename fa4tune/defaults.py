@@ -62,9 +62,27 @@ def fp8_forward(pc: ProblemClass) -> ForwardConfig:
                          extra={"pv_fp8": False})
 
 
+PAGED_KERNEL = "sm120_splitkv"  # the class that runs a paged KV cache (kernels/splitkv_forward_sm120.py: "paged")
+
+
+def paged_forward(pc: ProblemClass) -> ForwardConfig:
+    """Ours where a paged class (a paged KV cache) has no entry that runs pages: the split-KV class, the split count
+    its heuristic's. A decode takes the decode entries' tiles (32x64, 2 warps, 2 stages: experiment.py's DECODE, the
+    split-KV study's); a chunked or prefill chunk 64x64 with 4 warps in 2 stages (Q 16 KB + K and V 64 KB at d128,
+    no spills on sm_120a); head dims past 128 the d256 decode entry's 64x32 in one stage."""
+    if pc.head_dim > 128 or pc.head_dim_v > 128:
+        return ForwardConfig(tile_m=64, tile_n=32, num_threads=128, num_stages=1, kernel=PAGED_KERNEL, extra={"num_splits": 0})
+    if pc.regime == "decode":
+        return ForwardConfig(tile_m=32, tile_n=64, num_threads=64, num_stages=2, kernel=PAGED_KERNEL, extra={"num_splits": 0})
+    return ForwardConfig(tile_m=64, tile_n=64, num_threads=128, num_stages=2, kernel=PAGED_KERNEL, extra={"num_splits": 0})
+
+
 def fallback_configs(direction: str, pc: ProblemClass) -> tuple:
     """Steps 3 and 4 of the fallback rule (fa4tune.fallback) for 'fwd' or 'bwd': (rule, config), in the order tried;
-    an fp8 class has the FP8 forward's default and no backward."""
+    an fp8 class has the FP8 forward's default and no backward; a paged class ours for paged KV (upstream's SM120
+    classes run no pages) and no backward."""
+    if pc.page_size:
+        return (("paged", paged_forward(pc)),) if direction == "fwd" else (("upstream", upstream_backward(pc)),)
     if pc.dtype == FP8:
         # no backward: upstream's, refused for the class by the static rules (fp8_forward_only), says so
         return (("fp8", fp8_forward(pc)),) if direction == "fwd" else (("upstream", upstream_backward(pc)),)

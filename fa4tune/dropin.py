@@ -4,8 +4,10 @@
 
 A call runs our tuned entry for its problem class (fa4tune.torch_op: a torch custom op, so torch.compile traces it
 whole) unless it sets an argument our kernels do not run (UPSTREAM_ONLY, or fp8 inputs, MLA's shared K/V, one-sided
-packing, tensor sequence bounds): then upstream's own function runs with the same arguments, so a call never fails
-here where upstream's runs. A debug line on the "fa4tune" logger says which ran and why. Returns as upstream's:
+packing, tensor sequence bounds; with a page table: gradients, packed queries, seqused_q, a window or a soft-cap):
+then upstream's own function runs with the same arguments, so a call never fails here where upstream's runs. A paged
+KV cache (`page_table`, vLLM's block tables; k and v page pools of 16 to 256 tokens a page) runs our split-KV class;
+a malformed one (the table's dtype or shape, a page size) is one error naming the rule. A debug line on the "fa4tune" logger says which ran and why. Returns as upstream's:
 (out, lse), lse None unless return_lse. `num_splits`: 1 (upstream's default) or below lets the entry choose (a decode
 entry splits the KV sequence); above 1 runs that many splits on the split-KV class.
 """
@@ -17,15 +19,16 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from fa4tune import torch_op
+from fa4tune import api, torch_op
+from fa4tune.config import is_local
 
 log = logging.getLogger("fa4tune")
 _DTYPES = (torch.bfloat16, torch.float16)
 # Upstream's arguments whose feature our kernels or our op do not carry: set (not None; True for the flags), the call
 # runs upstream's function. Why each: callables and block-sparse structures cannot cross a custom op, and our SM120
-# classes have no MLA (qv, gather), learnable sink, paged KV, scales, deterministic backward or upstream config.
+# classes have no MLA (qv, gather), learnable sink, scales, deterministic backward or upstream config.
 UPSTREAM_ONLY = ("qv", "gather_kv_indices", "learnable_sink", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors",
-                 "aux_scalars", "block_sparse_tensors", "block_sparse_tensors_bwd", "page_table", "scheduler_metadata",
+                 "aux_scalars", "block_sparse_tensors", "block_sparse_tensors_bwd", "scheduler_metadata",
                  "seqlen_k_per_split", "min_seqlen_k", "gather_bwd_token_chunk", "config", "scales")
 UPSTREAM_FLAGS = ("deterministic", "gather_bwd_recompute_p", "disable_scheduler_metadata")
 
@@ -42,6 +45,9 @@ def upstream_reason(q, k, v, arguments: dict) -> str | None:
         return f"dtype {None if q is None else q.dtype} (ours: bfloat16, float16)"
     if q.shape[-1] % 8 or v.shape[-1] % 8:
         return f"head dims {q.shape[-1]}, {v.shape[-1]} (ours: multiples of 8)"
+    if arguments.get("page_table") is not None:
+        if (reason := _paged_reason(q, k, v, arguments)) is not None:
+            return reason
     if (arguments.get("cu_seqlens_q") is None) != (arguments.get("cu_seqlens_k") is None):
         return "cu_seqlens on one side only (ours: both or neither)"
     if any(torch.is_tensor(arguments.get(name)) for name in ("max_seqlen_q", "max_seqlen_k")):
@@ -49,11 +55,24 @@ def upstream_reason(q, k, v, arguments: dict) -> str | None:
     return None
 
 
+def _paged_reason(q, k, v, arguments: dict) -> str | None:
+    """Why a paged call runs upstream's function (our paged class, kernels/splitkv_forward_sm120.py, runs a padded
+    batch of queries forward, without a window or soft-cap), or None."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        return "page_table with gradients (our paged path is forward only)"
+    if arguments.get("cu_seqlens_q") is not None or arguments.get("seqused_q") is not None:
+        return "page_table with packed queries or seqused_q (ours: a padded (batch, seqlen) of queries)"
+    left, right = arguments["window_size"]
+    if is_local(arguments["causal"], left, right) or arguments["softcap"]:
+        return "page_table with a sliding window or a soft-cap (our paged class runs neither)"
+    return None
+
+
 def _tuned(q, k, v, a: dict):
     """(out, lse or None) through the tuned custom op."""
     left, right = a["window_size"]
     out, lse = torch_op.forward_op(q, k, v, a.get("cu_seqlens_q"), a.get("cu_seqlens_k"), a.get("seqused_q"),
-                                   a.get("seqused_k"), a.get("max_seqlen_q"), a.get("max_seqlen_k"), a["softmax_scale"],
+                                   a.get("seqused_k"), a.get("page_table"), a.get("max_seqlen_q"), a.get("max_seqlen_k"), a["softmax_scale"],
                                    a["causal"], left, right, float(a["softcap"] or 0.0), int(a["num_splits"]),
                                    a["pack_gqa"], bool(a["return_lse"]))
     return out, (lse if a["return_lse"] else None)
@@ -62,6 +81,8 @@ def _tuned(q, k, v, a: dict):
 def _route(name: str, arguments: dict):
     """Upstream's function `name` with the same arguments where upstream_reason gives a reason, else ours."""
     q, k, v = arguments["q"], arguments["k"], arguments["v"]
+    if arguments.get("page_table") is not None and q is not None and k is not None:
+        api.check_paging(q, k, v, arguments["page_table"], arguments.get("cu_seqlens_k"))  # bad input: one error
     reason = upstream_reason(q, k, v, arguments)
     if reason is None:
         return _tuned(q, k, v, arguments)

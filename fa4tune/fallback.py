@@ -11,6 +11,9 @@ the static check (what it compiles) all use:
    Neighbours are tried nearest first, by these keys, in order:
    a. the same regime before a chunked class's prefill neighbour (a chunked problem's short query over a long key
       runs best on the tiles measured on chunked problems: the chunked entries are not the prefill ones);
+   a'. for a paged class (a paged KV cache, issue 71), the classes of other page sizes and the contiguous one count
+      too, after those of its own page size, the nearest page size first (a contiguous cache as the largest pages):
+      a KV tile's gather changes with the page size, the tiles a decode wants less so;
    b. the distance between GQA ratios, |g - g'| (the packed query rows a tile holds change with the ratio);
    c. the same dtype before the other (fp16 <-> bf16 run the same kernels, tiles and registers);
    d. the larger GQA ratio on a tie of (b).
@@ -23,7 +26,9 @@ the static check (what it compiles) all use:
    (`refusal`); the call path raises it as one error (a forward at once, a backward when a gradient is asked for).
 An "fp8" class (opt-in FP8, fa4tune.config) is a world apart: its neighbours are fp8 classes only, no bf16 / fp16
 class has an fp8 one, and in place of steps 3 and 4 it runs the FP8 forward's default (fa4tune.defaults.fp8_forward);
-it has no backward.
+it has no backward. A paged class's neighbours' entries run it only where their kernel class runs pages (the static
+rules' kernel_paged); in place of steps 3 and 4 it runs ours for paged KV (fa4tune.defaults.paged_forward); no
+backward. A contiguous class never takes a paged class's entry.
 
 Like every entry, what a fallback runs passes the correctness gate of whatever run measures it (prepare.py gates
 each problem with the config dispatch gives it).
@@ -37,7 +42,8 @@ from typing import Callable, Generic, Iterable, Mapping, Sequence, TypeVar
 from fa4tune.config import FP8, ConfigError, ProblemClass
 
 C = TypeVar("C")
-DEFAULT_NAMES = {"upstream": "upstream's default", "wide": "ours for wide heads", "fp8": "the FP8 default"}  # steps 3 and 4, in messages
+DEFAULT_NAMES = {"upstream": "upstream's default", "wide": "ours for wide heads", "fp8": "the FP8 default",
+                 "paged": "ours for paged KV"}  # steps 3 and 4, in messages
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ class Resolution(Generic[C]):
             return f"{self.problem_class.name} runs upstream's default (no feasible entry of its own or of a neighbour)"
         if self.rule == "fp8":
             return f"{self.problem_class.name} runs the FP8 default (no fp8 entry of its own or of a neighbour)"
+        if self.rule == "paged":
+            return f"{self.problem_class.name} runs ours for paged KV (no entry of its own or of a neighbour runs pages)"
         if self.rule == "wide":
             return f"{self.problem_class.name} runs ours for wide heads ({self.refusal})"
         if self.rule == "none":
@@ -80,6 +88,8 @@ def why(pc: ProblemClass, neighbour: ProblemClass) -> str:
         parts.append(f"{neighbour.regime} class")
     if neighbour.dtype != pc.dtype:
         parts.append(f"{neighbour.dtype} for {pc.dtype}")
+    if neighbour.page_size != pc.page_size:
+        parts.append(f"page size {neighbour.page_size or 'contiguous'} for {pc.page_size}")
     return ", ".join(parts)
 
 
@@ -95,10 +105,18 @@ def neighbours(pc: ProblemClass, names: Iterable[str]) -> list[ProblemClass]:
             continue
         if (other != pc and other.regime in regimes and (other.head_dim, other.head_dim_v, other.causal, other.window,
                 other.softcap) == (pc.head_dim, pc.head_dim_v, pc.causal, pc.window, pc.softcap)
-                and (other.dtype == FP8) == (pc.dtype == FP8)):
+                and (other.dtype == FP8) == (pc.dtype == FP8) and (pc.page_size or not other.page_size)):
             found.append(other)
-    return sorted(found, key=lambda o: (o.regime != pc.regime, abs(o.qhead_per_kvhead - pc.qhead_per_kvhead),
-                                        o.dtype != pc.dtype, -o.qhead_per_kvhead))
+    return sorted(found, key=lambda o: (o.regime != pc.regime, _page_distance(o, pc),
+                                        abs(o.qhead_per_kvhead - pc.qhead_per_kvhead), o.dtype != pc.dtype,
+                                        -o.qhead_per_kvhead))
+
+
+def _page_distance(other: ProblemClass, pc: ProblemClass) -> int:
+    """How far apart two classes' page sizes are, in powers of two (a contiguous cache counts as 512-token pages)."""
+    if other.page_size == pc.page_size:
+        return 0
+    return abs((other.page_size or 512).bit_length() - (pc.page_size or 512).bit_length())
 
 
 def resolve(pc: ProblemClass, table: Mapping[str, C], feasible: Callable[[C, ProblemClass], object],

@@ -14,8 +14,9 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
   - optionally `features` (read from the class itself, never inherited; default none): the call features its code
     runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap), "seqused" (seqused_k, per-sequence
-    lengths of a padded KV cache) and "seqused_q" (per-sequence query lengths); a class that lacks one never serves a
-    window or softcap class, and a call with seqused_k or seqused_q runs another config (fa4tune.torch_op);
+    lengths of a padded KV cache), "seqused_q" (per-sequence query lengths) and "paged" (a paged KV cache: page_table,
+    the page size a constructor knob `page_size`); a class that lacks one never serves a window, softcap or paged
+    class, and a call with seqused_k, seqused_q or a page table runs another config (fa4tune.torch_op);
   - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
     (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
@@ -137,7 +138,7 @@ def runs_varlen(cls: type) -> bool:
     return cls.__dict__.get("varlen", False) is True
 
 
-FEATURES = ("local", "softcap", "seqused", "seqused_q")  # call features a kernel class may declare it runs (`features`)
+FEATURES = ("local", "softcap", "seqused", "seqused_q", "paged")  # call features a kernel class may declare (`features`)
 
 
 def runs_features(cls: type) -> frozenset[str]:
@@ -150,8 +151,9 @@ def runs_features(cls: type) -> frozenset[str]:
 
 
 def class_features(problem_class) -> frozenset[str]:
-    """The features a problem class's calls need of a kernel class (its window and softcap dimensions)."""
-    return frozenset(name for name, needed in (("local", problem_class.window), ("softcap", problem_class.softcap)) if needed)
+    """The features a problem class's calls need of a kernel class (its window, softcap and page-size dimensions)."""
+    needs = (("local", problem_class.window), ("softcap", problem_class.softcap), ("paged", problem_class.page_size))
+    return frozenset(name for name, needed in needs if needed)
 
 
 def upstream_class(cls: type) -> type | None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 from fa4tune import emulated_occupancy
-from fa4tune.config import BackwardConfig, Problem
+from fa4tune.config import BackwardConfig, ConfigError, Problem
 from fa4tune.upstream import BWD_FIELD_NAMES, PINNED_VERSION, SM120_FWD_KNOBS
 from fa4tune.kernel_cache import CompileCache, new_cache  # in memory, or on disk under FA4TUNE_KERNEL_CACHE
 
@@ -94,14 +94,19 @@ FORWARD_EDITS = [
         "forward num_splits",
     ),
     (
+        "        page_size=page_size, block_sparse_tensors=block_sparse_tensors,\n",
+        "        page_size=None, block_sparse_tensors=block_sparse_tensors,  # our kernel class takes the pages\n",
+        "forward paged KV selection",
+    ),
+    (
         "    compile_key = (\n        # use_dynamic_varlen only decides",
-        "    compile_key = (\n        _fa4tune_key(sm120_config),\n        # use_dynamic_varlen only decides",
+        "    compile_key = (\n        _fa4tune_key(sm120_config, page_size),\n        # use_dynamic_varlen only decides",
         "forward compile key",
     ),
     (
         UPSTREAM_FWD_CONSTRUCTOR,
         fwd_constructor("_fa4tune_class(sm120_config)", "sm120_config.num_stages", "sm120_config.num_threads",
-                        "sm120_config.Q_in_regs", "sm120_config.extra_knobs"),
+                        "sm120_config.Q_in_regs", "_fa4tune_knobs(sm120_config, page_size)"),
         "forward SM120 constructor",
     ),
 ]
@@ -283,11 +288,23 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
 
         emulated_occupancy.install(get_target().smem_per_sm)  # under emulation: the target's CTAs per SM
 
-        def key(config):
+        def key(config, page_size=None):
             if config is None:
                 raise ValueError("the fa4tune host path needs an sm120_config")
             cls = class_for(config)
-            return (config.key(), f"{cls.__module__}.{cls.__qualname__}")
+            return (config.key(), f"{cls.__module__}.{cls.__qualname__}", page_size)
+
+        def knobs(config, page_size):
+            # a paged call's page size reaches the kernel class as a constructor knob (it picks the gather)
+            if page_size is None:
+                return config.extra_knobs
+            from fa4tune.kernel_class import runs_features
+
+            cls = class_for(config)
+            if "paged" not in runs_features(cls):
+                raise ConfigError("kernel_paged", f"kernel {config.kernel!r} ({cls.__name__}) does not run paged KV "
+                                                  "(only a class that declares 'paged' in its features does)")
+            return {**config.extra_knobs, "page_size": page_size}
 
         def fwd_config(config, upstream, batch, seqlen_q, seqlen_k, num_heads, num_heads_kv, head_dim, head_dim_v, causal,
                        dtype, num_sms):
@@ -309,6 +326,7 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
 
         namespace = dict(vars(interface))
         namespace["_fa4tune_key"] = key
+        namespace["_fa4tune_knobs"] = knobs
         namespace["_fa4tune_class"] = class_for
         namespace["_fa4tune_fwd_config"] = fwd_config
         namespace["_fa4tune_bwd_config"] = bwd_config

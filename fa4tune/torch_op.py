@@ -2,12 +2,13 @@
 autograd formula, so that `torch.compile(model, fullgraph=True)` traces through a call with no graph break and
 CUDA graphs capture it (the host's compile caches and config lookups run at the op's first eager call).
 
-Inside the op, per call: the problem class (head dims, causal, GQA ratio, dtype, regime, sliding window, soft-cap),
-its entry in the dispatch tables in use (`use_tables`; else the loaded experiment module's TABLES; else none:
-upstream's SM120 configs through our host path), the per-call features that entry's kernel class must run
-(seqused: per-sequence KV lengths) and an explicit split count (`num_splits` above 1: the split-KV class's). Where
-the entry's class cannot run the call, upstream's SM120 config runs it; a debug line on the "fa4tune" logger says
-which config ran and why. fa4tune.dropin routes a call here or to upstream's own functions.
+Inside the op, per call: the problem class (head dims, causal, GQA ratio, dtype, regime, sliding window, soft-cap,
+page size), its entry in the dispatch tables in use (`use_tables`; else the loaded experiment module's TABLES; else
+none: upstream's SM120 configs through our host path), the per-call features that entry's kernel class must run
+(seqused: per-sequence KV lengths; paged: a page table) and an explicit split count (`num_splits` above 1: the
+split-KV class's). Where the entry's class cannot run the call, upstream's SM120 config runs it (a paged call: ours
+for paged KV, fa4tune.defaults.paged_forward); a debug line on the "fa4tune" logger says which config ran and why.
+A paged call is forward only. fa4tune.dropin routes a call here or to upstream's own functions.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fa4tune import api, defaults
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 
 log = logging.getLogger("fa4tune")
 SPLIT_KERNEL = "sm120_splitkv"  # the kernel class an explicit num_splits > 1 runs (kernels/splitkv_forward_sm120.py)
@@ -78,7 +79,8 @@ def _missing(tables, config, needed: frozenset[str]) -> list[str]:
 def forward_choice(tables, pc: ProblemClass, packed: bool, needed: frozenset[str], num_splits: int) -> Choice:
     """The forward config of a call: the class's entry (its varlen entry for a packed call); an explicit num_splits
     above 1 on the split-KV class (the entry's tiles where it is split-KV already); upstream's SM120 config where the
-    entry's kernel class lacks a per-call feature (`needed`: seqused)."""
+    entry's kernel class lacks a per-call feature (`needed`: seqused), ours for paged KV where that is a page table;
+    one error naming the feature where neither runs the call."""
     found = tables.varlen_forward_config(pc) if packed else tables.forward_config(pc)
     resolution = getattr(tables, "resolution", None)
     reason = resolution("fwd", pc).describe() if resolution and not packed else f"{pc.name}: packed entry"
@@ -88,8 +90,13 @@ def forward_choice(tables, pc: ProblemClass, packed: bool, needed: frozenset[str
         found, reason = replace(split, extra={"num_splits": num_splits}), f"{reason}; num_splits={num_splits} on {SPLIT_KERNEL}"
     missing = _missing(tables, found, needed)
     if missing:
-        found = defaults.upstream_forward(pc)
-        reason = f"{reason}; its kernel does not run {', '.join(missing)}: upstream's SM120 config"
+        paged = "paged" in needed
+        found = defaults.paged_forward(pc) if paged else defaults.upstream_forward(pc)
+        instead = "ours for paged KV" if paged else "upstream's SM120 config"
+        reason = f"{reason}; its kernel does not run {', '.join(missing)}: {instead}"
+        still = _missing(tables, found, needed)
+        if still:
+            raise ConfigError(f"kernel_{still[0]}", f"{pc.name}: no config runs {', '.join(still)} here ({reason})")
     return Choice(found, reason)
 
 
@@ -112,23 +119,24 @@ def _memo(key, choose):
 
 
 def _call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-          window_left, window_right, softcap, pack_gqa):
+          window_left, window_right, softcap, pack_gqa, page_table=None):
     """The call's packing, extras and problem class."""
     packed = api.packing(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    extras = api.Extras(window_left, window_right, softcap, seqused_q, seqused_k, pack_gqa)
+    extras = api.Extras(window_left, window_right, softcap, seqused_q, seqused_k, pack_gqa, page_table)
     longest = (packed.max_seqlen_q, packed.max_seqlen_k) if packed else (max_seqlen_q, max_seqlen_k)
     return packed, extras, api.problem_class_of(q, k, v, causal, *longest, extras=extras)
 
 
 def tuned_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
                cu_seqlens_k: torch.Tensor | None, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None,
-               max_seqlen_q: int | None, max_seqlen_k: int | None, softmax_scale: float | None, causal: bool,
-               window_left: int | None, window_right: int | None, softcap: float, num_splits: int,
-               pack_gqa: bool | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               page_table: torch.Tensor | None, max_seqlen_q: int | None, max_seqlen_k: int | None,
+               softmax_scale: float | None, causal: bool, window_left: int | None, window_right: int | None,
+               softcap: float, num_splits: int, pack_gqa: bool | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the tuned forward for the call's class (the module's docstring: which config runs); the LSE is
-    always computed (the backward reads it), `return_lse` says whether its gradient reaches the backward."""
+    always computed (the backward reads it), `return_lse` says whether its gradient reaches the backward. With a page
+    table, k and v are page pools (num_pages, page_size, kv heads, head_dim)."""
     packed, extras, pc = _call(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                               causal, window_left, window_right, softcap, pack_gqa)
+                               causal, window_left, window_right, softcap, pack_gqa, page_table)
     tables = tables_in_use()
     choice = _memo((id(tables), "fwd", pc, packed is not None, extras.features(), num_splits),
                    lambda: forward_choice(tables, pc, packed is not None, extras.features(), num_splits))
@@ -141,8 +149,8 @@ forward_op = torch.library.custom_op("fa4tune::fwd", tuned_forward, mutates_args
 
 
 @forward_op.register_fake
-def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                  causal, window_left, window_right, softcap, num_splits, pack_gqa, return_lse):
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                  softmax_scale, causal, window_left, window_right, softcap, num_splits, pack_gqa, return_lse):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if cu_seqlens_q is None:  # upstream's LSE layouts: (batch, heads, seqlen) or packed (heads, total)
         lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
@@ -185,7 +193,8 @@ _PLAIN_ARGS = ("max_seqlen_q", "max_seqlen_k", "softmax_scale", "causal", "windo
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, *plain = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, *plain = inputs
+    ctx.paged = page_table is not None
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ctx.plain = dict(zip(_PLAIN_ARGS, plain[:len(_PLAIN_ARGS)]))
@@ -193,9 +202,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
+    if ctx.paged:
+        raise ConfigError("paged_forward_only", "a paged KV cache runs forward only (no gradient of its page pools)")
     q, k, v, out, lse, *saved = ctx.saved_tensors
     dq, dk, dv = backward_op(dout, q, k, v, out, lse, dlse if ctx.return_lse else None, *saved, **ctx.plain)
-    return (dq, dk, dv) + (None,) * 14
+    return (dq, dk, dv) + (None,) * 15
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)

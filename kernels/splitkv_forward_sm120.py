@@ -79,16 +79,18 @@ class SplitKvForwardSm120(TunedForwardSm120):
     name = "sm120_splitkv"
     knobs = {"num_splits": SPLITS_DOMAIN}
     # seqused (seqused_k): a KV cache's per-sequence lengths bound each sequence's block range (upstream's SeqlenInfoQK);
-    # no window or softcap (its mainloop masks neither), no seqused_q (its partial rows are dense)
-    features = frozenset({"seqused"})
+    # paged: a paged KV cache (page_table; load_paged gathers it); no window or softcap (its mainloop masks neither),
+    # no seqused_q (its partial rows are dense)
+    features = frozenset({"seqused", "paged"})
     # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
     limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 256))
 
-    def __init__(self, *args, num_splits: int = 0, **kwargs):
+    def __init__(self, *args, num_splits: int = 0, page_size: int = 0, **kwargs):
         super().__init__(*args, **kwargs)
         self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent
+        self.page_size = page_size  # a paged call's tokens per page (0: a contiguous cache); the host passes it
         self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)
         assert self.score_mod is None and self.mask_mod is None, "sm120_splitkv has no score_mod / mask_mod"
 
@@ -168,8 +170,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
         stream: cuda.CUstream = None,
     ):
         """Upstream's SM80 host code with split-KV: O (num_splits, b, s, h, d) fp32 and LSE (num_splits, b, h, s);
-        mSeqUsedK (a KV cache's used lengths, one per sequence) bounds each sequence's KV blocks and so its splits."""
-        assert learnable_sink is None and mPageTable is None, "sm120_splitkv: no learnable sink, no paged KV"
+        mSeqUsedK (a KV cache's used lengths, one per sequence) bounds each sequence's KV blocks and so its splits.
+        With mPageTable (batch, pages per sequence) K and V are page pools (num_pages, page_size, h_kv, d)."""
+        assert learnable_sink is None, "sm120_splitkv: no learnable sink"
+        assert (mPageTable is not None) == (self.page_size > 0), "sm120_splitkv: a page table needs its page_size"
         assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None, \
             "sm120_splitkv: no packed batches, no seqused_q (seqused_k only)"
         self.is_split_kv = len(mO.shape) == 5
@@ -189,7 +193,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         mQ, mK, mV, mO = [assume_tensor_aligned(t) for t in (mQ, mK, mV, mO)]
         to_kernel = lambda t, order: cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
         num_splits = mO.shape[0] if const_expr(self.is_split_kv) else Int32(1)
-        # (b, s, h, d) -> (s, d, h, b); the partials' split mode goes last: (s, d, h, b, split)
+        # (b, s, h, d) -> (s, d, h, b) (page pools: (page_size, d, h, page)); the partials' split mode goes last
         mQ = to_kernel(mQ, [1, 3, 2, 0])
         mK, mV = to_kernel(mK, [1, 3, 2, 0]), to_kernel(mV, [1, 3, 2, 0])
         mO = to_kernel(mO, [2, 4, 3, 1, 0] if const_expr(self.is_split_kv) else [1, 3, 2, 0])
@@ -218,7 +222,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         grid_dim = SingleTileScheduler.get_grid_shape(tile_sched_params)
         softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(softmax_scale, self.score_mod)
         self.kernel(
-            mQ, mK, mV, mO, mLSE, mSeqUsedK, softmax_scale_log2, softmax_scale, num_splits,
+            mQ, mK, mV, mO, mLSE, mSeqUsedK, mPageTable, softmax_scale_log2, softmax_scale, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,
@@ -233,6 +237,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         mO: cute.Tensor,
         mLSE: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        mPageTable: Optional[cute.Tensor],
         softmax_scale_log2: Float32,
         softmax_scale: Optional[Float32],
         num_splits: Int32,
@@ -256,14 +261,16 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tile_scheduler = SingleTileScheduler.create(tile_sched_params)
         work_tile = tile_scheduler.initial_work_tile_info()
         m_block, head_idx, batch_idx, split_idx = work_tile.tile_idx
-        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, mK.shape[0])
+        # keys per sequence: a page-table row's pages, or the cache's rows
+        seqlen_k_static = mK.shape[0] if const_expr(mPageTable is None) else self.page_size * mPageTable.shape[1]
+        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, seqlen_k_static)
         qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
         block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.is_split_kv,
                                qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
         seqlen = SeqlenInfoQK.create(
             batch_idx=batch_idx,
             seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],
-            seqlen_k_static=mK.shape[0],
+            seqlen_k_static=seqlen_k_static,
             mSeqUsedK=mSeqUsedK,  # this sequence's used keys: its split ranges divide them, its masks stop at them
         )
         n_block_min, n_block_max = block_info.get_n_block_min_max(seqlen, m_block, split_idx, num_splits)
@@ -279,7 +286,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         if n_block_min < n_block_max:
             self.mainloop(mQ, mK, mV, storage, sQ, sK_layout, sV_layout, gmem_tiled_copy_Q, gmem_tiled_copy_K,
                           gmem_tiled_copy_V, tiled_mma_qk, tiled_mma_pv, acc_O, softmax, seqlen, block_info,
-                          m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx)
+                          m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx, mPageTable)
             softmax.rescale_O(acc_O, softmax.finalize())
         else:
             # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight
@@ -300,12 +307,21 @@ class SplitKvForwardSm120(TunedForwardSm120):
     @cute.jit
     def mainloop(self, mQ, mK, mV, storage, sQ, sK_layout, sV_layout, gmem_tiled_copy_Q, gmem_tiled_copy_K,
                  gmem_tiled_copy_V, tiled_mma_qk, tiled_mma_pv, acc_O, softmax, seqlen, block_info,
-                 m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx):
-        """Upstream's SM80 mainloop over KV blocks [n_block_min, n_block_max), last block first."""
+                 m_block, head_idx, batch_idx, n_block_min, n_block_max, tidx, mPageTable=None):
+        """Upstream's SM80 mainloop over KV blocks [n_block_min, n_block_max), last block first; K and V from a
+        contiguous cache, or gathered from their pages (load_paged)."""
         num_head_kv = head_idx if const_expr(self.pack_gqa) else head_idx // self.qhead_per_kvhead
         mQ_cur = mQ[None, None, head_idx, batch_idx]
-        gK = cute.local_tile(mK[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdim), (None, 0))
-        gV = cute.local_tile(mV[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdimv), (None, 0))
+        paged = const_expr(mPageTable is not None)
+        # a page pool's (page_size, d, page) of this KV head, or this sequence's (s, d) tiled into KV blocks
+        mK_cur = mK[None, None, num_head_kv, None] if paged else mK[None, None, num_head_kv, batch_idx]
+        mV_cur = mV[None, None, num_head_kv, None] if paged else mV[None, None, num_head_kv, batch_idx]
+        if const_expr(not paged):
+            gK = cute.local_tile(mK_cur, (self.tile_n, self.tile_hdim), (None, 0))
+            gV = cute.local_tile(mV_cur, (self.tile_n, self.tile_hdimv), (None, 0))
+        else:  # the first tile of page 0: only its partition's layout is used (load_paged moves it to each row's page)
+            gK = cute.local_tile(mK_cur[None, None, 0], (self.tile_n, self.tile_hdim), (0, 0))
+            gV = cute.local_tile(mV_cur[None, None, 0], (self.tile_n, self.tile_hdimv), (0, 0))
         sK = storage.sK.get_tensor(sK_layout)
         if const_expr(not self.Q_in_regs):
             sV = storage.sV.get_tensor(sV_layout)
@@ -340,8 +356,15 @@ class SplitKvForwardSm120(TunedForwardSm120):
             t0VcV = gmem_thr_copy_V.get_slice(0).partition_S(cV)
         tKpK = utils.predicate_k(tKcK, limit=mK.shape[1])
         tVpV = tKpK if const_expr(self.same_hdim_kv) else utils.predicate_k(tVcV, limit=mV.shape[1])
-        load_K = partial(self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k)
-        load_V = partial(self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k)
+        if const_expr(not paged):
+            load_K = partial(self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k)
+            load_V = partial(self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k)
+        else:
+            page_row = mPageTable[batch_idx, None]
+            load_K = partial(self.load_paged, gmem_tiled_copy_K, gmem_thr_copy_K, mK_cur, page_row, tKgK, tKsK, tKcK,
+                             t0KcK, tKpK, self.tile_hdim, self.check_hdim_oob, seqlen=seqlen.seqlen_k)
+            load_V = partial(self.load_paged, gmem_tiled_copy_V, gmem_thr_copy_V, mV_cur, page_row, tVgV, tVsV, tVcV,
+                             t0VcV, tVpV, self.tile_hdimv, self.check_hdim_v_oob, seqlen=seqlen.seqlen_k)
         step = partial(
             self.compute_block,
             mma=SimpleNamespace(thr_mma_qk=thr_mma_qk, thr_mma_pv=thr_mma_pv, tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O),
@@ -450,6 +473,80 @@ class SplitKvForwardSm120(TunedForwardSm120):
             load_K_next()
         sm80_utils.gemm_rs(mma.thr_mma_pv, mma.acc_O, layout_utils.reshape_acc_to_frgA(rP), mma.tOrVt,
                            smem_copy.tOsVt[None, None, None, stage_of(smem_pipe_read)], smem_copy.smem_thr_copy_V)
+
+    @cute.jit
+    def load_paged(self, gmem_tiled_copy: cute.TiledCopy, gmem_thr_copy: cute.TiledCopy, mX: cute.Tensor,
+                   page_row: cute.Tensor, tXgX: cute.Tensor, tXsX: cute.Tensor, tXcX: cute.Tensor, t0XcX: cute.Tensor,
+                   tXpX: cute.Tensor, tile_hdim: cutlass.Constexpr, check_hdim_oob: cutlass.Constexpr, block: Int32,
+                   smem_pipe_write: Int32, seqlen: Int32, need_predicates: cutlass.Constexpr):
+        """KV block `block` of a sequence from a page pool mX (page_size, d, page) into shared memory, as upstream's
+        load_K / load_V load a contiguous one (cp.async, the same partition, rows at or past seqlen left alone under
+        need_predicates). Pages of at least tile_n tokens hold whole blocks: one page-table entry gives the block's
+        page, the block's offset in it follows. Smaller pages: each row the thread copies lies in the page of its
+        token; where tile_n is a multiple of the page and the rows a thread copies at once (the copy's rows per pass)
+        divide it, the page of each of the thread's rows is known at trace time, so each page's entry is read once.
+        A page-table entry is only read for a token below seqlen (indices clamped to the sequence's last page), so
+        entries past a sequence's pages may hold anything (vLLM leaves them stale)."""
+        stage = smem_pipe_write if const_expr(self.num_stages > 1) else 0
+        rows_per_pass = gmem_tiled_copy.tiler_mn[0].shape
+        whole_passes = const_expr(self.tile_n % rows_per_pass == 0)
+        # rows (thread 0's offsets, t0XcX) this thread copies: within the block (a partial last pass has rows past
+        # it: skipped, as upstream skips them) and, under need_predicates, below seqlen (zero-filled past it, as
+        # upstream's load_V does: P is 0 there, and 0 * a stale NaN would not be)
+        in_block = self.tile_n - tXcX[0][0]
+        in_sequence = seqlen - block * self.tile_n - tXcX[0][0]
+        copy_row = partial(self._copy_row, gmem_tiled_copy, tXpX, check_hdim_oob, need_predicates, whole_passes)
+        if const_expr(self.page_size % self.tile_n == 0):
+            per_page = self.page_size // self.tile_n
+            page = page_row[block // per_page]
+            gX = cute.local_tile(mX[None, None, page], (self.tile_n, tile_hdim), (block % per_page, 0))
+            tXgX_block = gmem_thr_copy.partition_S(gX)
+            for n in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
+                row = t0XcX[0, n, 0][0]
+                copy_row(n, tXgX_block[None, n, None], tXsX[None, n, None, stage], row < in_block, row < in_sequence)
+        else:
+            last_page = (seqlen - 1) // self.page_size  # the sequence's last page: no entry past it is read
+            known = const_expr(self.tile_n % self.page_size == 0 and self.page_size % rows_per_pass == 0)
+            pages = {}  # (known) the page of each of the block's page slots, read once
+            first_row = tXcX[0][0]  # this thread's first row; its others follow at thread 0's offsets (t0XcX)
+            for n in cutlass.range_constexpr(cute.size(tXsX.shape[1])):
+                offset_n = t0XcX[0, n, 0][0]
+                if const_expr(known):
+                    slot = offset_n // self.page_size
+                    if const_expr(slot not in pages):
+                        pages[slot] = page_row[cutlass.min(block * (self.tile_n // self.page_size) + slot, last_page)]
+                    page = pages[slot]
+                    in_page = first_row + offset_n % self.page_size
+                else:
+                    token = block * self.tile_n + first_row + offset_n
+                    page = page_row[cutlass.min(token // self.page_size, last_page)]
+                    in_page = token % self.page_size
+                # the row's source: this row of the pool, with the layout of the partition's row (its columns)
+                row = tXgX[None, n, None]
+                address = utils.elem_pointer(mX, (in_page, tXcX[0][1], page)).toint()
+                source = cute.make_tensor(cute.make_ptr(mX.element_type, address, cute.AddressSpace.gmem, assumed_align=16),
+                                          row.layout)
+                copy_row(n, source, tXsX[None, n, None, stage], offset_n < in_block, offset_n < in_sequence)
+
+    @cute.jit
+    def _copy_row(self, gmem_tiled_copy: cute.TiledCopy, tXpX: cute.Tensor, check_hdim_oob: cutlass.Constexpr,
+                  need_predicates: cutlass.Constexpr, whole_passes: cutlass.Constexpr, n: cutlass.Constexpr,
+                  source: cute.Tensor, destination: cute.Tensor, in_block, in_sequence):
+        """Row n of a thread's share of a KV block: copied with its head-dim predicate (a padded head dim); under
+        need_predicates zero-filled where the row is not `in_sequence`; skipped where it is not `in_block` (a partial
+        last pass)."""
+        if const_expr(not need_predicates):
+            predicate = tXpX[None, n, None] if const_expr(check_hdim_oob) else None
+        else:
+            predicate = cute.make_fragment_like(tXpX[None, 0, None])
+            for k in cutlass.range_constexpr(cute.size(predicate.shape[1])):
+                for i in cutlass.range_constexpr(cute.size(predicate.shape[0])):
+                    predicate[i, k] = (tXpX[i, n, k] if const_expr(check_hdim_oob) else True) and in_sequence
+        if const_expr(whole_passes):
+            cute.copy(gmem_tiled_copy, source, destination, pred=predicate)
+        else:
+            if in_block:
+                cute.copy(gmem_tiled_copy, source, destination, pred=predicate)
 
     @cute.jit
     def epilogue_partial(self, acc_O: cute.Tensor, lse: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,

@@ -75,7 +75,7 @@ def dropin_call(problem: Problem, used: list[int]):
         q = torch.empty(problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim, dtype=dtype, device="cuda")
         k, v = torch.empty(shape, dtype=dtype, device="cuda"), torch.empty(shape, dtype=dtype, device="cuda")
         seqused_k = torch.tensor(used, dtype=torch.int32).to("cuda")
-        torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, problem.causal, None, None, 0.0,
+        torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, None, problem.causal, None, None, 0.0,
                                1, None, False)
     line = next(line for line in lines if "tuned forward" in line)
     config = experiment.TABLES.forward_config(problem.problem_class)

@@ -113,8 +113,8 @@ def test_window_softcap_seqused_pack_gqa_and_splits_reach_our_op(upstream_calls,
                                               num_splits=4, pack_gqa=False, softmax_scale=0.1)
     assert upstream_calls == [] and (out, lse) == ("ours", None)  # lse only with return_lse, as upstream's
     (args,) = op_calls
-    assert args[:3] == (q, k, v) and args[6] is used
-    assert args[9:] == (0.1, True, 1024, 0, 50.0, 4, False, False)
+    assert args[:3] == (q, k, v) and args[6] is used and args[7] is None  # no page table
+    assert args[10:] == (0.1, True, 1024, 0, 50.0, 4, False, False)
     assert dropin.flash_attn_func(q, k, v, return_lse=True) == ("ours", "lse")
 
 
@@ -130,7 +130,7 @@ def host_calls(monkeypatch):
 
 
 def _forward(q, k, v, causal=True, window=(None, None), softcap=0.0, seqused_k=None, num_splits=1):
-    return torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, causal, *window, softcap,
+    return torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, None, causal, *window, softcap,
                                   num_splits, None, False)
 
 
@@ -158,8 +158,8 @@ def test_an_explicit_split_count_runs_the_split_kv_class_with_it(host_calls):
 
 
 def _forward_q(q, k, v, seqused_q):
-    return torch_op.tuned_forward(q, k, v, None, None, seqused_q, None, None, None, None, True, None, None, 0.0, 1, None,
-                                  False)
+    return torch_op.tuned_forward(q, k, v, None, None, seqused_q, None, None, None, None, None, True, None, None, 0.0, 1,
+                                  None, False)
 
 
 def test_a_kv_cache_decode_with_seqused_k_runs_the_split_kv_entry(host_calls, caplog):
@@ -227,7 +227,7 @@ def test_torch_compile_fullgraph_traces_a_packed_call():
 
 def test_the_op_s_schema_and_fake_implementation_pass_torch_s_own_checks():
     q, k, v = (t.to("meta") for t in _tensors())
-    args = (q, k, v, None, None, None, None, None, None, None, True, 64, 0, 0.0, 1, None, True)
+    args = (q, k, v, None, None, None, None, None, None, None, None, True, 64, 0, 0.0, 1, None, True)
     torch.library.opcheck(torch.ops.fa4tune.fwd.default, args, test_utils=("test_schema",))
     out, lse = torch.ops.fa4tune.fwd(*args)
     assert out.shape == q.shape and lse.shape == (2, 4, 128)
