@@ -61,7 +61,7 @@ def static_shape(pc: ProblemClass, kernel: type | None = None) -> Problem:
     if own is not None:
         return own
     return Problem(1, STATIC_SEQLEN, STATIC_SEQLEN, STATIC_HEADS_KV * pc.qhead_per_kvhead, STATIC_HEADS_KV, pc.head_dim,
-                   pc.head_dim_v, pc.causal, pc.dtype)
+                   pc.head_dim_v, pc.causal, pc.dtype, backward=not pc.page_size, page_size=pc.page_size)
 
 
 def error_reason(err: BaseException) -> str:
@@ -184,16 +184,21 @@ def _run_shape(experiment, host, kind: str, problem: Problem, fwd_config, bwd_co
     local = is_local(problem.causal, problem.window_size_left, problem.window_size_right)
     window = (problem.window_size_left, problem.window_size_right) if local else (None, None)
     host_args = dict(window_size_left=window[0], window_size_right=window[1], softcap=float(problem.softcap))
+    # a paged problem's K and V are page pools, its call has a page table and used lengths (as gate.paging gives them)
+    pages = -(-problem.seqlen_k // problem.page_size) if problem.page_size else 0
+    lead_k = (problem.batch * pages, problem.page_size) if pages else (problem.batch, problem.seqlen_k)
     with FakeTensorMode():
         q = torch.empty(problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim, dtype=dtype, device="cuda")
-        k = torch.empty(problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim, dtype=dtype, device="cuda")
-        v = torch.empty(problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim_v, dtype=dtype, device="cuda")
+        k = torch.empty(*lead_k, problem.num_heads_kv, problem.head_dim, dtype=dtype, device="cuda")
+        v = torch.empty(*lead_k, problem.num_heads_kv, problem.head_dim_v, dtype=dtype, device="cuda")
+        paged = {} if not pages else dict(page_table=torch.empty(problem.batch, pages, dtype=torch.int32, device="cuda"),
+                                          seqused_k=torch.empty(problem.batch, dtype=torch.int32, device="cuda"))
         if kind == "fwd":
             start = time.perf_counter()
             with torch.no_grad():
                 experiment.attention(q, k, v, causal=problem.causal, fwd_config=fwd_config, bwd_config=bwd_config, return_lse=True,
                                      **({"window_size": window} if local else {}),
-                                     **({"softcap": problem.softcap} if problem.softcap else {}))
+                                     **({"softcap": problem.softcap} if problem.softcap else {}), **paged)
             return time.perf_counter() - start
         scale = 1.0 / math.sqrt(problem.head_dim)
         out, lse, *_ = host.flash_attn_fwd(q, k, v, softmax_scale=scale, causal=problem.causal,

@@ -144,7 +144,8 @@ class SplitKvForwardSm120(TunedForwardSm120):
         kv_heads = 16 if problem_class.regime == "prefill" else 8
         sq, sk = STATIC_SHAPES[problem_class.regime]
         return Problem(1, sq, sk, kv_heads * problem_class.qhead_per_kvhead, kv_heads, problem_class.head_dim,
-                       problem_class.head_dim_v, problem_class.causal, problem_class.dtype, backward=False)
+                       problem_class.head_dim_v, problem_class.causal, problem_class.dtype, backward=False,
+                       page_size=problem_class.page_size)
 
     @cute.jit
     def __call__(

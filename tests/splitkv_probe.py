@@ -6,7 +6,8 @@ Run by tests/test_splitkv.py in a subprocess (the DSL reads its arch from the en
 stdin: a JSON list of {"config": ForwardConfig dict, "problem": Problem dict}; stdout: one JSON list. A job with
 "seqused_k" (one used length per sequence) instead runs the drop-in's call (fa4tune.torch_op.tuned_forward with
 experiment.TABLES: the problem's class picks its entry) with those lengths, and reports the debug line too and whether
-the split kernel's trace read them (SeqlenInfoQK.create with mSeqUsedK).
+the split kernel's trace read them (SeqlenInfoQK.create with mSeqUsedK); a paged problem's (page_size) with K and V in
+page pools and a page table, reporting the page size the kernel was built for.
 """
 
 import json
@@ -70,13 +71,16 @@ def dropin_call(problem: Problem, used: list[int]):
     compiled = []
     host.fwd_cache.listeners.append(lambda key, fn: compiled.append(fn))
     dtype = TORCH_DTYPES[problem.dtype]
+    pages = -(-problem.seqlen_k // problem.page_size) if problem.page_size else 0
     with FakeTensorMode():
-        shape = (problem.batch, problem.seqlen_k, problem.num_heads_kv, problem.head_dim)
+        lead = (problem.batch * pages, problem.page_size) if pages else (problem.batch, problem.seqlen_k)
+        shape = (*lead, problem.num_heads_kv, problem.head_dim)
         q = torch.empty(problem.batch, problem.seqlen_q, problem.num_heads, problem.head_dim, dtype=dtype, device="cuda")
         k, v = torch.empty(shape, dtype=dtype, device="cuda"), torch.empty(shape, dtype=dtype, device="cuda")
         seqused_k = torch.tensor(used, dtype=torch.int32).to("cuda")
-        torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, None, None, None, None, problem.causal, None, None, 0.0,
-                               1, None, False)
+        page_table = torch.empty(problem.batch, pages, dtype=torch.int32, device="cuda") if pages else None
+        torch_op.tuned_forward(q, k, v, None, None, None, seqused_k, page_table, None, None, None, problem.causal, None, None,
+                               0.0, 1, None, False)
     line = next(line for line in lines if "tuned forward" in line)
     config = experiment.TABLES.forward_config(problem.problem_class)
     return config, line, compiled
@@ -97,6 +101,7 @@ for job in json.loads(sys.stdin.read()):
     report.append({
         "splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
+        "page_size_built": [kernel.page_size for kernel in instances],
         "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
         **facts,
     })

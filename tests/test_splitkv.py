@@ -192,11 +192,14 @@ def test_unsupported_head_dims_and_split_values_are_refused():
 
 def test_decode_suite_is_forward_only_gqa_decode_and_a_causal_chunked_prefill():
     problems = load_suite("decode")
-    decodes = [p for p in problems if p.seqlen_q == 1]
+    decodes = [p for p in problems if p.seqlen_q == 1 and not p.page_size]
     assert sorted((p.batch, p.seqlen_k) for p in decodes) == [(1, 4096), (1, 16384), (1, 65536), (8, 4096), (8, 16384), (8, 65536)]
     assert all((p.num_heads, p.num_heads_kv, p.head_dim, p.backward) == (32, 8, 128, False) for p in problems)
-    (chunk,) = [p for p in problems if p.seqlen_q > 1]
+    (chunk,) = [p for p in problems if p.seqlen_q > 1 and not p.page_size]
     assert (chunk.seqlen_q, chunk.seqlen_k, chunk.causal) == (512, 8192, True)
+    # issue 71's paged caches: the batch 8 decode at 16K and the long context at pages of 16 and 256, a paged chunk
+    paged = sorted((p.batch, p.seqlen_q, p.seqlen_k, p.page_size) for p in problems if p.page_size)
+    assert paged == [(1, 1, 65536, 16), (1, 1, 65536, 256), (1, 512, 8192, 16), (8, 1, 16384, 16), (8, 1, 16384, 256)]
     for p in problems:  # the split class accepts every problem of the suite
         assert check_forward_problem(split_config(64, 64, 128, 2), p, TARGET, forward_kernels(experiment))
 

@@ -2,7 +2,8 @@
 through autograd; q, k, v are (batch, seqlen, heads, head_dim). A packed (varlen) problem's call is
 `forward(q, k, v, causal, cu_seqlens_q=..., cu_seqlens_k=..., max_seqlen_q=..., max_seqlen_k=...)` on (total, heads,
 head_dim) tensors, its LSE (heads, total). A problem with a sliding window or a soft-cap adds `window_size=(left,
-right)` and `softcap=...` (upstream's names; fa4tune.harness.gate.call_arguments), for the candidate and the reference.
+right)` and `softcap=...` (upstream's names; fa4tune.harness.gate.call_arguments), for the candidate and the reference;
+a paged problem's k and v are page pools with `page_table=...` and `seqused_k=...` (gate.paging), forward only.
 
 experiment.py's attention with a pair of configs (guarded: fa4tune.harness.guards' rules apply), upstream's SM120
 defaults through it, FA4's own path for the local GPU and torch SDPA; each travels to a child process as a JSON
@@ -52,7 +53,7 @@ def fa4_candidate() -> Candidate:
     from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 
     def forward(q, k, v, causal, **arguments):
-        if arguments.get("cu_seqlens_q") is not None:
+        if arguments.get("cu_seqlens_q") is not None or arguments.get("page_table") is not None:
             return flash_attn_varlen_func(q, k, v, causal=causal, return_lse=True, **arguments)
         out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True, **arguments)
         return out, lse
@@ -63,7 +64,9 @@ def fa4_candidate() -> Candidate:
 def sdpa_candidate() -> Candidate:
     """torch.nn.functional.scaled_dot_product_attention (GQA through enable_gqa; no LSE to check); a packed call
     runs each sequence on its own and concatenates the outputs (what a caller without a varlen kernel would do); a
-    sliding window through the gate's mask; a soft-cap SDPA cannot apply: one error (sdpa_softcap)."""
+    sliding window through the gate's mask; a soft-cap SDPA cannot apply: one error (sdpa_softcap). A paged call gathers
+    every sequence's pages into a padded cache on the device and masks the keys past its used length (what a caller
+    without a paged kernel would do; no device-to-host copy)."""
     import torch
     import torch.nn.functional as F
 
@@ -78,9 +81,11 @@ def sdpa_candidate() -> Candidate:
         return known[1]
 
     def forward(q, k, v, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-                window_size=(-1, -1), softcap=0.0):
+                window_size=(-1, -1), softcap=0.0, page_table=None, seqused_k=None):
         if softcap:
             raise ConfigError("sdpa_softcap", f"torch SDPA has no soft-cap: softcap={softcap:g} (its scores are not capped)")
+        if page_table is not None:
+            return paged(q, k, v, causal, page_table, seqused_k), None
         if cu_seqlens_q is not None:
             bq, bk = offsets(cu_seqlens_q), offsets(cu_seqlens_k)
             outs = [forward(q[a:b][None], k[c:d][None], v[c:d][None], causal, window_size=window_size)[0][0]
@@ -100,6 +105,18 @@ def sdpa_candidate() -> Candidate:
             enable_gqa=q.shape[2] != k.shape[2],
         )
         return out.transpose(1, 2), None
+
+    def paged(q, k, v, causal, page_table, seqused_k):
+        batch, seqlen_q = q.shape[:2]
+        keys, values = (pool[page_table.long()].flatten(1, 2) for pool in (k, v))  # (batch, pages * page_size, ...)
+        cols = torch.arange(keys.shape[1], device=q.device)
+        used = (seqused_k if seqused_k is not None else torch.full((batch,), keys.shape[1], device=q.device))[:, None, None]
+        keep = cols[None, None, :] < used  # (batch, seqlen_q, keys): each sequence's used keys, bottom-right causal
+        if causal:
+            keep = keep & (cols[None, None, :] <= torch.arange(seqlen_q, device=q.device)[None, :, None] + used - seqlen_q)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=keep[:, None], enable_gqa=q.shape[2] != k.shape[2])
+        return out.transpose(1, 2)
 
     return Candidate(TORCH_SDPA, forward, {"path": "torch.nn.functional.scaled_dot_product_attention"})
 

@@ -15,6 +15,10 @@ FlashAttention's is when seqlen_q != seqlen_k: query row i sees keys j <= i + se
 A packed (varlen) problem's sequences lie end to end in (total, heads, dim) tensors; its call gets `packing()`'s
 cu_seqlens, and every sequence is checked against its own reference, alone, under the same rule: a kernel that
 lets one sequence see another's keys fails on that sequence.
+
+A paged problem's K and V are page pools (num_pages, page_size, kv heads, dim); its call gets `paging()`'s page table
+(the pool's pages shuffled, so no sequence's pages lie in order) and seqused_k, and every sequence is checked against
+the reference of the keys its table row names, gathered from the pool (`gather_pages`), up to its used length.
 """
 
 from __future__ import annotations
@@ -448,11 +452,34 @@ def _called(window_size, softcap) -> dict:
             **({"softcap": softcap} if softcap else {})}
 
 
-def _run_forward(forward: Forward, q, k, v, causal, lengths=(), window_size=(-1, -1), softcap=0.0):
+def paging(problem: Problem, device, seed: int = 0, ragged: bool = False) -> dict:
+    """A paged problem's call arguments (a contiguous one's: {}): `page_table`, int32 (batch, pages per sequence), the
+    pool's pages in an order drawn from `seed` (a sequence's pages are neither in order nor next to each other), and
+    `seqused_k`, int32 (batch,): seqlen_k keys each, or with `ragged`, the first sequence's seqlen_k and the others'
+    drawn from `seed` between 1 and seqlen_k."""
+    if not problem.page_size:
+        return {}
+    pages = -(-problem.seqlen_k // problem.page_size)
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.randperm(problem.batch * pages, generator=generator).view(problem.batch, pages)
+    used = torch.full((problem.batch,), problem.seqlen_k)
+    if ragged and problem.batch > 1:
+        used[1:] = torch.randint(1, problem.seqlen_k + 1, (problem.batch - 1,), generator=generator)
+    return dict(page_table=table.to(device=device, dtype=torch.int32), seqused_k=used.to(device=device, dtype=torch.int32))
+
+
+def gather_pages(pool: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """One sequence's first `length` rows (length, kv heads, dim) from a page pool (num_pages, page_size, kv heads,
+    dim), its pages in the order its page-table row names them."""
+    pages = -(-length // pool.shape[1])
+    return pool[table_row[:pages].long()].reshape(-1, *pool.shape[2:])[:length]
+
+
+def _run_forward(forward: Forward, q, k, v, causal, lengths=(), window_size=(-1, -1), softcap=0.0, paged=None):
     out_shape = (*q.shape[:-1], v.shape[-1])
     # (batch, heads, seqlen); a packed call's LSE is (heads, total), as upstream's varlen path returns it
     lse_shape = (q.shape[2], q.shape[0]) if lengths else (q.shape[0], q.shape[2], q.shape[1])
-    packed = {**packing(lengths, q.device), **_called(window_size, softcap)}
+    packed = {**packing(lengths, q.device), **_called(window_size, softcap), **(paged or {})}
     if getattr(forward, "accepts_out", False):
         out = torch.full(out_shape, float("nan"), dtype=q.dtype, device=q.device)
         lse = torch.full(lse_shape, float("nan"), dtype=torch.float32, device=q.device)
@@ -480,7 +507,10 @@ def read_only(tensors: dict[str, torch.Tensor | None]) -> Callable[[str], list[t
     return verify
 
 
-def _shape_text(q, k, v, causal, lengths=()) -> str:
+def _shape_text(q, k, v, causal, lengths=(), page_table=None) -> str:
+    if page_table is not None:
+        return Problem(q.shape[0], q.shape[1], page_table.shape[1] * k.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+                       causal, backward=False, page_size=k.shape[1]).label
     if lengths:
         return Problem(len(lengths), max(lengths), max(lengths), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1], causal,
                        backward=False, lengths=lengths).label
@@ -493,29 +523,36 @@ def gate_forward(
     forward: Forward, q, k, v, causal: bool, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
     lengths: tuple[int, ...] = (), precision: str | None = None, window_size=(-1, -1), softcap: float = 0.0,
+    page_table=None, seqused_k=None,
 ) -> GateResult:
     """Run the forward once on (q, k, v) and check out and LSE against the fp32 reference (taken from
     `references` when the same inputs, drawn from `seed` at `input_scale`, were gated before); with `lengths`, a
     packed call, each sequence against its own; `precision` "fp8": under the FP8 gate. GuardViolation (input_write) when
     the call changed q, k or v; the reference comes from copies taken before it. A sliding window and a soft-cap
-    (call_arguments) reach the forward and the reference alike."""
-    verify = read_only({"q": q, "k": k, "v": v})
-    out, lse = _run_forward(forward, q, k, v, causal, lengths, window_size, softcap)
-    q, k, v = verify(f"gate case {variant}")
+    (call_arguments) reach the forward and the reference alike; a paged call (paging) its page table and seqused_k."""
+    verify = read_only({"q": q, "k": k, "v": v, "page_table": page_table, "seqused_k": seqused_k})
+    paged = {} if page_table is None else dict(page_table=page_table, seqused_k=seqused_k)
+    out, lse = _run_forward(forward, q, k, v, causal, lengths, window_size, softcap, paged)
+    q, k, v, page_table, seqused_k = verify(f"gate case {variant}")
     return check_outputs(q, k, v, causal, out, lse, variant=variant, seed=seed, chunk_bytes=chunk_bytes,
                          references=references, input_scale=input_scale, lengths=lengths, precision=precision,
-                         window_size=window_size, softcap=softcap)
+                         window_size=window_size, softcap=softcap, page_table=page_table, seqused_k=seqused_k)
 
 
 def check_outputs(
     q, k, v, causal: bool, out, lse, grads=None, dout=None, *, variant: str = "normal", seed: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES, references: ReferenceCache | None = None, input_scale: float = 1.0,
     lengths: tuple[int, ...] = (), precision: str | None = None, window_size=(-1, -1), softcap: float = 0.0,
+    page_table=None, seqused_k=None,
 ) -> GateResult:
     """The pass rule on outputs already computed: out and LSE (either may be None: not checked), and with
     `grads` (dq, dk, dv) of `dout`, the gradients, against the fp32 reference of (q, k, v) (from `references`
     when these inputs, drawn from `seed` at `input_scale`, were checked before). The gate and the check of
-    timed calls' outputs (fa4tune.harness.steps) both use it. With `lengths`, packed tensors: _check_packed."""
+    timed calls' outputs (fa4tune.harness.steps) both use it. With `lengths`, packed tensors: _check_packed; with a
+    `page_table`, page pools: _check_paged."""
+    if page_table is not None:
+        return _check_paged(q, k, v, causal, out, lse, page_table, seqused_k, variant, seed, chunk_bytes, input_scale,
+                            references, precision, window_size, softcap)
     if lengths:
         return _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_bytes, input_scale, lengths, references,
                              window_size, softcap)
@@ -589,6 +626,30 @@ def _check_packed(q, k, v, causal, out, lse, grads, dout, variant, seed, chunk_b
             if check.name not in worst or check.error > worst[check.name].error:
                 worst[check.name] = check
     return GateResult(variant, _shape_text(q, k, v, causal, lengths), tuple(worst.values()), seed)
+
+
+def _check_paged(q, k, v, causal, out, lse, page_table, seqused_k, variant, seed, chunk_bytes, input_scale, references,
+                 precision, window_size, softcap) -> GateResult:
+    """Each sequence of a paged call (q, out: (batch, seqlen_q, heads, dim), lse: (batch, heads, seqlen_q); k, v: page
+    pools) against the reference of its own keys, gathered from the pool through its page-table row up to its used
+    length (seqused_k; None: the whole row): the first failing sequence's result, named; else, per tensor, the check
+    with the largest error."""
+    worst: dict[str, TensorCheck] = {}
+    capacity = page_table.shape[1] * k.shape[1]
+    used = [capacity] * q.shape[0] if seqused_k is None else seqused_k.tolist()
+    text = _shape_text(q, k, v, causal, page_table=page_table)
+    for b, length in enumerate(used):
+        keys, values = (gather_pages(pool, page_table[b], length)[None] for pool in (k, v))
+        result = check_outputs(q[b:b + 1], keys, values, causal, None if out is None else out[b:b + 1],
+                               None if lse is None else lse[b:b + 1], variant=variant, seed=seed, chunk_bytes=chunk_bytes,
+                               references=references, input_scale=input_scale, precision=precision,
+                               window_size=window_size, softcap=softcap)
+        if not result.passed:
+            return replace(result, variant=f"{variant}, sequence {b} of {len(used)} ({length} keys)", problem=text)
+        for check in result.checks:
+            if check.name not in worst or check.error > worst[check.name].error:
+                worst[check.name] = check
+    return GateResult(variant, text, tuple(worst.values()), seed)
 
 
 def gate_backward(
@@ -694,11 +755,13 @@ def _packed_cases(problem: Problem, seed: int, seqlen_offset: int, random_count:
 
 def random_inputs(problem: Problem, seed: int, device, scale: float = 1.0, count: int = 3, kind: str = "normal") -> list[torch.Tensor]:
     """`count` tensors of random normal values for a problem: q, k, v (and dout when count is 4), scaled; a packed
-    problem's are (total, heads, dim). `kind` "outliers" / "channels": q, k, v as the FP8 gate draws them."""
+    problem's are (total, heads, dim), a paged problem's k and v page pools (num_pages, page_size, heads, dim). `kind` "outliers" / "channels": q, k, v as the FP8 gate draws them."""
     dtype = TORCH_DTYPES[problem.dtype]
     generator = torch.Generator(device=device).manual_seed(seed)
     lead = ((sum(problem.lengths),), (sum(problem.lengths),)) if problem.lengths else (
         (problem.batch, problem.seqlen_q), (problem.batch, problem.seqlen_k))
+    if problem.page_size:  # K and V in page pools: (num_pages, page_size), each sequence's pages whole
+        lead = (lead[0], (problem.batch * -(-problem.seqlen_k // problem.page_size), problem.page_size))
     shapes = [
         (*lead[0], problem.num_heads, problem.head_dim),
         (*lead[1], problem.num_heads_kv, problem.head_dim),

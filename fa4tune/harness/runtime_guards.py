@@ -412,14 +412,21 @@ def _longest_sequence(lengths) -> slice:
 
 
 def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(), precision: str | None = None,
-                  window_size=(-1, -1), softcap: float = 0.0) -> str:
+                  window_size=(-1, -1), softcap: float = 0.0, page_table=None, seqused_k=None) -> str:
     """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule
     (the FP8 gate's for precision "fp8"): '' when they match, else why. A packed call's rows are its longest
-    sequence's (rows < seqlen_q, the longest), as a batch of one."""
+    sequence's (rows < seqlen_q, the longest), as a batch of one; a paged call's (forward only) its sequence with the
+    most used keys, gathered from the page pools."""
     if lengths:
         part = _longest_sequence(lengths)
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
         lse = None if lse is None else lse[:, part][None]
+    if page_table is not None:
+        used = seqused_k.tolist() if seqused_k is not None else [page_table.shape[1] * k.shape[1]] * q.shape[0]
+        b = max(range(len(used)), key=lambda i: used[i])
+        k, v = (gate.gather_pages(pool, page_table[b], used[b])[None] for pool in (k, v))
+        q, out = q[b:b + 1], None if out is None else out[b:b + 1]
+        lse = None if lse is None else lse[b:b + 1]
     ref_out, ref_lse, ref_dq, valid = row_reference(q, k, v, causal, rows, torch.float32, dout, window_size, softcap)
     plain_out, plain_lse, plain_dq, _ = row_reference(q, k, v, causal, rows, q.dtype, dout, window_size, softcap)
     rows = rows.to(q.device)
@@ -466,7 +473,8 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
     a = gate.random_inputs(problem, seed, device, count=3)
     b = gate.random_inputs(problem, seed + 1, device, count=3)
     c = gate.random_inputs(problem, seed + 2, device, count=3)
-    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
+    paged = gate.paging(problem, device, seed)  # a paged problem's table and used lengths, the same for the three calls
+    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem), **paged}
     sample = sample_rows(problem.seqlen_q, rows, seed)
     live: dict[str, torch.Tensor] = {"q of set A": a[0], "k of set A": a[1], "v of set A": a[2],
                                      "q of set B": b[0], "k of set B": b[1], "v of set B": b[2]}
@@ -486,7 +494,7 @@ def check_forward_reuse(forward, problem, device, seed: int, sync, rows: int = S
             if _same_bits(out, earlier_out):
                 raise GuardViolation(OUTPUT_REUSE, f"{label}: returned the same out as {earlier_label}, for other inputs")
         _check_rows(label, q, k, v, problem.causal, sample, out=out, lse=lse, lengths=problem.lengths, precision=problem.dtype,
-                    **gate.call_arguments(problem))
+                    **gate.call_arguments(problem), **paged)
         previous.append((label, out))
         live.update({f"out of call {number}": out, f"lse of call {number}": lse})
 

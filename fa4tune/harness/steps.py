@@ -99,10 +99,12 @@ def _gate_cases(candidate: Candidate, problem: Problem, direction: str, device, 
     for case in cases:
         q, k, v, dout = gate.random_inputs(case.problem, case.seed, device, scale=case.scale, count=4, kind=case.kind)
         if direction == "fwd":
+            # a paged problem's cases: pages shuffled, sequences of different used lengths (gate.paging)
             result = gate.gate_forward(
                 candidate.forward, q, k, v, problem.causal, variant=case.variant, seed=case.seed,
                 chunk_bytes=settings.reference_chunk_bytes, references=references, input_scale=case.scale,
                 lengths=case.problem.lengths, precision=problem.dtype, **gate.call_arguments(problem),
+                **gate.paging(case.problem, device, case.seed, ragged=True),
             )
         else:
             result = gate.gate_backward(
@@ -125,8 +127,9 @@ class TimedCall:
 
     def __init__(self, candidate: Candidate, problem: Problem, direction: str, device, seed: int, trapped: bool = False):
         self.forward, self.causal, self.trapped = candidate.forward, problem.causal, trapped
-        # a packed problem's cu_seqlens, and the problem's window and soft-cap (gate.call_arguments)
-        self.packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
+        # a packed problem's cu_seqlens, the problem's window and soft-cap (gate.call_arguments), a paged one's table
+        self.packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem),
+                       **gate.paging(problem, device, seed)}
         q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
         self.forward_outputs = None  # the backward's (out, lse) of this round's graph
         if direction == "bwd":
@@ -271,6 +274,8 @@ class TimedOutputCheck:
         q, k, v, dout = inputs
         problem, chunk = self.problem, self.settings.reference_chunk_bytes
         mask = gate.call_arguments(problem)
+        if problem.page_size:  # the call's page table and used lengths
+            mask.update(page_table=call.packed["page_table"], seqused_k=call.packed["seqused_k"])
         if not whole:
             if call.forward_outputs is None:
                 return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, out=named["out"], lse=named["lse"],
@@ -316,7 +321,7 @@ def _peak_memory_mb(candidate: Candidate, problem: Problem, direction: str, devi
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(device)
     q, k, v, dout = gate.random_inputs(problem, seed, device, count=4)
-    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem)}
+    packed = {**gate.packing(problem.lengths, device), **gate.call_arguments(problem), **gate.paging(problem, device, seed)}
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)  # the inputs count (allocated now), making them does not
     if direction == "fwd":
