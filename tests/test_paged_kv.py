@@ -121,14 +121,15 @@ def test_gathering_the_pages_gives_back_the_contiguous_cache():
 
 def _paged_forward(ignore: str = ""):
     """A torch forward of a paged call: gathers each sequence's pages (or, `ignore`="table", reads the pool in order;
-    "seqused", every key of the row) and runs the reference attention."""
+    "seqused", every key of the row) and runs the fp32 reference attention, rounded to the input dtype (as a flash
+    kernel rounds its output once)."""
     def forward(q, k, v, causal, page_table, seqused_k):
         outs, lses = [], []
         for b in range(q.shape[0]):
             length = page_table.shape[1] * k.shape[1] if ignore == "seqused" else int(seqused_k[b])
             row = torch.arange(b * page_table.shape[1], (b + 1) * page_table.shape[1]) if ignore == "table" else page_table[b]
             keys, values = (gate.gather_pages(pool, row, length)[None] for pool in (k, v))
-            ref = gate.reference_attention(q[b:b + 1], keys, values, causal, dtype=q.dtype)
+            ref = gate.reference_attention(q[b:b + 1], keys, values, causal)
             outs.append(ref.out.to(q.dtype))
             lses.append(ref.lse)
         return torch.cat(outs), torch.cat(lses)
@@ -333,3 +334,21 @@ def test_the_paged_decode_compiles_for_sm_120a_at_16_and_256_token_pages_beside_
     assert dropin_call["page_size_built"] == [16] and dropin_call["seqused_k_traced"] == [True]
     assert "d128-noncausal-gqa4-page16-decode-bf16" in dropin_call["debug_line"]
     assert dropin_call["spill_store_bytes"] == 0 and dropin_call["registers"] <= 255
+
+
+def test_the_harness_gates_times_and_guards_a_paged_problem_on_the_cpu():
+    """measure_step on a paged problem: the candidates get the pools, the table and seqused_k (the gate's cases with
+    ragged lengths, the timed calls' and their checks with the problem's), the one that reads the pool in order is
+    incorrect, named by sequence; a correct one passes the run-time guards with its table too."""
+    from fa4tune.harness import steps
+    from fa4tune.harness.candidates import Candidate
+    from fa4tune.harness.settings import Settings
+
+    problem = Problem(2, 1, 100, 4, 2, 32, 32, True, backward=False, page_size=16)
+    settings = Settings(gate_seed=7, warmup=1, rounds=2, input_sets=2, gate_random_problems=1)
+    right = Candidate("gathers", _paged_forward(), {})
+    wrong = Candidate("in order", _paged_forward("table"), {})
+    results = steps.measure_step(problem, "fwd", [sdpa_candidate(), right, wrong], device="cpu", settings=settings)
+    assert results["gathers"].status == "ok" and results["torch sdpa"].status == "ok", results
+    assert results["in order"].status == "incorrect" and "sequence 0 of 2" in results["in order"].reason
+    runtime_guards.check_candidate(right.forward, problem, "fwd", "cpu", seed=3)  # raises GuardViolation if it fails

@@ -456,7 +456,8 @@ def paging(problem: Problem, device, seed: int = 0, ragged: bool = False) -> dic
     """A paged problem's call arguments (a contiguous one's: {}): `page_table`, int32 (batch, pages per sequence), the
     pool's pages in an order drawn from `seed` (a sequence's pages are neither in order nor next to each other), and
     `seqused_k`, int32 (batch,): seqlen_k keys each, or with `ragged`, the first sequence's seqlen_k and the others'
-    drawn from `seed` between 1 and seqlen_k."""
+    drawn from `seed` up to seqlen_k, from 1 (causal: from seqlen_q, so that every query row sees a key, as a chunk of
+    new tokens in a cache that holds them)."""
     if not problem.page_size:
         return {}
     pages = -(-problem.seqlen_k // problem.page_size)
@@ -464,7 +465,8 @@ def paging(problem: Problem, device, seed: int = 0, ragged: bool = False) -> dic
     table = torch.randperm(problem.batch * pages, generator=generator).view(problem.batch, pages)
     used = torch.full((problem.batch,), problem.seqlen_k)
     if ragged and problem.batch > 1:
-        used[1:] = torch.randint(1, problem.seqlen_k + 1, (problem.batch - 1,), generator=generator)
+        low = min(problem.seqlen_q, problem.seqlen_k) if problem.causal else 1
+        used[1:] = torch.randint(low, problem.seqlen_k + 1, (problem.batch - 1,), generator=generator)
     return dict(page_table=table.to(device=device, dtype=torch.int32), seqused_k=used.to(device=device, dtype=torch.int32))
 
 
