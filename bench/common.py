@@ -42,6 +42,24 @@ PREFILL_SEQLENS = (1000, 3000)
 COLUMNS = ("problem", "candidate", "status", "TFLOPS", "ms", "% HBM bound", "max errors (error/tolerance)")
 
 
+class DebugLines:
+    """The "fa4tune" logger's debug lines while it is open (which config ran each call, and why)."""
+
+    def __enter__(self) -> list[str]:
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.DEBUG)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+        logging.getLogger("fa4tune").addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc):
+        import logging
+
+        logging.getLogger("fa4tune").removeHandler(self.handler)
+
+
 def default_compile_jobs() -> int:
     """CPU processes compiling ahead: every core but one (the GPU process's)."""
     return max(1, (os.cpu_count() or 2) - 1)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import DebugLines  # noqa: E402
+
 # (label, batch, seqlen, heads, heads_kv, head_dim, window_size_left, softcap, source): the models' config.json values
 MODELS = [
     ("Mistral 7B v0.1 (window 4096)", 1, 8192, 32, 8, 128, 4096, 0.0,
@@ -41,24 +43,6 @@ def _tensors(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, grad=False, s
 
 def _max_diff(a, b) -> float:
     return (a.float() - b.float()).abs().max().item()
-
-
-class _Lines:
-    """The "fa4tune" logger's debug lines while it is open (which config ran each call)."""
-
-    def __enter__(self):
-        import logging
-
-        self.lines: list[str] = []
-        self.handler = logging.Handler(logging.DEBUG)
-        self.handler.emit = lambda record: self.lines.append(record.getMessage())
-        logging.getLogger("fa4tune").addHandler(self.handler)
-        return self.lines
-
-    def __exit__(self, *exc):
-        import logging
-
-        logging.getLogger("fa4tune").removeHandler(self.handler)
 
 
 SPLIT = "kernel=sm120_splitkv"  # a config's short() names its kernel class
@@ -152,7 +136,7 @@ def graphs_step() -> int:
                 used.copy_(torch.randint(1, shape[2] + 1, (shape[0],), device="cuda", dtype=torch.int32))
                 graph.replay()
                 torch.cuda.synchronize()
-                with _Lines() as lines:
+                with DebugLines() as lines:
                     eager = call(*fresh, used)
                 diff = _max_diff(captured, eager)
                 print(f"{label}: replay on new inputs {seed}: max |diff| vs eager {diff:.3g}")
@@ -182,7 +166,7 @@ def seqused_step() -> int:
         g = torch.Generator(device="cuda").manual_seed(batch)
         used = (torch.tensor(lengths, dtype=torch.int32, device="cuda") if lengths else
                 torch.randint(1, slots + 1, (batch,), generator=g, device="cuda", dtype=torch.int32))
-        with torch.no_grad(), _Lines() as lines:
+        with torch.no_grad(), DebugLines() as lines:
             out, _ = flash_attn_varlen_func(q, k, v, seqused_k=used, causal=True, num_splits=splits)
         failures += kv_cache_failures(label, out, q, k, v, used, lines)
     return failures

@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import DebugLines  # noqa: E402
+
 PAGE_SIZES = (16, 64, 256)
 WITHIN = 1.05  # the target: a paged decode within 5 % of the same decode on a contiguous cache
 # (label, batch, seqlen_q, slots per sequence, heads, kv heads, head_dim, causal, used lengths (None: drawn, the first
@@ -70,24 +72,6 @@ def _tensors(batch, seqlen_q, slots, heads, kv_heads, head_dim, seed):
             ((batch, seqlen_q, heads, head_dim), (batch, slots, kv_heads, head_dim), (batch, slots, kv_heads, head_dim))]
 
 
-class _Lines:
-    """The "fa4tune" logger's debug lines while it is open (which config ran each call)."""
-
-    def __enter__(self):
-        import logging
-
-        self.lines: list[str] = []
-        self.handler = logging.Handler(logging.DEBUG)
-        self.handler.emit = lambda record: self.lines.append(record.getMessage())
-        logging.getLogger("fa4tune").addHandler(self.handler)
-        return self.lines
-
-    def __exit__(self, *exc):
-        import logging
-
-        logging.getLogger("fa4tune").removeHandler(self.handler)
-
-
 def ran_paged(lines: list[str], page_size: int) -> str:
     """The debug line of a tuned forward of a page_size class on a class that runs pages, or '' when none ran so."""
     found = [line for line in lines if "tuned forward" in line]
@@ -113,13 +97,13 @@ def gate_step() -> int:
     for label, batch, seqlen_q, slots, heads, kv_heads, head_dim, causal, given in GATE_CASES:
         q, k, v = _tensors(batch, seqlen_q, slots, heads, kv_heads, head_dim, seed=batch)
         used = used_lengths(batch, slots, given, seed=slots, low=seqlen_q if causal else 1)
-        with torch.no_grad(), _Lines() as lines:
+        with torch.no_grad(), DebugLines() as lines:
             contiguous, _ = flash_attn_varlen_func(q, k, v, seqused_k=used, causal=causal)
         contiguous_line = next((line for line in reversed(lines) if "tuned forward" in line), "")
         for page_size in PAGE_SIZES:
             k_pool, table = scatter_pages(k, page_size, seed=page_size)
             v_pool, _ = scatter_pages(v, page_size, seed=page_size)
-            with torch.no_grad(), _Lines() as lines:
+            with torch.no_grad(), DebugLines() as lines:
                 out, lse = flash_attn_varlen_func(q, k_pool, v_pool, page_table=table, seqused_k=used, causal=causal,
                                                   return_lse=True)
             result = gate.check_outputs(q, k_pool, v_pool, causal, out, lse, page_table=table, seqused_k=used)
@@ -258,7 +242,7 @@ def main(argv: list[str]) -> int:
     if not argv or any(name not in STEPS for name in argv):
         print(f"error: steps: one or more of {', '.join(STEPS)}", file=sys.stderr)
         return 2
-    logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # _Lines reads which config ran each call
+    logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # DebugLines reads which config ran each call
     from fa4tune.harness.candidates import load_default_experiment
     from fa4tune.torch_op import use_tables
 

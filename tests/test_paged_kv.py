@@ -23,6 +23,7 @@ from fa4tune.harness import gate, runtime_guards
 from fa4tune.harness.candidates import sdpa_candidate
 from fa4tune.kernel_class import forward_kernels
 from fa4tune.targets import get_target
+from tests.test_dropin import op_calls, upstream_calls  # noqa: F401  (the drop-in's fixtures: upstream's and our op's calls)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGED = Problem(3, 2, 200, 8, 2, 64, 64, True, backward=False, page_size=16)  # 13 pages a sequence, the last part-used
@@ -189,22 +190,6 @@ def _paged_call(page_size=16, dtype=torch.int32, batch=2, pages=8):
     return q, pool, pool.clone(), table, torch.full((batch,), pages * page_size - 3, dtype=torch.int32)
 
 
-@pytest.fixture
-def upstream_calls(monkeypatch):
-    from flash_attn.cute import interface
-
-    calls = []
-    monkeypatch.setattr(interface, "flash_attn_varlen_func", lambda **kw: calls.append(kw) or ("upstream", None))
-    return calls
-
-
-@pytest.fixture
-def op_calls(monkeypatch):
-    calls = []
-    monkeypatch.setattr(torch_op, "forward_op", lambda *args: calls.append(args) or ("ours", "lse"))
-    return calls
-
-
 def test_a_paged_call_goes_to_our_op_with_its_page_table(upstream_calls, op_calls):
     q, k, v, table, used = _paged_call()
     assert dropin.flash_attn_varlen_func(q, k, v, page_table=table, seqused_k=used) == ("ours", None)
@@ -224,7 +209,7 @@ def test_a_paged_call_our_class_cannot_run_goes_to_upstream_with_the_reason(chan
     q, k, v, table, used = _paged_call()
     with caplog.at_level(logging.DEBUG, logger="fa4tune"):
         assert dropin.flash_attn_varlen_func(q, k, v, page_table=table, seqused_k=used, **change) == ("upstream", None)
-    assert op_calls == [] and upstream_calls[0]["page_table"] is table and phrase in caplog.text
+    assert op_calls == [] and upstream_calls[0][1]["page_table"] is table and phrase in caplog.text
 
 
 def test_a_paged_call_with_gradients_goes_to_upstream(upstream_calls, op_calls, caplog):
