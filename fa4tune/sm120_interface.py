@@ -22,7 +22,10 @@ upstream's kernel, launched as a programmatic dependent launch (PDL, `use_pdl`) 
 default): its CTAs are scheduled while the split kernel drains and wait in the kernel's own `griddepcontrol_wait`
 until the partials are complete and visible (upstream's combine has that wait; the split kernel triggers it with
 `griddepcontrol_launch_dependents`). Only the launch changes; `_compile_fwd_combine` is rewritten to build
-`PdlForwardCombine`, in a compile cache of its own.
+`PdlForwardCombine`, in a compile cache of its own. Paged KV (page_table, issue 71): upstream's SM120 selection is
+handed no page size (b40's validate_fwd_config refuses pages on SM120); the page size reaches the kernel class as the
+constructor knob `page_size` (one error, kernel_paged, for a class that does not declare the feature "paged") and
+joins our key in the compile key.
 """
 
 from __future__ import annotations
