@@ -481,9 +481,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
                    tXpX: cute.Tensor, tile_hdim: cutlass.Constexpr, check_hdim_oob: cutlass.Constexpr, block: Int32,
                    smem_pipe_write: Int32, seqlen: Int32, need_predicates: cutlass.Constexpr):
         """KV block `block` of a sequence from a page pool mX (page_size, d, page) into shared memory, as upstream's
-        load_K / load_V load a contiguous one (cp.async, the same partition, rows at or past seqlen left alone under
-        need_predicates). Pages of at least tile_n tokens hold whole blocks: one page-table entry gives the block's
-        page, the block's offset in it follows. Smaller pages: each row the thread copies lies in the page of its
+        load_K / load_V load a contiguous one (cp.async, the same partition; under need_predicates, rows at or past
+        seqlen zero-filled). Pages of a multiple of tile_n tokens hold whole blocks: one page-table entry gives the
+        block's page, the block's offset in it follows. Smaller pages: each row the thread copies lies in the page of its
         token; where tile_n is a multiple of the page and the rows a thread copies at once (the copy's rows per pass)
         divide it, the page of each of the thread's rows is known at trace time, so each page's entry is read once.
         A page-table entry is only read for a token below seqlen (indices clamped to the sequence's last page), so
