@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from fa4tune.static_check import DEFAULT_CACHE
@@ -62,13 +63,48 @@ def compile_facts(job: dict) -> dict:
     from fa4tune.kernel_cache import compile_arch
 
     config = (ForwardConfig if job["kind"] == "fwd" else BackwardConfig).from_dict(job["config"])
+    experiment, shapes = load_experiment(job["experiment_path"]), [Problem.from_dict(job["problem"])]
     try:
-        facts = compile_shapes(load_experiment(job["experiment_path"]), job["kind"], config, [Problem.from_dict(job["problem"])])
+        facts = compile_shapes(experiment, job["kind"], config, shapes)
+        if facts.cubin_error.startswith(NO_STORED_FACTS):
+            # stored by a compile that read no cubin (search run's GPU stage under emulation): compile it again here,
+            # the entry stays, its facts are stored beside it
+            with fresh_compiles(kernel_cache_of(experiment, job["kind"], config)):
+                facts = compile_shapes(experiment, job["kind"], config, shapes)
     except Exception as err:  # the candidate fails its gate the same way: here it only has no facts
         return {"status": "compile_error", "reason": error_reason(err), "arch": compile_arch()}
     if facts.cubin_error:
         return {"status": "static_error", "reason": facts.cubin_error, "arch": compile_arch()}
     return {"status": "ok", "reason": "", "arch": compile_arch(), "kernel": facts.resources()}
+
+
+NO_STORED_FACTS = "loaded from the kernel cache, which holds no facts"  # fa4tune.fake_compile's words
+
+
+def kernel_cache_of(experiment, kind: str, config):
+    """The compile cache the host path keeps the kind's kernels of `config` in (fa4tune.fake_compile's choice)."""
+    from fa4tune.sm120_interface import build
+
+    if kind == "fwd" and getattr(experiment.kernel_class(config), "quantizes", False):
+        from fa4tune import fp8
+
+        return fp8.COMPILED
+    host = build(experiment.kernel_class)
+    return host.fwd_cache if kind == "fwd" else host.bwd_cache
+
+
+@contextmanager
+def fresh_compiles(cache):
+    """While open, a disk kernel cache (fa4tune.kernel_cache.DiskCompileCache) loads nothing: every kernel compiles
+    (an existing entry is kept, the new facts are written beside it)."""
+    if not hasattr(cache, "_load"):
+        yield
+        return
+    cache._load = lambda key: False
+    try:
+        yield
+    finally:
+        del cache._load
 
 
 def kernel_facts(reply: dict, arch: str, target, num_threads: int) -> dict:

@@ -137,3 +137,35 @@ def test_a_real_sm120a_compile_gives_upstreams_d128_causal_forward_its_known_fac
     assert fidelity.gather([job], TARGET, EXPERIMENT, 1, None, None, cache, no_pool, log=lambda line: None) == found
     emulated = fidelity.candidate_fidelity({"sm120a": sm120a, "run": facts("sm_90a", 32, sm120a["spill_bytes"] + 4096)})
     assert emulated["flag"].startswith("spills differ by more than 512 B: sm_120a 255 regs")
+
+
+def test_a_kernel_stored_without_facts_is_compiled_again_for_them(monkeypatch):
+    """`search run` under emulation stores its GPU-arch kernels without reading their cubins: the fidelity compile
+    that loads such a kernel compiles it once more, the cache loading nothing meanwhile, and keeps the entry."""
+    import fa4tune.fake_compile as fake_compile
+    from fa4tune.kernel_cache import DiskCompileCache
+
+    class Cache(DiskCompileCache):
+        def __init__(self):
+            dict.__init__(self)
+
+        def _load(self, key):
+            return True
+
+    cache = Cache()
+    loads_seen = []
+
+    def compile_shapes(experiment, kind, config, shapes, read_facts=True):
+        loads_seen.append(cache._load("key"))
+        if loads_seen[-1]:
+            return fake_compile.KernelFacts(kernels_loaded=1, shapes=1, cubin_error=fidelity.NO_STORED_FACTS + " for it")
+        return fake_compile.KernelFacts(registers=32, spill_store_bytes=8, spill_load_bytes=8, kernels_compiled=1, shapes=1)
+
+    monkeypatch.setattr(fake_compile, "compile_shapes", compile_shapes)
+    monkeypatch.setattr(fidelity, "kernel_cache_of", lambda experiment, kind, config: cache)
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    job = {"kind": "bwd", "config": defaults.upstream_backward(ProblemClass(64, 64, False)).to_dict(),
+           "problem": Problem(1, 256, 256, 2, 2, 64, 64, False).to_dict(), "experiment_path": str(EXPERIMENT)}
+    reply = fidelity.compile_facts(job)
+    assert loads_seen == [True, False] and cache._load("key") is True  # loading is back once the facts are read
+    assert reply["status"] == "ok" and reply["arch"] == "sm_90a" and reply["kernel"]["registers"] == 32
