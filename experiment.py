@@ -116,7 +116,8 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d64-causal-bf16": replace(CMASK4, kernel="sm120_cmask_kregs"),
     "d128-causal-gqa4-bf16": replace(CMASK8, kernel="sm120_cmask_kregs"),
     "d192v128-causal-bf16": replace(BWD, kernel="sm120_cmask_kregs", num_stages_Q=1, num_threads=256, dQ_swapAB=True,
-                                    AtomLayoutNdKV=4),  # 30.9x upstream's: 2026-12-06-h100-models-opaque-fp8-wide.md
+                                    AtomLayoutNdKV=4),  # 248 regs, no spills; upstream's spills 1.5 KB on sm_120a (its 30.9x
+    # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

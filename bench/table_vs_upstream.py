@@ -26,6 +26,12 @@ row adds FA2's medians and the table's speedup over FA2 (issue 44: FA2 side by s
 Geomean speedups: forward over the prefill problems (chunked ones included), forward over the decodes, backward. One JSON line per step
 result goes to --out as it is measured (a killed run keeps what it measured). On a GPU that is not SM 12.0 these
 are the SM120 kernels emulated on it: the 99 KB rule is SM120's, the speed is the device's.
+Emulation fidelity (bench/fidelity.py): each timed kernel's registers and spills compiled for sm_120a beside those of
+its compile for the GPU's arch, both ahead in CPU processes; a row where a candidate's two compiles disagree (spill
+traffic beyond fidelity.SPILL_MARGIN_BYTES, registers beyond fidelity.REGISTER_MARGIN) is flagged, left out of the
+geomeans (and of by-entry geomeans and the lowest speedup), and named. `--fidelity-only [sm_90a]` compiles them on a
+CPU machine and prints the table without timing; its sm_120a half lands in .cache/fidelity-facts.jsonl (carry it: the
+GPU run then compiles only its own arch's).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import fidelity  # noqa: E402
 from bench.common import compile_ahead, default_compile_jobs  # noqa: E402
 from fa4tune import defaults, emulated_occupancy  # noqa: E402
 from fa4tune.config import Problem  # noqa: E402
@@ -107,6 +114,33 @@ def compile_pairs(steps: list[Step]) -> list[tuple[str, object, Problem]]:
     return pairs
 
 
+def timed_kernels(step: Step) -> list[tuple[str, str, object]]:
+    """(candidate, kind, config) of the kernels the step times: its direction's config of the table and of upstream
+    (unless refused); a backward step times the gradients only, so its backward's kernel."""
+    index = 0 if step.direction == "fwd" else 1
+    named = [(TABLE, step.table)] + ([] if step.upstream_refused else [(UPSTREAM, step.upstream)])
+    return [(name, step.direction, configs[index]) for name, configs in named]
+
+
+def fidelity_facts(steps: list[Step], jobs: int, experiment_path, gpu_arch: str | None, gpu_env: dict | None) -> dict:
+    """Both arches' registers and spills of every timed kernel (bench/fidelity.py: gather), compiled ahead in `jobs`
+    CPU processes; without `gpu_arch`, sm_120a's alone (into the facts cache); {} with jobs 0."""
+    if not jobs:
+        return {}
+    from fa4tune.targets import get_target
+
+    pairs = [(kind, cfg, s.problem) for s in steps for _, kind, cfg in timed_kernels(s)]
+    return fidelity.gather(fidelity.jobs_of(pairs), get_target(), experiment_path, jobs, gpu_arch, gpu_env,
+                           log=lambda line: print(line, flush=True))
+
+
+def fidelity_of(facts: dict, step: Step, kind: str, config) -> dict:
+    """A record's "fidelity" (bench/fidelity.py: candidate_fidelity) from the gathered facts."""
+    if not facts:
+        return fidelity.candidate_fidelity(None)
+    return fidelity.candidate_fidelity(facts.get(fidelity.facts_key(kind, config, step.problem.problem_class)), "no facts gathered for it")
+
+
 def order(run: int) -> tuple[str, str]:
     """The candidates' order in a run: the table first in odd runs (1, 3, ...), upstream first in even ones."""
     return (TABLE, UPSTREAM) if run % 2 == 1 else (UPSTREAM, TABLE)
@@ -137,8 +171,11 @@ def summarize(records: list[dict]) -> dict:
         row = rows.setdefault(key, {"suite": r["suite"], "problem": r["problem"], "direction": r["direction"],
                                     "regime": r["regime"], "class": r["class"], "table_kernel": r.get("table_kernel", ""),
                                     "entry": r.get("entry", ""),
-                                    "ms": {TABLE: [], UPSTREAM: [], FA2: []}, "failures": [], "refused": "", "same_config": True})
+                                    "ms": {TABLE: [], UPSTREAM: [], FA2: []}, "failures": [], "refused": "", "same_config": True,
+                                    "fidelity": {}})
         row["same_config"] = row["same_config"] and bool(r.get("same_config"))
+        if r.get("fidelity"):
+            row["fidelity"].setdefault(r["candidate"], r["fidelity"])
         if r["status"] == "ok":
             row["ms"][r["candidate"]].append(r["ms_median"])
         elif r["candidate"] == UPSTREAM and r.get("reason", "").startswith(NOT_RUN):
@@ -164,13 +201,14 @@ def summarize(records: list[dict]) -> dict:
         fa2_ms = row["ms"][FA2]
         row["over_fa2"] = (average(fa2_ms) / average(table_ms)) if fa2_ms and table_ms and not row["failures"] \
             and not row.get("fa2_failure") else None
+        mark_fidelity(row)
         out.append(row)
 
     def speedups(direction, decode=None):
-        return [r["speedup"] for r in out if r["direction"] == direction and r["speedup"]
+        return [r["speedup"] for r in out if r["direction"] == direction and r["speedup"] and not r["flag"]
                 and decode in (None, r["regime"] == "decode")]
 
-    ok = [r for r in out if r["speedup"] is not None]
+    ok = [r for r in out if r["speedup"] is not None and not r["flag"]]  # a flagged row's speedup is not SM120's
     by_entry: dict = {}  # (direction, regime group, own / fallback / ...) -> speedups: how the fallback rule serves
     for r in ok:
         group = "decode" if r["regime"] == "decode" else "prefill"
@@ -186,13 +224,63 @@ def summarize(records: list[dict]) -> dict:
         "losses": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"] == "loses"],
         "failures": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("failed")],
         "upstream_cannot_run": [f"{r['problem']} {r['direction']}" for r in out if r["verdict"].startswith("upstream cannot run")],
+        "fidelity_flagged": [f"{r['problem']} {r['direction']}" for r in out if r["flag"]],
+        "fidelity_unchecked": [f"{r['problem']} {r['direction']}" for r in out if r["unchecked"]],
     }
+
+
+def mark_fidelity(row: dict) -> None:
+    """A summary row's emulation-fidelity flag (`flag`: '' or each flagged candidate's reason; such a row stays out of
+    the geomeans) and `unchecked` (the candidates whose two compiles were not compared), from its records' fidelity."""
+    row["flag"] = fidelity.row_flag(row["fidelity"])
+    row["unchecked"] = fidelity.row_unchecked(row["fidelity"])
 
 
 def takes_fa2(step: Step) -> bool:
     """--fa2 times SDPA's flash backend on a step: a backward step of a problem without GQA."""
     p = step.problem
     return step.direction == "bwd" and p.num_heads == p.num_heads_kv
+
+
+def gpu_compile(jobs: int) -> tuple[str | None, dict | None]:
+    """The GPU's compile arch and the compile pipeline's environment for it (the kernel cache's); (None, None) with jobs 0."""
+    if not jobs:
+        return None, None
+    from fa4tune.harness import gpu
+    from fa4tune.kernel_cache import device_arch
+    from fa4tune.targets import get_target
+    from search.evaluating.gpu_pipeline import DEFAULT_CACHE, compile_env
+
+    info = gpu.read_device()
+    return device_arch(*info.capability), compile_env(get_target(), info.capability, info.num_sms, DEFAULT_CACHE)
+
+
+def cpu_compile_env(arch: str) -> dict:
+    """The compile pipeline's environment for `arch` ('sm_90a') on a machine without that GPU (fake tensors), with
+    the emulation's SM count (FLASH_ATTENTION_NUM_SMS, else the target's)."""
+    import os
+
+    from fa4tune.targets import get_target
+    from search.evaluating.gpu_pipeline import DEFAULT_CACHE, compile_env
+
+    digits = arch.removeprefix("sm_").rstrip("a")
+    if not digits.isdigit() or len(digits) < 2:
+        raise SystemExit(f"error: fidelity_arch: --fidelity-only takes an arch such as sm_90a, got {arch!r}")
+    target = get_target()
+    num_sms = int(os.environ.get("FLASH_ATTENTION_NUM_SMS") or target.num_sms)
+    return compile_env(target, (int(digits[:-1]), int(digits[-1])), num_sms, DEFAULT_CACHE)
+
+
+def kernel_rows(steps: list[Step], facts: dict) -> dict:
+    """print_fidelity's summary of the steps' kernels without timing: one row per step, its candidates' fidelity."""
+    rows = []
+    for s in steps:
+        row = {"problem": s.problem.label, "direction": s.direction,
+               "fidelity": {name: fidelity_of(facts, s, kind, cfg) for name, kind, cfg in timed_kernels(s)}}
+        mark_fidelity(row)
+        rows.append(row)
+    return {"rows": rows, "fidelity_flagged": [f"{r['problem']} {r['direction']}" for r in rows if r["flag"]],
+            "fidelity_unchecked": [f"{r['problem']} {r['direction']}" for r in rows if r["unchecked"]]}
 
 
 def fa2_candidate():
@@ -233,6 +321,7 @@ def print_summary(summary: dict, label: str) -> None:
                  " / ".join(f"{v:.4f}" for v in r["ms"][UPSTREAM]), " / ".join(f"{v:.4f}" for v in r["ms"][TABLE]),
                  f"{r['speedup']:.3f}" if r["speedup"] else "", f"{100 * r['spread']:.1f}%" if r["spread"] is not None else "")
         print("  ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + "  " + r["verdict"], flush=True)
+    print_fidelity(summary)
     for name in ("fwd_prefill_geomean", "fwd_decode_geomean", "bwd_geomean", "min_speedup"):
         value = summary[name]
         print(f"{name}: {value:.3f}" if value else f"{name}: n/a")
@@ -254,6 +343,28 @@ def print_summary(summary: dict, label: str) -> None:
         print(f"fallback {direction} {cls}: runs {entry.split(' ', 1)[1]}'s entry", flush=True)
 
 
+def print_fidelity(summary: dict) -> None:
+    """Every row's registers and spill traffic per timed candidate, sm_120a's beside the GPU arch's compile, the
+    flagged rows named with why, and how many (bench/fidelity.py)."""
+    rows = summary["rows"]
+    checked = [r for r in rows if any(f and (f.get("sm120a") or f.get("run")) for f in r["fidelity"].values())]
+    print(f"\n== emulation fidelity: registers and spill traffic per timed kernel, sm_120a | the GPU's compile "
+          f"(flagged beyond {fidelity.REGISTER_MARGIN} registers or {fidelity.SPILL_MARGIN_BYTES} B) ==")
+    for r in rows:
+        cells = []
+        for name, f in r["fidelity"].items():
+            if f and f.get("unchecked") == fidelity.NATIVE:
+                cells.append(f"{name} {fidelity.describe(f['sm120a'])} (native)")
+            elif f:
+                cells.append(f"{name} {fidelity.describe(f.get('sm120a'))} | {fidelity.describe(f.get('run'))}")
+        mark = "FLAGGED: " + r["flag"] if r["flag"] else ("unchecked: " + r["unchecked"] if r["unchecked"] else "agree")
+        print(f"{r['problem']:34s} {r['direction']:3s}  {'; '.join(cells) or 'no facts'}  -> {mark}")
+    flagged = summary.get("fidelity_flagged", [])
+    print(f"fidelity_flagged: {len(flagged)} of {len(rows)} rows (left out of the geomeans and the lowest speedup): "
+          f"{', '.join(flagged) or 'none'}")
+    print(f"fidelity_unchecked: {len(summary.get('fidelity_unchecked', []))} rows ({len(checked)} with facts)", flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suites", default="standard,generalization", help="comma-separated suite names or paths")
@@ -266,6 +377,10 @@ def main(argv=None) -> int:
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     parser.add_argument("--fa2", action="store_true",
                         help="also time torch SDPA's flash backend (FA2) on the backward steps of problems without GQA")
+    parser.add_argument("--fidelity-only", nargs="?", const="", metavar="ARCH",
+                        help="no GPU: compile every kernel the run would time for sm_120a (into the facts cache: carry "
+                             ".cache/fidelity-facts.jsonl to the GPU run) and, with ARCH (sm_90a: an H100/H200's), for ARCH "
+                             "too; print the fidelity table and exit")
     args = parser.parse_args(argv)
     if args.runs < 1:
         parser.error(f"--runs must be at least 1, got {args.runs}")
@@ -281,6 +396,12 @@ def main(argv=None) -> int:
     suites = [s for s in args.suites.split(",") if s]
     settings = Settings(gate_seed=new_gate_seed())
     steps = plan(suites, load_experiment(EXPERIMENT_PATH), args.only, (args.direction,) if args.direction else ("fwd", "bwd"))
+    if args.fidelity_only is not None:  # on the CPU: the compiles alone
+        arch = args.fidelity_only or None
+        facts = fidelity_facts(steps, max(1, args.compile_jobs), EXPERIMENT_PATH, arch, cpu_compile_env(arch) if arch else None)
+        print_fidelity(kernel_rows(steps, facts))
+        return 0
+    facts = fidelity_facts(steps, args.compile_jobs, EXPERIMENT_PATH, *gpu_compile(args.compile_jobs))  # before the gate shapes'
     compile_ahead(compile_pairs(steps), settings, args.compile_jobs, name=kernel_name)
 
     import torch
@@ -324,6 +445,8 @@ def main(argv=None) -> int:
                               "table_kernel": kernel_name(cfg), "same_config": cfg.key() == upstream_cfg.key(), "entry": s.entry,
                               "run": run, "candidate": name, "device": info.name,
                               "mode": mode, **res.to_dict()}
+                    if name in configs:  # the SM120 kernels (not FA2's): their emulation fidelity
+                        record["fidelity"] = fidelity_of(facts, s, s.direction, configs[name][0 if s.direction == "fwd" else 1])
                     records.append(record)
                     out.write(json.dumps(record) + "\n")
                     out.flush()

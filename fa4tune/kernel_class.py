@@ -22,6 +22,10 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
     or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
     that measurements have not found winning, so that the search spends no evaluations on it;
+  - optionally `regimes` (default all of fa4tune.config.REGIMES): the problem regimes (prefill, decode, chunked) the
+    search offers the class for; a problem class of another regime has no such `kernel` value in its space
+    (search.space.Space.for_class), as a class that cannot win there would only take proposals (split-KV: decode and
+    chunked, not prefill); dispatch entries, the static rules and the bench scripts still run it anywhere;
   - optionally, per problem (defaults: OK, 1, None): `can_implement_problem(config, problem, target)`, rules that need
     the sequence lengths (fa4tune.feasibility.check_forward_problem runs it before any compile);
     `num_splits_for(config, problem, num_sms)`, the KV splits it runs a problem with (above 1 the host path
@@ -47,7 +51,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from fa4tune.config import BackwardConfig, ConfigError, ForwardConfig
+from fa4tune.config import REGIMES, BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.verdict import OK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,6 +80,7 @@ class ForwardKernel:
     upstream: ClassVar[type | None] = None  # read from the class itself only: a subclass changes the code
     varlen: ClassVar[bool] = False  # runs packed batches (cu_seqlens); read from the class itself only, as `upstream`
     searched: ClassVar[bool] = True  # in the search's `kernel` domain (False: dispatch entries and benches only)
+    regimes: ClassVar[frozenset[str]] = frozenset(REGIMES)  # the regimes whose classes' spaces offer it (inherited)
     quantizes: ClassVar[bool] = False  # takes bf16 q, k, v and computes in FP8: runs the fp8 classes and only those
     features: ClassVar[frozenset[str]] = frozenset()  # of FEATURES; read from the class itself only, as `varlen`
 
@@ -109,7 +114,7 @@ class BackwardKernel:
     """The protocol a backward kernel class implements (a mixin before upstream's SM120 backward in the bases; in
     practice a subclass of kernels.backward_sm120.BackwardSm120, upstream's code with the packed GQA fix): `name`
     (a BackwardConfig's `kernel`), `knobs` (its own constructor knobs, in BackwardConfig.extra), `limits` (num_stages:
-    the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream` and `searched`, as for a
+    the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream`, `searched` and `regimes`, as for a
     forward class. fa4tune.feasibility.check_backward applies them after upstream's backward rules, which every class
     built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`)."""
 
@@ -118,6 +123,7 @@ class BackwardKernel:
     limits: ClassVar[Limits] = Limits(num_stages=(1, 2))
     upstream: ClassVar[type | None] = None
     searched: ClassVar[bool] = True
+    regimes: ClassVar[frozenset[str]] = frozenset(REGIMES)
     fixes: ClassVar[frozenset[str]] = frozenset()  # upstream's backward rules (feasibility) its own code makes moot
     features: ClassVar[frozenset[str]] = frozenset()  # of FEATURES, as a forward class's; read from the class itself
 
@@ -265,6 +271,9 @@ def _check_declaration(cls: type, config_class: type) -> None:
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
     if not isinstance(cls.searched, bool):
         raise bad(f"searched must be True or False (whether the search draws the class), got {cls.searched!r}")
+    if not isinstance(cls.regimes, frozenset) or not cls.regimes or not cls.regimes <= set(REGIMES):
+        raise bad(f"regimes must be a non-empty frozenset of {', '.join(REGIMES)} (where the search offers the class), "
+                  f"got {cls.regimes!r}")
     fixes = getattr(cls, "fixes", frozenset())
     if not isinstance(fixes, frozenset) or not all(isinstance(rule, str) for rule in fixes):
         raise bad(f"fixes must be a frozenset of rule names (fa4tune.feasibility.GATE_RULES), got {fixes!r}")

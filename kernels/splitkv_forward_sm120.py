@@ -86,6 +86,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
     limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 256))
+    # where the search offers it: decode (3-22x upstream, its entries) and chunked prefills (1.18x upstream at sq 512
+    # over 8K, unsplit: docs/measurements/2026-12-01-h200-splitkv.md section 4), not prefills, whose query tiles fill
+    # the GPU unsplit (a 20-trial study of a prefill class drew it six times, all pruned: issue 68)
+    regimes = frozenset({"decode", "chunked"})
 
     def __init__(self, *args, num_splits: int = 0, page_size: int = 0, **kwargs):
         super().__init__(*args, **kwargs)

@@ -11,7 +11,9 @@ under a different space. The forward's domain is read from the registered kernel
 (fa4tune.kernel_class): `kernel` ranges over the names of those the search draws (`searched`), and each such
 class's own knobs join the domain; a knob applies only to configs of its class (Optuna samples it for every trial,
 the config drops it). The backward's domain does the same with the backward classes once the search draws more than
-upstream's (backward_space).
+upstream's (backward_space). A problem class's space offers only the kernel classes that declare its regime
+(`regimes`: split-KV is not offered to prefills); a study stored before that cut keeps the space it was made with
+(`Space.stored`: Optuna refuses a categorical knob whose choices change within a study).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Callable
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
 from fa4tune import defaults
-from fa4tune.config import FP8, UPSTREAM_BACKWARD_KERNEL, BackwardConfig, ConfigError, ForwardConfig, ProblemClass
+from fa4tune.config import FP8, REGIMES, UPSTREAM_BACKWARD_KERNEL, BackwardConfig, ConfigError, ForwardConfig, ProblemClass
 from fa4tune.feasibility import Verdict, backward_smem_bytes, check_backward, check_forward_entry, forward_smem_bytes
 from fa4tune.kernel_class import backward_kernels, forward_kernels, register_loader
 from fa4tune.space import BACKWARD_DOMAIN, DECODE_FORWARD_DOMAIN, forward_domain
@@ -44,7 +46,7 @@ def _load_experiment():
 register_loader(_load_experiment)  # the registry receives experiment.py; it never loads it itself
 
 DIRECTIONS = ("fwd", "bwd")
-_FEASIBLE: dict[tuple, list] = {}  # (space signature, problem class) -> feasible configs
+_FEASIBLE: dict[tuple, object] = {}  # (space signature, problem class) -> feasible configs; the cut spaces too
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class Space:
     # Knob domains an opt-in "fp8" class replaces (`kernel`: the classes that quantize, which no other class's
     # domain holds, so the other classes' spaces and signatures are those of the studies stored before); cut per class.
     fp8_domain: dict[str, tuple] = field(default_factory=dict)
+    # kernel class name -> the regimes whose problem classes' spaces offer it (fa4tune.kernel_class `regimes`); a
+    # class absent here is offered everywhere. Not in the signature: the cut domain is.
+    kernel_regimes: dict[str, frozenset] = field(default_factory=dict)
 
     def distributions(self) -> dict[str, BaseDistribution]:
         """One distribution per knob (single-valued knobs included, so params map 1:1): see `distribution`."""
@@ -130,8 +135,14 @@ class Space:
 
     def for_class(self, problem_class: ProblemClass, target: Target) -> "Space":
         """A per_class space cut to the knob values of the class's feasible configs (each knob keeps its order);
-        unchanged when the space is not per_class or nothing is feasible. A regime with a domain of its own
-        (regime_domain) swaps it in first, and is cut per class."""
+        unchanged when the space is not per_class or nothing is feasible. First the kernel classes that do not serve
+        the class's regime leave the domain (`offered`); a regime with a domain of its own (regime_domain) swaps it in
+        next, and is cut per class."""
+        if self.kernel_regimes:
+            key = ("offered", self.signature(target), problem_class.regime)
+            if key not in _FEASIBLE:
+                _FEASIBLE[key] = self.offered(problem_class.regime)
+            return _FEASIBLE[key].for_class(problem_class, target)
         if problem_class.dtype == FP8 and self.fp8_domain:  # the whole domain: no other class's knobs
             return replace(self, domain=dict(self.fp8_domain), regime_domain={}, fp8_domain={},
                            per_class=True).for_class(problem_class, target)
@@ -149,6 +160,30 @@ class Space:
                 del domain["kernel"]  # only upstream's class runs this class: the space of the studies stored before
             _FEASIBLE[key] = replace(self, domain=domain, per_class=False) if feasible else replace(self, per_class=False)
         return _FEASIBLE[key]
+
+    def offered(self, regime: str) -> "Space":
+        """This space without the kernel classes that do not serve `regime` (kernel_regimes) and the knobs only they
+        own; itself where kernel_regimes is empty. The result cuts no further (its kernel_regimes is empty)."""
+        if not self.kernel_regimes:
+            return self
+        kernels = self.domain.get("kernel", ())
+        dropped = {name for name in kernels if regime not in self.kernel_regimes.get(name, (regime,))}
+        if not dropped or dropped == set(kernels):  # a domain with no class left would have no config at all
+            return replace(self, kernel_regimes={})
+        kept_knobs = {name: knobs for name, knobs in self.kernel_knobs.items() if name not in dropped}
+        own_only = {k for name in dropped for k in self.kernel_knobs.get(name, ())} - {k for knobs in kept_knobs.values() for k in knobs}
+        domain = {name: values for name, values in self.domain.items() if name not in own_only}
+        domain["kernel"] = tuple(name for name in kernels if name not in dropped)
+        return replace(self, domain=domain, kernel_knobs=kept_knobs, kernel_regimes={})
+
+    def stored(self, signature: str, problem_class: ProblemClass, target: Target) -> "Space | None":
+        """The space of a study of the class stored with `signature`: this one cut to the class (for_class), or, for a
+        study stored before kernel classes declared their regimes, the same without that cut (its trials' categorical
+        choices must stay the study's); None when neither matches. Call it on a direction's whole space."""
+        for space in (self.for_class(problem_class, target), replace(self, kernel_regimes={}).for_class(problem_class, target)):
+            if space.signature(target) == signature:
+                return space
+        return None
 
     def random_feasible(self, problem_class: ProblemClass, target: Target, rng: random.Random, exclude: set):
         """A uniformly drawn feasible config whose to_dict() items are not in `exclude`; None when the space is exhausted."""
@@ -202,7 +237,7 @@ def backward_space(kernels: dict[str, type] | None = None) -> Space:
                 for knob, values in cls.knobs.items():
                     domain[knob] = tuple(dict.fromkeys(domain.get(knob, ()) + tuple(values)))
         space = Space("bwd", domain, BackwardConfig, check_backward, defaults.upstream_backward, backward_smem_bytes,
-                      own, per_class=True)
+                      own, per_class=True, kernel_regimes=kernel_regimes(searched) if "kernel" in domain else {})
         known = _BACKWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]
 
@@ -218,7 +253,8 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
         space = Space("fwd", forward_domain(plain), ForwardConfig, check_forward_entry, defaults.upstream_forward, forward_smem_bytes,
                       {name: tuple(cls.knobs) for name, cls in {**plain, **fp8}.items() if cls.knobs or name in plain},
                       regime_domain={"decode": DECODE_FORWARD_DOMAIN},
-                      fp8_domain={**forward_domain(fp8), "kernel": tuple(fp8)} if fp8 else {})
+                      fp8_domain={**forward_domain(fp8), "kernel": tuple(fp8)} if fp8 else {},
+                      kernel_regimes=kernel_regimes(searched))
         known = _FORWARD_SPACES[id(kernels)] = (kernels, space)
     return known[1]
 
@@ -226,6 +262,11 @@ def forward_space(kernels: dict[str, type] | None = None) -> Space:
 def searched_kernels(kernels: dict[str, type]) -> dict[str, type]:
     """The classes the search draws: those whose `searched` is true (the rest run from dispatch entries only)."""
     return {name: cls for name, cls in kernels.items() if cls.searched}
+
+
+def kernel_regimes(kernels: dict[str, type]) -> dict[str, frozenset]:
+    """name -> the regimes a class serves, for the classes that do not serve every regime (fa4tune.kernel_class)."""
+    return {name: frozenset(cls.regimes) for name, cls in kernels.items() if set(cls.regimes) != set(REGIMES)}
 
 
 def get_space(direction: str) -> Space:

@@ -226,3 +226,98 @@ def test_fa2_runs_the_gate_s_causal_cases_with_fewer_queries_than_keys_bottom_ri
     (dq,) = torch.autograd.grad(out.sum(), q)  # the backward is what --fa2 times
     (dq_expected,) = torch.autograd.grad(expected.sum(), q)
     torch.testing.assert_close(dq, dq_expected, atol=1e-4, rtol=1e-4)
+
+
+# ---- emulation fidelity (bench/fidelity.py) ----
+
+def _fidelity(flag: str = "") -> dict:
+    sm120a = {"arch": "sm_120a", "registers": 255, "spill_bytes": 1464, "ctas_per_sm": 1}
+    run = {"arch": "sm_90a", "registers": 32 if flag else 250, "spill_bytes": 30500 if flag else 1464, "ctas_per_sm": 1}
+    return {"sm120a": sm120a, "run": run, "flag": flag, "unchecked": ""}
+
+
+def test_a_flagged_row_is_left_out_of_the_geomeans_and_the_lowest_speedup_and_named(capsys):
+    """A row whose candidate's emulating compile disagrees with its sm_120a compile (upstream's d192/v128 backward:
+    30.9x in emulation, 32 registers and 30,500 B of spills against SM120's 255 and 1,464 B) says nothing about SM120:
+    the summary counts and names it and leaves it out of the geomeans."""
+    bench = load_bench()
+    flagged = [{**r, "fidelity": _fidelity("spills differ by more than 512 B: ...") if r["candidate"] == "upstream" else _fidelity()}
+               for r in _records("d192", "bwd", "prefill", [2.0, 2.0], [61.9, 61.9])]
+    kept = [{**r, "fidelity": _fidelity()} for r in _records("d128", "bwd", "prefill", [1.0, 1.0], [1.1, 1.1])]
+    unchecked = _records("old", "bwd", "prefill", [1.0, 1.0], [1.3, 1.3])  # lines of a run before the flag: no fidelity
+    s = bench.summarize(flagged + kept + unchecked)
+    rows = {r["problem"]: r for r in s["rows"]}
+    assert rows["d192"]["flag"] == "upstream: spills differ by more than 512 B: ..." and rows["d192"]["speedup"] == pytest.approx(30.95)
+    assert rows["d192"]["verdict"] == "wins" and rows["d128"]["flag"] == "" and rows["old"]["flag"] == ""
+    assert s["bwd_geomean"] == pytest.approx((1.1 * 1.3) ** 0.5) and s["min_speedup"] == pytest.approx(1.1)
+    assert s["fidelity_flagged"] == ["d192 bwd"] and s["by_entry"][("bwd", "prefill", "?")][0] == 2
+    bench.print_summary(s, "fake")
+    printed = capsys.readouterr().out
+    assert "fidelity_flagged: 1 of 3 rows (left out of the geomeans and the lowest speedup): d192 bwd" in printed
+    assert "upstream sm_120a 255 regs, 1464 B spilled, 1 CTAs/SM | sm_90a 32 regs, 30500 B spilled, 1 CTAs/SM" in printed
+    assert "-> FLAGGED: upstream: spills differ" in printed and "bwd_geomean: 1.196" in printed
+
+
+def _fake_gpu(monkeypatch, bench, step):
+    from fa4tune.harness import candidates as harness_candidates, gpu, steps as harness_steps
+    from fa4tune.harness.measurement import ProblemResult
+
+    def measure_step(problem, direction, candidates, **kwargs):
+        ms = {"table": 2.0, "upstream": 61.9, "fa2": 2.5}
+        return {c.name: ProblemResult(problem.label, direction, "ok", tflops=1.0, ms_median=ms[c.name]) for c in candidates}
+
+    monkeypatch.setattr(bench, "plan", lambda suites, experiment, only, directions: [step])
+    monkeypatch.setattr(bench, "compile_ahead", lambda *args, **kwargs: None)
+    monkeypatch.setattr(harness_candidates, "load_experiment", lambda path: experiment)
+    monkeypatch.setattr(harness_candidates, "experiment_candidate", lambda module, fwd, bwd, name: harness_candidates.Candidate(name, None, {}))
+    monkeypatch.setattr(gpu, "read_device", lambda: gpu.DeviceInfo("fake H100", (9, 0), 132))
+    monkeypatch.setattr(gpu, "select_mode", lambda info, target: "emulated")
+    monkeypatch.setattr(harness_steps, "make_flusher", lambda device: None)
+    monkeypatch.setattr(harness_steps, "measure_step", measure_step)
+
+
+def test_each_timed_candidate_s_line_carries_its_fidelity_from_the_facts_compiled_ahead(tmp_path, monkeypatch, capsys):
+    bench = load_bench()
+    from bench import fidelity
+    from fa4tune.config import BackwardConfig, ForwardConfig, Problem
+
+    problem = Problem(1, 4096, 4096, 16, 16, 192, 128, True, name="d192")
+    table, upstream = (ForwardConfig(), BackwardConfig(num_threads=256)), (ForwardConfig(), BackwardConfig())
+    step = bench.Step("wide", problem, "bwd", table, upstream)
+    _fake_gpu(monkeypatch, bench, step)
+    seen = {}
+
+    def gather(jobs, target, experiment_path, workers, gpu_arch, gpu_env, log):
+        seen.update(jobs=jobs, gpu_arch=gpu_arch, workers=workers)
+        sm120a = {"arch": "sm_120a", "registers": 255, "spill_bytes": 1464, "ctas_per_sm": 1}
+        return {fidelity.facts_key("bwd", table[1], problem.problem_class): {"sm120a": sm120a, "run": {**sm120a, "arch": "sm_90a"}},
+                fidelity.facts_key("bwd", upstream[1], problem.problem_class): {
+                    "sm120a": sm120a, "run": {"arch": "sm_90a", "registers": 32, "spill_bytes": 30500, "ctas_per_sm": 1}}}
+
+    monkeypatch.setattr(fidelity, "gather", gather)
+    monkeypatch.setattr(bench, "gpu_compile", lambda jobs: ("sm_90a", {"CUTE_DSL_ARCH": "sm_90a"}))
+    out = tmp_path / "out.jsonl"
+    assert bench.main(["--runs", "1", "--out", str(out), "--compile-jobs", "3", "--fa2"]) == 0
+    assert seen["gpu_arch"] == "sm_90a" and seen["workers"] == 3
+    assert seen["jobs"] == [("bwd", table[1], problem), ("bwd", upstream[1], problem)]  # the timed kernels: the backward's
+    lines = {r["candidate"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert lines["table"]["fidelity"]["flag"] == "" and lines["upstream"]["fidelity"]["flag"].startswith("spills differ by more than 512 B")
+    assert lines["upstream"]["fidelity"]["run"]["registers"] == 32 and "fidelity" not in lines["fa2"]  # FA2: no SM120 kernel
+    printed = capsys.readouterr().out
+    assert "fidelity_flagged: 1 of 1 rows" in printed and "bwd_geomean: n/a" in printed
+
+
+def test_fidelity_only_compiles_on_the_cpu_without_timing(monkeypatch, capsys):
+    bench = load_bench()
+    from bench import fidelity
+    from fa4tune.harness import gpu
+
+    monkeypatch.setattr(gpu, "read_device", lambda: pytest.fail("--fidelity-only needs no GPU"))
+    calls = []
+    monkeypatch.setattr(fidelity, "gather", lambda jobs, target, path, workers, gpu_arch, gpu_env, log: calls.append((gpu_arch, gpu_env)) or {})
+    assert bench.main(["--suites", "wide", "--only", "deepseek", "--fidelity-only", "--compile-jobs", "0"]) == 0
+    assert bench.main(["--suites", "wide", "--only", "deepseek", "--fidelity-only", "sm_90a"]) == 0
+    assert calls[0] == (None, None) and calls[1][0] == "sm_90a" and calls[1][1]["CUTE_DSL_ARCH"] == "sm_90a"
+    assert "deepseek-v2-lite train 4k bf16     bwd  table not compiled | not compiled; upstream" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: fidelity_arch: --fidelity-only takes an arch such as sm_90a, got 'hopper'"):
+        bench.main(["--suites", "wide", "--only", "deepseek", "--fidelity-only", "hopper"])

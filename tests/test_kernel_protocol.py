@@ -226,8 +226,27 @@ def test_a_class_that_is_not_searched_runs_from_the_table_but_is_never_drawn():
     assert "sm120_mine" in forward_space(forward_kernels(module)).domain["kernel"]
 
 
+def test_a_class_is_offered_only_to_the_regimes_it_declares_and_a_subclass_inherits_them():
+    """A decode-only class of the agent's joins the decode and not the prefill classes' spaces; dispatch entries and
+    the static rules still run it anywhere."""
+    module = _module({"cls": "Decode", "name": "sm120_decode", "knobs": {"depth": (1, 2)}, "regimes": frozenset({"decode"})})
+    kernels = forward_kernels(module)
+    space = forward_space(kernels)
+    decode = Problem(1, 1, 4096, 32, 8, 128, 128, False, backward=False).problem_class
+    prefill = space.for_class(D64, TARGET)
+    assert "sm120_decode" in space.domain["kernel"] and "depth" in space.domain  # the whole space holds it
+    assert "sm120_decode" not in prefill.domain["kernel"] and "depth" not in prefill.domain
+    assert "sm120_decode" not in prefill.kernel_knobs and "sm120_tma" in prefill.domain["kernel"]
+    assert decode.regime == "decode" and "sm120_decode" in space.offered(decode.regime).domain["kernel"]
+    assert check_forward(ForwardConfig(64, 64, 128, 1, kernel="sm120_decode", extra={"depth": 1}), D64, TARGET, kernels)
+    child = _module({"cls": "Child", "bases": (module.Decode,), "name": "sm120_child"})
+    assert "sm120_child" not in forward_space(forward_kernels(child)).for_class(D64, TARGET).domain["kernel"]
+
+
 @pytest.mark.parametrize("attrs,words", [
     ({"name": "x", "searched": "no"}, "searched must be True or False"),
+    ({"name": "x", "regimes": frozenset({"prefill", "training"})}, "regimes must be a non-empty frozenset of prefill, decode, chunked"),
+    ({"name": "x", "regimes": ("decode",)}, "regimes must be a non-empty frozenset"),
     ({"name": "sm120 fast"}, "name must be an identifier-like string"),
     ({"name": "x", "knobs": {"tile_m": (64,)}}, "knob 'tile_m' is one of ForwardConfig's own knobs"),
     ({"name": "x", "knobs": {"depth": []}}, "knob 'depth' needs a non-empty tuple"),

@@ -56,7 +56,10 @@ def test_a_backward_study_searches_only_its_class_feasible_knob_values():
     assert noncausal.domain["kernel"] == ("sm120", "sm120_edge")  # the edge-mask class, non-causal only
     assert all(cut.in_domain(c) == "" for c in feasible)
     assert cut.signature(TARGET) != full.signature(TARGET)
-    assert StudySpec("fwd", pc, (), TARGET).space is get_space("fwd")
+    forward = StudySpec("fwd", pc, (), TARGET).space  # not cut to feasible values (only to the classes its regime is offered)
+    assert forward.domain == get_space("fwd").offered("prefill").domain
+    assert {n: v for n, v in forward.domain.items() if n != "kernel"} == {n: v for n, v in get_space("fwd").domain.items()
+                                                                         if n not in ("kernel", "num_splits")}
 
 
 def test_a_decode_study_searches_small_tiles_and_few_warps():
@@ -138,3 +141,84 @@ def test_an_fp8_study_starts_with_its_incumbent_and_no_upstream_baseline():
     assert [t.user_attrs[schema.PROPOSER] for t in study.get_trials(deepcopy=False)] == ["incumbent"]
     trial = study.ask(spec.space.distributions())
     assert spec.space.config(trial.params) == default and default.kernel == "sm120_fp8"
+
+
+def test_a_prefill_class_is_not_offered_split_kv_and_a_decode_or_chunked_class_is():
+    """Issue 68: a 20-trial study of a prefill class drew `sm120_splitkv` six times, all pruned (a prefill's query tiles
+    fill the GPU unsplit). A class is offered only to the regimes it declares (split-KV: decode and chunked)."""
+    from dataclasses import replace
+
+    from fa4tune.config import Problem, ProblemClass
+    from search.storing.study import StudySpec
+
+    full = get_space("fwd")
+    prefill_class = ProblemClass(128, 128, True, 4)
+    decode_class = Problem(1, 1, 4096, 32, 8, 128, 128, False, backward=False).problem_class
+    chunked_class = Problem(1, 512, 8192, 32, 8, 128, 128, True, backward=False).problem_class
+    assert (prefill_class.regime, decode_class.regime, chunked_class.regime) == ("prefill", "decode", "chunked")
+    prefill, decode, chunked = (StudySpec("fwd", pc, (), TARGET).space for pc in (prefill_class, decode_class, chunked_class))
+    assert "sm120_splitkv" in full.domain["kernel"] and "num_splits" in full.domain
+    assert prefill.domain["kernel"] == tuple(k for k in full.domain["kernel"] if k != "sm120_splitkv") and "num_splits" not in prefill.domain
+    assert "sm120_splitkv" not in prefill.kernel_knobs
+    assert not [c for c in prefill.feasible(prefill_class, TARGET) if c.kernel == "sm120_splitkv"]
+    assert "sm120_splitkv" in decode.domain["kernel"] and "sm120_splitkv" in chunked.domain["kernel"]
+    assert [c for c in decode.feasible(decode_class, TARGET) if c.kernel == "sm120_splitkv"]
+    # the decode and chunked classes' spaces are those their studies were stored with: nothing changed for them
+    for pc, space in ((decode_class, decode), (chunked_class, chunked)):
+        assert space.signature(TARGET) == replace(full, kernel_regimes={}).for_class(pc, TARGET).signature(TARGET)
+    # no sampler can draw it for the prefill class
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn = set()
+    for _ in range(40):
+        trial = study.ask(prefill.distributions())
+        drawn.add(prefill.config(trial.params).kernel)
+        study.tell(trial, 1.0)
+    assert "sm120_splitkv" not in drawn and len(drawn) > 2
+
+
+def test_a_prefill_study_stored_before_the_cut_loads_and_resumes_with_the_space_it_was_made_with(tmp_path):
+    """A study stored before the prefill classes' spaces left split-KV out has a `kernel` categorical with it: Optuna
+    refuses other choices for that knob within the study, so the study keeps its own space (check_existing and the
+    workers' spec_of say which), resumes, and a study made with yet another space is still refused."""
+    from dataclasses import replace
+
+    import pytest
+
+    from fa4tune.config import ConfigError, ForwardConfig, Problem
+    from search.running.worker import spec_of
+    from search.storing import schema
+    from search.storing.study import StudySpec, check_existing, open_study
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    problem = Problem(1, 2048, 2048, 32, 8, 128, 128, True, backward=False, name="gqa prefill 2k")
+    pc = problem.problem_class
+    before = replace(get_space("fwd"), kernel_regimes={}).for_class(pc, TARGET)  # the space such a study was made with
+    old = StudySpec("fwd", pc, (problem,), TARGET, space_override=before)
+    study = open_study(url, old, optuna.samplers.TPESampler(seed=0))
+    study.set_user_attr(schema.PROBLEM_SPECS, [problem.to_dict()])
+    split = ForwardConfig(64, 64, 128, 1, kernel="sm120_splitkv", extra={"num_splits": 2})
+    study.enqueue_trial(before.params(split))
+    trial = study.ask(before.distributions())
+    assert before.config(trial.params) == split
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)  # as the six split-KV trials of issue 68 were
+
+    today = StudySpec("fwd", pc, (problem,), TARGET)
+    assert today.space.signature(TARGET) != study.user_attrs[schema.SPACE_SIGNATURE]
+    with pytest.raises(ValueError, match="dynamic value space"):  # why the stored space must stay the study's
+        study.ask(today.space.distributions())
+    (resumed,) = check_existing(url, [today])
+    assert resumed.space.signature(TARGET) == study.user_attrs[schema.SPACE_SIGNATURE]
+    assert "sm120_splitkv" in resumed.space.domain["kernel"]
+    study = open_study(url, resumed, optuna.samplers.TPESampler(seed=0))
+    trial = study.ask(resumed.space.distributions())  # TPE reads the stored split-KV trial and proposes on
+    study.tell(trial, 1.0)
+    assert len(study.trials) == 3  # the refused ask left a trial RUNNING (a run closes such trials when it starts)
+    worker = spec_of(optuna.load_study(study_name=today.name, storage=url), "standard")
+    assert worker.space.signature(TARGET) == study.user_attrs[schema.SPACE_SIGNATURE]
+    # a new study of the same class gets today's space
+    assert check_existing(url, [replace(today, problem_class=pc.__class__.parse("d128-causal-gqa4-fp16"))])[0].space.signature(TARGET) \
+        != study.user_attrs[schema.SPACE_SIGNATURE]
+    other = optuna.create_study(study_name="fwd:d64-causal-bf16:sm120", storage=url)
+    other.set_user_attr(schema.SPACE_SIGNATURE, "0123456789abcdef")
+    with pytest.raises(ConfigError, match="exists with another search space"):
+        check_existing(url, [StudySpec("fwd", pc.__class__.parse("d64-causal-bf16"), (), TARGET)])

@@ -67,7 +67,7 @@ def prepare_studies(config: RunConfig, out) -> list[str]:
     run_plan = plan(config, out)
     specs = run_plan.specs
     storage = open_storage(config.storage)
-    check_existing(storage, specs, occupancy_of(run_plan.evaluator))
+    specs = check_existing(storage, specs, occupancy_of(run_plan.evaluator))
     settings = {name: getattr(config, name) for name in SEARCH_FIELDS}
     for spec in specs:
         study = open_study(storage, spec, make_sampler(config.sampler, config.seed, spec))

@@ -225,7 +225,7 @@ def run(config: RunConfig, out=None) -> int:
         torch.set_num_threads(1)  # GP's small matrices: threads cost more than they give (2.5x slower with 2)
     print(f"storage: {describe(config.storage)}", file=out, flush=True)
     storage = open_storage(config.storage)
-    check_existing(storage, specs, occupancy_of(evaluator))
+    specs = check_existing(storage, specs, occupancy_of(evaluator))
     slots = config.slots or evaluator.slots
     settings = loop_settings_of(config, config.results or None, git_commit(), config.description)
     stop = StopFlag()

@@ -111,14 +111,15 @@ def spec_of(study: optuna.Study, suite: str, space_of: Callable[[str], Space] = 
     if missing:
         raise ConfigError("study_attrs", f"study {study.study_name!r} was not made by fa4-tune (no {', '.join(missing)})")
     target = get_target(a[schema.TARGET])
-    space = space_of(a[schema.DIRECTION]).for_class(ProblemClass.parse(a[schema.PROBLEM_CLASS]), target)
-    if a[schema.SPACE_SIGNATURE] != space.signature(target):
+    problem_class = ProblemClass.parse(a[schema.PROBLEM_CLASS])
+    whole = space_of(a[schema.DIRECTION])
+    space = whole.stored(a[schema.SPACE_SIGNATURE], problem_class, target)  # a study stored before a regime's cut keeps its space
+    if space is None:
         raise ConfigError(
             "study_space",
             f"study {study.study_name!r} was made with another search space (signature {a[schema.SPACE_SIGNATURE]}, "
-            f"this version's is {space.signature(target)}); use this version's space in another study or storage",
+            f"this version's is {whole.for_class(problem_class, target).signature(target)}); use this version's space in another study or storage",
         )
-    problem_class = ProblemClass.parse(a[schema.PROBLEM_CLASS])
     if a.get(schema.PROBLEM_SPECS):
         problems = tuple(Problem.from_dict(p) for p in a[schema.PROBLEM_SPECS])
     else:

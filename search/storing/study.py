@@ -8,7 +8,7 @@ and enqueued again with the same params and proposer.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -94,22 +94,28 @@ def specs_for(problems: list[Problem], directions: list[str], target: Target, cl
     return specs
 
 
-def check_existing(storage, specs: list[StudySpec], occupancy: str = "") -> None:
+def check_existing(storage, specs: list[StudySpec], occupancy: str = "") -> list[StudySpec]:
     """Reads only: refuses a study that exists with another space or other problems, or (with `occupancy`, the
     CTAs per SM this run's emulated measurements run at: fa4tune.emulated_occupancy.regime()) whose emulated
-    trials ran at another occupancy: their numbers and this run's would not compare."""
+    trials ran at another occupancy: their numbers and this run's would not compare. Returns the specs, a stored
+    study's with the space it was made with (search.space.Space.stored: one stored before its class's space left out
+    the kernel classes that do not serve its regime keeps them)."""
     existing = set(optuna.study.get_all_study_names(storage))
+    out = []
     for spec in specs:
         if spec.name not in existing:
+            out.append(spec)
             continue
         stored = optuna.load_study(study_name=spec.name, storage=storage).user_attrs
-        signature = spec.space.signature(spec.target)
-        if stored.get(schema.SPACE_SIGNATURE) != signature:
+        whole = spec.space_override or get_space(spec.direction)
+        space = whole.stored(stored.get(schema.SPACE_SIGNATURE), spec.problem_class, spec.target)
+        if space is None:
             raise ConfigError(
                 "study_space",
                 f"study {spec.name!r} exists with another search space (signature {stored.get(schema.SPACE_SIGNATURE)}, "
-                f"this run's is {signature}); use another --storage or delete the study",
+                f"this run's is {spec.space.signature(spec.target)}); use another --storage or delete the study",
             )
+        out.append(spec if space is spec.space else replace(spec, space_override=space))
         if stored.get(schema.PROBLEMS) != spec.labels():
             raise ConfigError(
                 "study_problems",
@@ -118,6 +124,7 @@ def check_existing(storage, specs: list[StudySpec], occupancy: str = "") -> None
             )
         if occupancy:
             _check_occupancy(storage, spec.name, occupancy)
+    return out
 
 
 def _check_occupancy(storage, name: str, occupancy: str) -> None:
