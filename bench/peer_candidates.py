@@ -76,16 +76,16 @@ class KernelRecorder:
         self.current, self.last_built, self.last_key = "", "", ""
         for name in PR2634_KERNELS:
             base = getattr(interface, name)
-            setattr(interface, name, type(name, (base,), {"__init__": self._init(base)}))
+            setattr(interface, name, type(name, (base,), {"__init__": self._init(base, name)}))
         function = interface._flash_attn_fwd
         function.compile_cache = _KeyedCache(function.compile_cache, self)
         function.decode_compile_cache = _KeyedCache(function.decode_compile_cache, self)
 
-    def _init(self, base):
+    def _init(self, base, name: str):
         recorder = self
 
         def __init__(self, *args, **kwargs):
-            recorder.last_built = describe_kernel(base.__name__, args, kwargs)
+            recorder.last_built = describe_kernel(name, args, kwargs)
             base.__init__(self, *args, **kwargs)
 
         return __init__

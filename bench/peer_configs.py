@@ -40,6 +40,8 @@ PR2771_FEATURES = {
     "SdP_swapAB_lse_columns": "register-resident P/dS (SdP_swapAB, AtomLayoutMSdP 1, AtomLayoutNdKV 8: Mma_dKV_is_RS; "
                               "theirs stores P/dS transposed and still stages dS for dQ, flash_bwd.py l.217-233, l.1094-1101)",
     "SdP_swapAB_lse_rows": "register-resident P/dS (SdP_swapAB with AtomLayoutMSdP 1)",
+    "SdP_swapAB_P_store": "register-resident P/dS (SdP_swapAB with AtomLayoutMSdP 1; theirs stores P/dS transposed, "
+                          "flash_bwd.py l.217-233)",
     "V_in_regs_wrong_gradients": "V in registers (V_in_regs; theirs feeds the dP gemm its register fragment, flash_bwd.py "
                                  "l.1058)",
     "causal_bwd_square_blocks": "64x128 causal blocks (their mask's r2p_compatible path, mask.py l.165-176, flash_bwd.py "

@@ -216,7 +216,9 @@ def summarize(records: list[dict]) -> dict:
             "below": [(f"{row['problem']} {row['direction']}", v) for row, v in pairs if v < BELOW],
         }
     failures = [(f"{row['problem']} {row['direction']}", name, why) for row in rows.values() for name, why in row["failed"].items()]
-    return {"rows": list(rows.values()), "groups": groups, "failures": failures}
+    below = [(f"{row['problem']} {row['direction']}", name, v) for row in rows.values() for name, v in row["speedup"].items()
+             if v < BELOW]
+    return {"rows": list(rows.values()), "groups": groups, "failures": failures, "below": below}
 
 
 def print_summary(summary: dict, label: str) -> None:
@@ -236,8 +238,8 @@ def print_summary(summary: dict, label: str) -> None:
         below = ", ".join(f"{problem} {v:.3f}x" for problem, v in g["below"]) or "none"
         print(f"{name} {group}: geomean {g['geomean']:.3f}x over {g['problems']} problems; the table >= {name} on "
               f"{g['at_least']}/{g['problems']}; below {BELOW}x: {below}")
-    print(f"\nbelow {BELOW}x of a peer: " + ("; ".join(f"{problem} vs {name} {v:.3f}x" for (name, _), g in summary["groups"].items()
-                                             for problem, v in g["below"]) or "none"))
+    print(f"\nbelow {BELOW}x of a peer: " + ("; ".join(f"{problem} vs {name} {v:.3f}x" for problem, name, v in summary["below"])
+                                             or "none"))
     print("failures: " + ("; ".join(f"{problem} {name}: {why}" for problem, name, why in summary["failures"]) or "none"), flush=True)
 
 
@@ -286,6 +288,8 @@ def main(argv=None) -> int:
     parser.add_argument("--peers", default=",".join(PEERS), help=f"comma-separated, of {', '.join(PEERS)}")
     parser.add_argument("--out", default="peers.jsonl", help="JSON lines, one per (step, run, candidate)")
     parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
+    parser.add_argument("--resume", action="store_true",
+                        help="leave out the steps --out holds a table record of (a call cut off by its time limit, run again)")
     parser.add_argument("--compile-jobs", type=int, default=default_compile_jobs(),
                         help="CPU processes compiling every kernel ahead (0: compile in the GPU process)")
     args = parser.parse_args(argv)
@@ -329,6 +333,8 @@ def run(args, chosen: tuple) -> int:
     experiment = load_experiment(EXPERIMENT_PATH)
     steps = take_part(plan([s for s in args.suites.split(",") if s], experiment, config_module, target, num_sms, args.only,
                            (args.direction,) if args.direction else ("fwd", "bwd"), chosen), args.part)
+    if args.resume:
+        steps = left_to_run(steps, Path(args.out), args.runs)
     compile_ahead(compile_pairs_of(steps), settings, args.compile_jobs, name=kernel_name)
     interface = peers_run.load_pr2634() if any(ps.pr2634 for ps in steps) else None
     ahead, keys = precompile_peers(steps, settings, args.compile_jobs, info, target)
@@ -379,6 +385,19 @@ def run(args, chosen: tuple) -> int:
                     f"{n} {r.status} {r.ms_median:.4f} ms" if r.ms_median else f"{n} {r.status}" for n, r in results.items()), flush=True)
     print_summary(summarize(records), label)
     return 0
+
+
+def left_to_run(steps: list[PeerStep], out: Path, runs: int) -> list[PeerStep]:
+    """The steps whose table record `out` does not hold for every run yet (a killed call's steps, measured, stay)."""
+    from fa4tune.census import read_jsonl
+
+    done: dict = {}
+    for r in read_jsonl(out):
+        if r.get("candidate") == TABLE:
+            done.setdefault((r["suite"], r["problem"], r["direction"]), set()).add(r["run"])
+    left = [ps for ps in steps if len(done.get((ps.step.suite, ps.step.problem.label, ps.step.direction), ())) < runs]
+    print(f"resume: {len(steps) - len(left)} of {len(steps)} steps already in {out}", flush=True)
+    return left
 
 
 def complete_results(ps: PeerStep, results: dict, step_picks: dict, tuning_failed: dict) -> dict:
