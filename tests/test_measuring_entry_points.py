@@ -27,6 +27,7 @@ MEASURING = {
     "search run / search worker (compile-ahead, the default)": "search/evaluating/gpu_pipeline.py",
     "search run / search worker (the space's kernel classes)": "search/space.py",
     "bench/table_vs_upstream.py": "bench/table_vs_upstream.py",
+    "bench/peers.py": "bench/peers.py",
     "bench/gpu_splitkv.py": "bench/gpu_splitkv.py",
     "bench/gpu_twins.py": "bench/gpu_twins.py",
     "bench/guards_gpu.py": "bench/guards_gpu.py",
