@@ -145,6 +145,21 @@ BACKWARD_EDITS = [
         "backward SM120 class's own knobs",
     ),
     (
+        '        assert arch // 10 in [9, 10, 11], "Learnable sink backward is supported on SM90 and SM100/SM110"\n',
+        "        pass  # SM120: the sink is in the forward's LSE; the dQ postprocess reduces d(sink), as on SM90\n",
+        "backward learnable sink",
+    ),
+    (
+        "            utils.convert_from_dlpack_leading_static(t.detach(), leading_dim=3, alignment=4, stride_order=t.dim_order())\n",
+        "            to_cute_tensor(t, assumed_align=4, leading_dim=3)  # as the other scratch tensors: fake-compilable\n",
+        "backward deterministic counters",
+    ),
+    (
+        '        assert deterministic is False, "deterministic backward not supported on SM 12.0"\n',
+        "        _fa4tune_check_deterministic(sm120_config, deterministic)\n",
+        "backward deterministic",
+    ),
+    (
         "    else:\n        num_threads_post_dQ = 128\n        num_threads_post_dKV = 128\n",
         "    else:\n        # the postprocess must read dQ/dK/dV accumulators in the main kernel's MMA layout\n"
         "        num_threads_post_dQ = config.num_threads\n        num_threads_post_dKV = config.num_threads\n",
@@ -302,6 +317,12 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
                                        f"({config.tile_m}, {config.tile_n}): tile_mn no longer reaches the SM120 config")
             return replace(upstream, num_splits=splits)
 
+        def check_deterministic(config, deterministic):
+            knob = bool(config is not None and config.extra_knobs.get("deterministic", False))
+            if knob != bool(deterministic):
+                raise ValueError(f"deterministic_knob: the host's deterministic={deterministic} and the backward "
+                                 f"config's deterministic={knob} must agree (the kernel orders dQ with the host's counters)")
+
         def bwd_config(config, upstream):
             if config is None:
                 raise ValueError("the fa4tune host path needs an sm120_config")
@@ -312,6 +333,7 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         namespace["_fa4tune_class"] = class_for
         namespace["_fa4tune_fwd_config"] = fwd_config
         namespace["_fa4tune_bwd_config"] = bwd_config
+        namespace["_fa4tune_check_deterministic"] = check_deterministic
 
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH
