@@ -11,8 +11,10 @@ is not modified.
 The edits: a `sm120_config` argument; after upstream's selection and validation, the forward's FwdConfig gets our
 split count and the backward's BwdConfig our knobs (`sm120_bwd_config`); the constructor takes our threads, stages,
 Q_in_regs and the kernel class's own knobs (`extra`); the kernel class comes from the config (`kernel_class(config)`);
-our key (config + class) leads every compile key; the postprocess uses the main kernel's thread count; the
-preprocess's thread count is an argument (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and
+our key (config + class) leads every compile key; the postprocess uses the main kernel's thread count; a learnable
+sink's backward and the deterministic backward pass upstream's SM120 guards (the sink's gradient comes from upstream's
+dQ postprocess; `deterministic` must agree with the config's call knob, and the dQ / dK / dV counters are made as the
+other scratch tensors, so they fake-compile); the preprocess's thread count is an argument (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and
 `_compile_bwd_preprocess` are rewritten for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for
 whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so), with the local GPU's SM count. Split-KV: the
 number of splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits);
