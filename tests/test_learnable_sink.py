@@ -233,6 +233,26 @@ def test_every_backward_class_takes_deterministic_as_a_call_knob(kernel):
     assert bad.rule == "kernel_knobs" and "'yes'" in bad.message
 
 
+def test_the_ordered_dq_helpers_take_the_turn_after_the_dq_gemm_and_give_it_back_before_the_next_gemm(monkeypatch):
+    # the trace-time order of kernels/backward_sm120.py's deterministic body: dQ's atomic adds (which follow the dQ gemm
+    # in upstream's body) sit between the turn taken and the turn given back; no other gemm does
+    from kernels import backward_sm120
+
+    events = []
+    monkeypatch.setattr(backward_sm120, "acquire_turn", lambda lock, turn: events.append(("acquire", lock, turn)))
+    monkeypatch.setattr(backward_sm120, "release_turn", lambda lock: events.append(("release", lock)))
+    helpers = type("Helpers", (), {"gemm": lambda self, *a, **k: events.append(("gemm", a[3])), "other": 7})()
+    tdQrK = object()
+    ordered = backward_sm120._OrderedDQ(helpers, tdQrK, "lock", 3)
+    ordered.gemm("mma", "acc", "dS", "dV operand")
+    ordered.gemm("mma", "acc", "dS", tdQrK, hook_fn=None)
+    assert ordered.pending and events[-1] == ("acquire", "lock", 3)
+    ordered.gemm("mma", "acc", "dS", "dK operand")
+    assert events == [("gemm", "dV operand"), ("gemm", tdQrK), ("acquire", "lock", 3), ("release", "lock"),
+                      ("gemm", "dK operand")]
+    assert not ordered.pending and ordered.other == 7  # everything else is the helpers' own
+
+
 def test_the_search_never_draws_deterministic():
     from search.space import backward_space
 
