@@ -32,7 +32,7 @@ from flash_attn.cute.utils import AuxData
 
 from fa4tune.feasibility import BYTES_PER_ELEMENT, OK, Verdict, padded_head_dim
 from fa4tune.kernel_class import BackwardKernel, Limits
-from kernels.tuned_forward_sm120 import with_last_tensor, without_last_tensor
+from kernels.learnable_sink_sm120 import with_last_tensor, without_last_tensor
 
 
 @cute.jit
