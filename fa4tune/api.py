@@ -179,12 +179,36 @@ def check_paging(q, k, v, page_table, cu_seqlens_k=None) -> None:
     check_page_size(int(k.shape[1]))
 
 
+SINK_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # upstream's (interface._LEARNABLE_SINK_DTYPES)
+
+
+def check_learnable_sink(q: torch.Tensor, learnable_sink: torch.Tensor | None) -> None:
+    """One error naming the rule for a learnable sink that is not one logit per query head: shape (num_heads,), a
+    float dtype of upstream's (fp32, bf16, fp16), on q's device."""
+    if learnable_sink is None:
+        return
+    heads = q.shape[-2]
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise ConfigError("learnable_sink_tensor", f"learnable_sink must be a tensor of one logit per query head, got "
+                                                   f"{type(learnable_sink).__name__}")
+    if tuple(learnable_sink.shape) != (heads,):
+        raise ConfigError("learnable_sink_shape", f"learnable_sink must have shape (num_heads,) = ({heads},), one logit "
+                                                  f"per query head, got {tuple(learnable_sink.shape)}")
+    if learnable_sink.dtype not in SINK_DTYPES:
+        raise ConfigError("learnable_sink_dtype", f"learnable_sink must be float32, bfloat16 or float16, got "
+                                                  f"{learnable_sink.dtype}")
+    if learnable_sink.device != q.device:
+        raise ConfigError("learnable_sink_device", f"learnable_sink must be on q's device {q.device}, got "
+                                                   f"{learnable_sink.device}")
+
+
 @dataclass(frozen=True)
 class Extras:
     """A call's arguments beyond its shape that reach the host path as upstream's own: the sliding window (upstream's
     window_size sides; None or -1: no limit), the soft-cap (0: none), per-sequence lengths (seqused_q / seqused_k:
-    a padded KV cache's used lengths), pack_gqa (None: upstream's choice) and a paged KV cache's page table (int32
-    (batch, pages per sequence); k and v are then page pools; forward only)."""
+    a padded KV cache's used lengths), pack_gqa (None: upstream's choice), a paged KV cache's page table (int32
+    (batch, pages per sequence); k and v are then page pools; forward only) and a learnable sink (one logit per query
+    head, gpt-oss's: an extra softmax column with no value; its gradient comes back from the backward)."""
 
     window_size_left: int | None = None
     window_size_right: int | None = None
@@ -193,21 +217,26 @@ class Extras:
     seqused_k: torch.Tensor | None = None
     pack_gqa: bool | None = None
     page_table: torch.Tensor | None = None
+    learnable_sink: torch.Tensor | None = None
 
     def local(self, causal: bool) -> bool:
         """Whether the window masks as a sliding window (fa4tune.config.is_local, upstream's rule)."""
         return is_local(causal, self.window_size_left, self.window_size_right)
 
-    def features(self) -> frozenset[str]:
-        """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's: per-sequence lengths (seqused:
-        of the keys, seqused_q: of the queries) and a page table (paged)."""
-        used = (("seqused", self.seqused_k), ("seqused_q", self.seqused_q), ("paged", self.page_table))
-        return frozenset(name for name, given in used if given is not None)
+    def features(self, backward: bool = False) -> frozenset[str]:
+        """The per-call features (fa4tune.kernel_class.FEATURES) beyond the class's that a kernel class must run:
+        per-sequence lengths (seqused: of the keys, seqused_q: of the queries), a page table (paged) and, forward only,
+        the learnable sink (the backward kernel reads it in the forward's LSE; the host's postprocess reduces its
+        gradient)."""
+        used = (("seqused", self.seqused_k), ("seqused_q", self.seqused_q), ("paged", self.page_table),
+                ("learnable_sink", None if backward else self.learnable_sink))
+        return frozenset(name for name, value in used if value is not None)
 
     def backward_args(self) -> dict:
-        """The host backward's keyword arguments for these extras (window, soft-cap, per-sequence lengths)."""
+        """The host backward's keyword arguments for these extras (window, soft-cap, per-sequence lengths, sink)."""
         return dict(window_size_left=self.window_size_left, window_size_right=self.window_size_right,
-                    softcap=self.softcap, seqused_q=self.seqused_q, seqused_k=self.seqused_k)
+                    softcap=self.softcap, seqused_q=self.seqused_q, seqused_k=self.seqused_k,
+                    learnable_sink=self.learnable_sink)
 
     def forward_args(self) -> dict:
         """The host forward's keyword arguments (the backward's, pack_gqa and the page table)."""
@@ -263,12 +292,20 @@ def run_forward(kernel_class, q, k, v, causal, softmax_scale, fwd_config, packed
 
 def run_backward(kernel_class, q, k, v, out, dout, lse, causal, softmax_scale, bwd_config, preprocess_threads,
                  packed=None, extras=NO_EXTRAS, dlse=None):
-    """(dq, dk, dv) of the tuned host backward with `bwd_config` (dlse: the LSE's gradient where a caller used it)."""
+    """(dq, dk, dv) of the tuned host backward with `bwd_config` (dlse: the LSE's gradient where a caller used it), and
+    d(learnable_sink) after them where the call has a sink; `deterministic` in the config's knobs: dQ (and GQA's dK/dV)
+    added in a fixed order (kernels/backward_sm120.py), on the host's counters."""
     varlen = packed.args() if packed is not None else {}
     return build(kernel_class).flash_attn_bwd(
         q, k, v, out, dout.contiguous(), lse, softmax_scale=softmax_scale, causal=causal, sm120_config=bwd_config,
-        sm120_preprocess_threads=preprocess_threads, dlse=dlse, **varlen, **extras.backward_args(),
+        sm120_preprocess_threads=preprocess_threads, dlse=dlse, deterministic=is_deterministic(bwd_config), **varlen,
+        **extras.backward_args(),
     )
+
+
+def is_deterministic(bwd_config: BackwardConfig) -> bool:
+    """Whether a backward config asks for the fixed-order backward (its call knob `deterministic`)."""
+    return bool(bwd_config.extra_knobs.get("deterministic", False))
 
 
 class _Attention(torch.autograd.Function):

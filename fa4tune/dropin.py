@@ -3,11 +3,13 @@
 `from flash_attn.cute import ...`; the package loads this module on first use, so `import fa4tune` stays light).
 
 A call runs our tuned entry for its problem class (fa4tune.torch_op: a torch custom op, so torch.compile traces it
-whole) unless it sets an argument our kernels do not run (UPSTREAM_ONLY, or fp8 inputs, MLA's shared K/V, one-sided
-packing, tensor sequence bounds; with a page table: gradients, packed queries, seqused_q, a window or a soft-cap):
-then upstream's own function runs with the same arguments, so a call never fails here where upstream's runs. A paged
-KV cache (`page_table`, vLLM's block tables; k and v page pools of 16 to 256 tokens a page) runs our split-KV class;
-a malformed one (the table's dtype or shape, a page size) is one error naming the rule. A debug line on the "fa4tune" logger says which ran and why. Returns as upstream's:
+whole; a learnable sink and deterministic=True included, with the sink's gradient through autograd) unless it sets an
+argument our kernels do not run (UPSTREAM_ONLY, or fp8 inputs, MLA's shared K/V, one-sided packing, tensor sequence
+bounds; with a page table: gradients, packed queries, seqused_q, a window or a soft-cap): then upstream's own function
+runs with the same arguments, so a call never fails here where upstream's runs. A paged KV cache (`page_table`, vLLM's
+block tables; k and v page pools of 16 to 256 tokens a page) runs our split-KV class; a malformed one (the table's
+dtype or shape, a page size) is one error naming the rule. A debug line on the "fa4tune" logger says which ran and
+why. Returns as upstream's:
 (out, lse), lse None unless return_lse. `num_splits`: 1 (upstream's default) or below lets the entry choose (a decode
 entry splits the KV sequence); above 1 runs that many splits on the split-KV class.
 """
@@ -26,11 +28,12 @@ log = logging.getLogger("fa4tune")
 _DTYPES = (torch.bfloat16, torch.float16)
 # Upstream's arguments whose feature our kernels or our op do not carry: set (not None; True for the flags), the call
 # runs upstream's function. Why each: callables and block-sparse structures cannot cross a custom op, and our SM120
-# classes have no MLA (qv, gather), learnable sink, scales, deterministic backward or upstream config.
-UPSTREAM_ONLY = ("qv", "gather_kv_indices", "learnable_sink", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors",
+# classes have no MLA (qv, gather), scales or upstream config. Paged KV, a learnable sink and the deterministic
+# backward run ours (issue 71; upstream's SM120 path refuses all three).
+UPSTREAM_ONLY = ("qv", "gather_kv_indices", "score_mod", "score_mod_bwd", "mask_mod", "aux_tensors",
                  "aux_scalars", "block_sparse_tensors", "block_sparse_tensors_bwd", "scheduler_metadata",
                  "seqlen_k_per_split", "min_seqlen_k", "gather_bwd_token_chunk", "config", "scales")
-UPSTREAM_FLAGS = ("deterministic", "gather_bwd_recompute_p", "disable_scheduler_metadata")
+UPSTREAM_FLAGS = ("gather_bwd_recompute_p", "disable_scheduler_metadata")
 
 
 def upstream_reason(q, k, v, arguments: dict) -> str | None:
@@ -69,12 +72,14 @@ def _paged_reason(q, k, v, arguments: dict) -> str | None:
 
 
 def _tuned(q, k, v, a: dict):
-    """(out, lse or None) through the tuned custom op."""
+    """(out, lse or None) through the tuned custom op (one error naming the rule for a malformed learnable sink)."""
     left, right = a["window_size"]
+    sink = a["learnable_sink"]
+    api.check_learnable_sink(q, sink)
     out, lse = torch_op.forward_op(q, k, v, a.get("cu_seqlens_q"), a.get("cu_seqlens_k"), a.get("seqused_q"),
                                    a.get("seqused_k"), a.get("page_table"), a.get("max_seqlen_q"), a.get("max_seqlen_k"), a["softmax_scale"],
                                    a["causal"], left, right, float(a["softcap"] or 0.0), int(a["num_splits"]),
-                                   a["pack_gqa"], bool(a["return_lse"]))
+                                   a["pack_gqa"], bool(a["return_lse"]), sink, bool(a["deterministic"]))
     return out, (lse if a["return_lse"] else None)
 
 

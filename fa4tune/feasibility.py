@@ -133,13 +133,15 @@ def _features(cfg: ForwardConfig | BackwardConfig, pc: ProblemClass, cls: type) 
 
 
 def _kernel_knobs(cfg: ForwardConfig | BackwardConfig, cls: type) -> Verdict:
-    """The config carries exactly its kernel class's own knobs, each with a value of the class's domain."""
-    given, declared = cfg.extra_knobs, dict(cls.knobs)
-    unknown, missing = sorted(set(given) - set(declared)), [name for name in declared if name not in given]
+    """The config carries exactly its kernel class's own knobs, and those of its call knobs the call set, each with a
+    value of the class's domain."""
+    given, declared, call = cfg.extra_knobs, dict(cls.knobs), dict(getattr(cls, "call_knobs", {}))
+    unknown = sorted(set(given) - set(declared) - set(call))
+    missing = [name for name in declared if name not in given]
     if unknown or missing:
         what = f"has no knob {unknown[0]!r}" if unknown else f"needs knob {missing[0]!r}"
-        return _fail("kernel_knobs", f"kernel {cfg.kernel!r} {what} (its own knobs: {', '.join(declared) or 'none'})")
-    for name, domain in declared.items():
+        return _fail("kernel_knobs", f"kernel {cfg.kernel!r} {what} (its own knobs: {', '.join([*declared, *call]) or 'none'})")
+    for name, domain in {**declared, **{name: call[name] for name in call if name in given}}.items():
         value = given[name]
         if not any(value == d and type(value) is type(d) for d in domain):
             return _fail("kernel_knobs", f"kernel {cfg.kernel!r} needs {name} in {', '.join(map(repr, domain))}, got {value!r}")

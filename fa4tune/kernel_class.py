@@ -14,9 +14,10 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
   - optionally `features` (read from the class itself, never inherited; default none): the call features its code
     runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap), "seqused" (seqused_k, per-sequence
-    lengths of a padded KV cache), "seqused_q" (per-sequence query lengths) and "paged" (a paged KV cache: page_table,
-    the page size a constructor knob `page_size`); a class that lacks one never serves a window, softcap or paged
-    class, and a call with seqused_k, seqused_q or a page table runs another config (fa4tune.torch_op);
+    lengths of a padded KV cache), "seqused_q" (per-sequence query lengths), "paged" (a paged KV cache: page_table,
+    the page size a constructor knob `page_size`) and "learnable_sink" (a sink logit per query head, in the softmax's
+    denominator); a class that lacks one never serves a window, softcap or paged class, and a call with seqused_k,
+    seqused_q, a page table or a sink runs another config (fa4tune.torch_op);
   - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
     (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
   - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
@@ -116,7 +117,10 @@ class BackwardKernel:
     (a BackwardConfig's `kernel`), `knobs` (its own constructor knobs, in BackwardConfig.extra), `limits` (num_stages:
     the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream`, `searched` and `regimes`, as for a
     forward class. fa4tune.feasibility.check_backward applies them after upstream's backward rules, which every class
-    built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`)."""
+    built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`). `call_knobs`: constructor
+    knobs a call sets rather than the search (e.g. `deterministic`: the caller's requirement, never a speed choice);
+    a config carries one in `extra` where the call sets it, absent it takes its domain's first value, and the search
+    space leaves them out (its configs carry none)."""
 
     name: ClassVar[str] = ""
     knobs: ClassVar[dict[str, tuple]] = {}
@@ -125,6 +129,7 @@ class BackwardKernel:
     searched: ClassVar[bool] = True
     regimes: ClassVar[frozenset[str]] = frozenset(REGIMES)
     fixes: ClassVar[frozenset[str]] = frozenset()  # upstream's backward rules (feasibility) its own code makes moot
+    call_knobs: ClassVar[dict[str, tuple]] = {}  # knobs the call sets (absent: the first value); never searched
     features: ClassVar[frozenset[str]] = frozenset()  # of FEATURES, as a forward class's; read from the class itself
 
     @classmethod
@@ -144,7 +149,8 @@ def runs_varlen(cls: type) -> bool:
     return cls.__dict__.get("varlen", False) is True
 
 
-FEATURES = ("local", "softcap", "seqused", "seqused_q", "paged")  # call features a kernel class may declare (`features`)
+# call features a kernel class may declare it runs (`features`); "learnable_sink": gpt-oss's per-head sink logit
+FEATURES = ("local", "softcap", "seqused", "seqused_q", "paged", "learnable_sink")
 
 
 def runs_features(cls: type) -> frozenset[str]:
@@ -267,6 +273,11 @@ def _check_declaration(cls: type, config_class: type) -> None:
             raise bad(f"knob {knob!r} is one of {config_class.__name__}'s own knobs; declare only the class's extra knobs")
         if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
             raise bad(f"knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
+    for knob, domain in dict(getattr(cls, "call_knobs", {})).items():
+        if knob in base_knobs or knob in cls.knobs:
+            raise bad(f"call knob {knob!r} is also one of {config_class.__name__}'s or the class's own knobs")
+        if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
+            raise bad(f"call knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
     if not isinstance(cls.limits, Limits):
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
     if not isinstance(cls.searched, bool):

@@ -11,8 +11,10 @@ is not modified.
 The edits: a `sm120_config` argument; after upstream's selection and validation, the forward's FwdConfig gets our
 split count and the backward's BwdConfig our knobs (`sm120_bwd_config`); the constructor takes our threads, stages,
 Q_in_regs and the kernel class's own knobs (`extra`); the kernel class comes from the config (`kernel_class(config)`);
-our key (config + class) leads every compile key; the postprocess uses the main kernel's thread count; the
-preprocess's thread count is an argument (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and
+our key (config + class) leads every compile key; the postprocess uses the main kernel's thread count; a learnable
+sink's backward and the deterministic backward pass upstream's SM120 guards (the sink's gradient comes from upstream's
+dQ postprocess; `deterministic` must agree with the config's call knob, and the dQ / dK / dV counters are made as the
+other scratch tensors, so they fake-compile); the preprocess's thread count is an argument (`sm120_preprocess_threads`, in its compile key: `_bwd_preprocess` and
 `_compile_bwd_preprocess` are rewritten for it); the arch is always SM120 (SM80 `mma.sync` code, compiled for
 whatever GPU is present, or for sm_120a when CUTE_DSL_ARCH says so), with the local GPU's SM count. Split-KV: the
 number of splits is the kernel class's `num_splits_for(config, problem, num_sms)` (1 unless the class splits);
@@ -151,6 +153,21 @@ BACKWARD_EDITS = [
         "                V_in_regs=config.V_in_regs,\n                score_mod=score_mod,\n                score_mod_bwd=score_mod_bwd,\n"
         "                **(sm120_config.extra_knobs if arch // 10 == 12 else {}),\n            )\n        elif arch // 10 == 9:",
         "backward SM120 class's own knobs",
+    ),
+    (
+        '        assert arch // 10 in [9, 10, 11], "Learnable sink backward is supported on SM90 and SM100/SM110"\n',
+        "        pass  # SM120: the sink is in the forward's LSE; the dQ postprocess reduces d(sink), as on SM90\n",
+        "backward learnable sink",
+    ),
+    (
+        "            utils.convert_from_dlpack_leading_static(t.detach(), leading_dim=3, alignment=4, stride_order=t.dim_order())\n",
+        "            to_cute_tensor(t, assumed_align=4, leading_dim=3)  # as the other scratch tensors: fake-compilable\n",
+        "backward deterministic counters",
+    ),
+    (
+        '        assert deterministic is False, "deterministic backward not supported on SM 12.0"\n',
+        "        _fa4tune_check_deterministic(sm120_config, deterministic)\n",
+        "backward deterministic",
     ),
     (
         "    else:\n        num_threads_post_dQ = 128\n        num_threads_post_dKV = 128\n",
@@ -322,6 +339,12 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
                                        f"({config.tile_m}, {config.tile_n}): tile_mn no longer reaches the SM120 config")
             return replace(upstream, num_splits=splits)
 
+        def check_deterministic(config, deterministic):
+            knob = bool(config is not None and config.extra_knobs.get("deterministic", False))
+            if knob != bool(deterministic):
+                raise ValueError(f"deterministic_knob: the host's deterministic={deterministic} and the backward "
+                                 f"config's deterministic={knob} must agree (the kernel orders dQ with the host's counters)")
+
         def bwd_config(config, upstream):
             if config is None:
                 raise ValueError("the fa4tune host path needs an sm120_config")
@@ -333,6 +356,7 @@ def build(class_for: Callable[[object], type]) -> PatchedInterface:
         namespace["_fa4tune_class"] = class_for
         namespace["_fa4tune_fwd_config"] = fwd_config
         namespace["_fa4tune_bwd_config"] = bwd_config
+        namespace["_fa4tune_check_deterministic"] = check_deterministic
 
         # Always the SM120 classes, on any GPU (native on SM120, emulated elsewhere).
         namespace["_get_device_arch"] = lambda: SM120_ARCH

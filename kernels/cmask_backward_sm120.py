@@ -19,7 +19,7 @@ import cutlass
 import cutlass.cute as cute
 from flash_attn.cute.mask import AttentionMask
 
-from fa4tune.verdict import OK, Verdict
+from fa4tune.verdict import Verdict
 from kernels.backward_sm120 import BackwardSm120
 
 
@@ -56,7 +56,7 @@ class CausalAnyWarpsBackwardSm120(BackwardSm120):
         if not problem_class.causal:  # the coordinate mask changes causal tiles only: the same kernel as upstream's
             return Verdict(False, "cmask_causal_only", f"kernel={cls.name!r} differs from 'sm120' on causal problems "
                            f"only, and {problem_class.name} is not causal: run kernel='sm120'")
-        return OK
+        return super().can_implement(config, problem_class, target)
 
     def compute_one_m_block(self, *args, mask_fn=None, **kwargs):
         mask = None if mask_fn is None else mask_fn.func.__self__

@@ -80,8 +80,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
     knobs = {"num_splits": SPLITS_DOMAIN}
     # seqused (seqused_k): a KV cache's per-sequence lengths bound each sequence's block range (upstream's SeqlenInfoQK);
     # paged: a paged KV cache (page_table; load_paged gathers it); no window or softcap (its mainloop masks neither),
-    # no seqused_q (its partial rows are dense)
-    features = frozenset({"seqused", "paged"})
+    # no seqused_q (its partial rows are dense); a learnable sink is folded into split 0's partial only (the combine's
+    # log-sum-exp then counts it once)
+    features = frozenset({"seqused", "paged", "learnable_sink"})
     # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
@@ -177,7 +178,6 @@ class SplitKvForwardSm120(TunedForwardSm120):
         """Upstream's SM80 host code with split-KV: O (num_splits, b, s, h, d) fp32 and LSE (num_splits, b, h, s);
         mSeqUsedK (a KV cache's used lengths, one per sequence) bounds each sequence's KV blocks and so its splits.
         With mPageTable (batch, pages per sequence) K and V are page pools (num_pages, page_size, h_kv, d)."""
-        assert learnable_sink is None, "sm120_splitkv: no learnable sink"
         assert (mPageTable is not None) == (self.page_size > 0), "sm120_splitkv: a page table needs its page_size"
         assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None, \
             "sm120_splitkv: no packed batches, no seqused_q (seqused_k only)"
@@ -230,7 +230,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
             mQ, mK, mV, mO, mLSE, mSeqUsedK, mPageTable, softmax_scale_log2, softmax_scale, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
-            tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,
+            tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params, learnable_sink,
         ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
@@ -258,6 +258,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
         tile_sched_params,
+        learnable_sink: Optional[cute.Tensor] = None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         if const_expr(self.is_split_kv):
@@ -296,6 +297,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
         else:
             # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight
             softmax.row_sum.fill(-Float32.inf)
+        if const_expr(learnable_sink is not None):
+            if split_idx == 0:  # once per row: the combine weighs split 0's folded partial by its LSE, the sink with it
+                self.fold_learnable_sink(acc_O, softmax.row_sum, learnable_sink, tiled_mma_pv, tidx, m_block, head_idx)
         if const_expr(self.is_split_kv):
             self.epilogue_partial(acc_O, softmax.row_sum, mO[None, None, None, None, split_idx],
                                   mLSE[None, None, None, split_idx], seqlen, tiled_mma_pv, tidx, m_block, head_idx, batch_idx)

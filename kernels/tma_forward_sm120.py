@@ -85,6 +85,7 @@ class TmaForwardSm120(TunedForwardSm120):
 
     name = "sm120_tma"
     limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
+    features = frozenset({"learnable_sink"})  # folded after the mainloop, as its base class folds it
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -171,8 +172,8 @@ class TmaForwardSm120(TunedForwardSm120):
         mCuTotalSplitsMBlocks: Optional[cute.Tensor] = None,
         stream: cuda.CUstream = None,
     ):
-        """Upstream's SM80 host code, plus the TMA atoms (descriptors) for Q, K and V."""
-        assert learnable_sink is None, "Learnable sink is not supported in this kernel"
+        """Upstream's SM80 host code, plus the TMA atoms (descriptors) for Q, K and V; a learnable sink goes to the
+        kernel, which folds it into each finished row (TunedForwardSm120.fold_learnable_sink)."""
         self._check_type(
             *(t.element_type if t is not None else None for t in (mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK))
         )
@@ -255,7 +256,7 @@ class TmaForwardSm120(TunedForwardSm120):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             sQ_tma_layout, sK_tma_layout, sV_tma_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_O, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods,
+            SharedStorage, tile_sched_params, TileScheduler, aux_data, fastdiv_mods, learnable_sink,
         ).launch(grid=grid_dim, block=[self.num_threads, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 
     def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
@@ -315,6 +316,7 @@ class TmaForwardSm120(TunedForwardSm120):
         TileScheduler: cutlass.Constexpr[Callable],
         aux_data: AuxData = AuxData(),
         fastdiv_mods=None,
+        learnable_sink: Optional[cute.Tensor] = None,
     ):
         tidx, _, _ = cute.arch.thread_idx()
         # fp16 always; bf16 where a warp owns at most 16 rows, where it costs no registers on sm_120a and the sm_90a
@@ -469,6 +471,8 @@ class TmaForwardSm120(TunedForwardSm120):
 
             row_scale = softmax.finalize()
             softmax.rescale_O(acc_O, row_scale)
+            if const_expr(learnable_sink is not None):
+                self.fold_learnable_sink(acc_O, softmax.row_sum, learnable_sink, tiled_mma_pv, tidx, m_block, num_head)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             self.epilogue(
                 acc_O, softmax.row_sum, mO, mLSE, sO, seqlen, gmem_tiled_copy_O, None, tiled_mma_pv, tidx,

@@ -3,12 +3,16 @@
 Its shared-memory formula is upstream's `can_implement` one, as the compiled struct has it (head dims padded to
 16, each tile aligned to 1024 B; the same bytes as upstream's formula wherever its tiles are whole KBs, as on every
 suite's class); its rules are the ones upstream's SM80 code needs beyond that.
+
+A learnable sink is folded into each finished row (kernels/learnable_sink_sm120.py: the math, and how it reaches
+upstream's kernel body).
 """
 
 from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120
 
 from fa4tune.feasibility import OK, Verdict
 from fa4tune.kernel_class import ForwardKernel, Limits
+from kernels.learnable_sink_sm120 import LearnableSinkFold
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16
 TILE_ALIGN = 1024  # upstream's SharedStorage aligns every tile to 1024 B (cute.struct.Align[..., 1024])
@@ -25,15 +29,16 @@ def tile_bytes(rows: int, head_dim: int, stages: int = 1) -> int:
     return round_up(rows * round_up(head_dim, HEAD_DIM_MULTIPLE) * stages * BYTES_PER_ELEMENT, TILE_ALIGN)
 
 
-class TunedForwardSm120(ForwardKernel, FlashAttentionForwardSm120):
+class TunedForwardSm120(LearnableSinkFold, ForwardKernel, FlashAttentionForwardSm120):
     """Upstream's SM120 forward (SM80 mma.sync, cp.async K/V pipeline), all knobs from the config."""
 
     name = "sm120"
     upstream = FlashAttentionForwardSm120
     varlen = True  # upstream's SM80 code reads cu_seqlens (SeqlenInfo, the varlen tile scheduler)
     # upstream's SM80 code: a sliding window (BlockInfo, AttentionMask's mask_local), the soft-cap (the host's score_mod)
-    # and per-sequence lengths (SeqlenInfo's seqused_q / seqused_k), as upstream's SM120 path runs them
-    features = frozenset({"local", "softcap", "seqused", "seqused_q"})
+    # and per-sequence lengths (SeqlenInfo's seqused_q / seqused_k), as upstream's SM120 path runs them; a learnable
+    # sink folded into each finished row (fold_learnable_sink)
+    features = frozenset({"local", "softcap", "seqused", "seqused_q", "learnable_sink"})
     limits = Limits(num_stages=(1, 2, 3, 4))
 
     @classmethod

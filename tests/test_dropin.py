@@ -114,7 +114,7 @@ def test_window_softcap_seqused_pack_gqa_and_splits_reach_our_op(upstream_calls,
     assert upstream_calls == [] and (out, lse) == ("ours", None)  # lse only with return_lse, as upstream's
     (args,) = op_calls
     assert args[:3] == (q, k, v) and args[6] is used and args[7] is None  # no page table
-    assert args[10:] == (0.1, True, 1024, 0, 50.0, 4, False, False)
+    assert args[10:] == (0.1, True, 1024, 0, 50.0, 4, False, False, None, False)  # no sink, not deterministic
     assert dropin.flash_attn_func(q, k, v, return_lse=True) == ("ours", "lse")
 
 

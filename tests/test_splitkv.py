@@ -280,7 +280,7 @@ def test_the_split_class_declares_seqused_k_and_not_what_its_code_lacks():
     from fa4tune.api import Extras
     from fa4tune.kernel_class import runs_features
 
-    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged"}  # no window, softcap or seqused_q
+    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged", "learnable_sink"}  # no window, softcap or seqused_q
     used = object()
     assert Extras(seqused_k=used).features() == {"seqused"} and Extras(seqused_q=used).features() == {"seqused_q"}
     assert Extras().features() == set()

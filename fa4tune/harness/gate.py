@@ -68,7 +68,8 @@ class AttentionReference:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
-    valid_rows: torch.Tensor | None = None  # (b, hq, sq): rows that see at least one key (their LSE is finite)
+    valid_rows: torch.Tensor | None = None  # (b, hq, sq): rows with a finite LSE (that see a key, or any with a sink)
+    dsink: torch.Tensor | None = None  # (hq,): d(learnable_sink), fp32, where a sink and gradients were asked
 
 
 def causal_mask(rows: torch.Tensor, seqlen_q: int, seqlen_k: int, num_keys: int) -> torch.Tensor:
@@ -116,9 +117,10 @@ def _fp32_matmul_exact():
         _MATMUL.allow_bf16_reduced_precision_reduction, _MATMUL.allow_fp16_reduced_precision_reduction = previous[1:]
 
 
-def _attention_rows(q, k, v, scale, mask, group, softcap=0.0):
+def _attention_rows(q, k, v, scale, mask, group, softcap=0.0, sink=None):
     """One chunk: q (rows, hq, d), k (keys, hkv, d), v (keys, hkv, dv) -> out (rows, hq, dv), lse (hq, rows); a
-    soft-cap maps the scaled scores s to softcap * tanh(s / softcap), as upstream's score_mod does."""
+    soft-cap maps the scaled scores s to softcap * tanh(s / softcap), as upstream's score_mod does; a learnable sink
+    (hq,) is one more column of every row's softmax, its logit as given (not scaled), with no value (gpt-oss's)."""
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
@@ -127,11 +129,17 @@ def _attention_rows(q, k, v, scale, mask, group, softcap=0.0):
         scores = softcap * torch.tanh(scores / softcap)
     if mask is not None:
         scores = scores.masked_fill(mask, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1).float()
-    probs = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        # a row that sees no key has a softmax of NaN; its output is 0 (as FlashAttention writes it)
-        probs = probs.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
+    if sink is not None:
+        column = sink.to(scores.dtype)[:, None, None].expand(-1, scores.shape[1], 1)
+        lse = torch.logsumexp(torch.cat([scores, column], dim=-1), dim=-1)
+        probs = torch.exp(scores - lse[..., None])  # the sink's share is the rest: no row is empty
+        lse = lse.float()
+    else:
+        lse = torch.logsumexp(scores, dim=-1).float()
+        probs = torch.softmax(scores, dim=-1)
+        if mask is not None:
+            # a row that sees no key has a softmax of NaN; its output is 0 (as FlashAttention writes it)
+            probs = probs.masked_fill(mask.all(dim=-1, keepdim=True), 0.0)
     out = torch.matmul(probs.to(v.dtype), v.transpose(0, 1)).transpose(0, 1)  # (rows, hq, dv)
     return out, lse
 
@@ -148,10 +156,13 @@ def reference_attention(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     window_size: tuple = (-1, -1),
     softcap: float = 0.0,
+    learnable_sink: torch.Tensor | None = None,
 ) -> AttentionReference:
     """softmax(q k^T * scale) v in `dtype` for (batch, seqlen, heads, head_dim) tensors, GQA by repeating
     K/V heads; with `dout`, also dQ, dK, dV (computed in `dtype`, summed in fp32). A sliding window (`window_size`,
-    upstream's (left, right)) and a soft-cap (`softcap`) as upstream's kernels apply them."""
+    upstream's (left, right)) and a soft-cap (`softcap`) as upstream's kernels apply them; a learnable sink (heads,)
+    as one more softmax column per row with no value (a row that sees no key: out 0, LSE the sink), and with `dout`
+    its gradient (`dsink`, fp32, by autograd)."""
     masked = causal or any(side is not None and side >= 0 for side in window_size)
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
@@ -161,6 +172,8 @@ def reference_attention(
     out = torch.zeros(batch, seqlen_q, heads, v.shape[-1], dtype=dtype, device=device)
     lse = torch.full((batch, heads, seqlen_q), float("-inf"), dtype=torch.float32, device=device)
     grads = dout is not None
+    sink = None if learnable_sink is None else learnable_sink.detach().to(dtype).requires_grad_(grads)
+    dsink = torch.zeros(heads, dtype=torch.float32, device=device)
     if grads:
         dq = torch.zeros(batch, seqlen_q, heads, head_dim, dtype=torch.float32, device=device)
         dk = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float32, device=device)
@@ -176,23 +189,31 @@ def reference_attention(
                 rows = torch.arange(start, stop, device=device)
                 num_keys = int(key_range(rows[-1:], seqlen_q, seqlen_k, causal, window_size)[1]) + 1 if masked else seqlen_k
                 if num_keys <= 0:
-                    continue  # every row sees no key: out 0, lse -inf, gradients 0
+                    # every row sees no key: out 0, gradients 0 (a sink's too: its share is 1, out and so D are 0);
+                    # lse -inf, or the sink
+                    if sink is not None:
+                        lse[b, :, start:stop] = sink.detach().float()[:, None]
+                    continue
                 qc = q[b, start:stop].detach().to(dtype).requires_grad_(grads)
                 mask = window_mask(rows, seqlen_q, seqlen_k, num_keys, causal, window_size) if masked else None
-                oc, lc = _attention_rows(qc, kb[:num_keys], vb[:num_keys], scale, mask, group, softcap)
+                oc, lc = _attention_rows(qc, kb[:num_keys], vb[:num_keys], scale, mask, group, softcap, sink)
                 out[b, start:stop] = oc.detach()
                 lse[b, :, start:stop] = lc.detach()
                 if grads:
-                    gq, gk, gv = torch.autograd.grad(oc, (qc, kb, vb), dout[b, start:stop].to(dtype))
+                    inputs = (qc, kb, vb) if sink is None else (qc, kb, vb, sink)
+                    gq, gk, gv, *gs = torch.autograd.grad(oc, inputs, dout[b, start:stop].to(dtype))
                     dq[b, start:stop] = gq.float()
                     dk[b] += gk.float()
                     dv[b] += gv.float()
+                    if gs:
+                        dsink += gs[0].float()
     first, last = key_range(torch.arange(seqlen_q, device=device), seqlen_q, seqlen_k, causal, window_size)
-    valid = first <= last
+    valid = first <= last if sink is None else torch.ones_like(first, dtype=torch.bool)
     valid_rows = valid[None, None, :].expand(batch, heads, seqlen_q)
     if not grads:
         return AttentionReference(out, lse, valid_rows=valid_rows)
-    return AttentionReference(out, lse, dq.to(dtype), dk.to(dtype), dv.to(dtype), valid_rows)
+    return AttentionReference(out, lse, dq.to(dtype), dk.to(dtype), dv.to(dtype), valid_rows,
+                              dsink if sink is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from fa4tune.kernel_class import ROOT
 TEMPLATES = Path(__file__).resolve().parent / "upstream_files"
 # members of fa4tune.kernel_class.ForwardKernel: the registry's and feasibility's, not the kernel's
 PROTOCOL_MEMBERS = {"name", "knobs", "limits", "upstream", "smem_bytes", "can_implement", "can_implement_problem",
-                    "num_splits_for", "static_problem"}
+                    "num_splits_for", "static_problem", "features", "regimes", "call_knobs", "searched"}
 OURS = ("fa4tune", "kernels")  # packages upstream does not have
 # what a carried file must not name: our packages, our records, our project (an upstream file stands on its own)
 LEAKS = ("fa4tune", "fa4-tune", "kernels/", "tests/test_", "docs/measurements", "experiment.py", "SPLITS_DOMAIN",
