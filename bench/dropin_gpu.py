@@ -95,9 +95,13 @@ def compile_step() -> int:
         out = compiled(q, k, v)
         out.sum().backward()
         diffs = [_max_diff(out, eager)] + [_max_diff(t.grad, g) for t, g in zip((q, k, v), grads)]
+        # the forward is bit-exact; the default backward adds dQ (and GQA's dK, dV) with fp32 atomics in whatever
+        # order the CTAs reach them, so two eager runs differ too: a gradient may differ by 2 bf16 ulps of its
+        # largest magnitude (2 * 2^-8 * max |g|), the rounding of a reordered fp32 sum
+        bounds = [0.0] + [2 * 2.0 ** -8 * g.abs().max().item() for g in grads]
         print(f"fullgraph inductor vs eager, inputs {seed}: max |diff| out {diffs[0]:.3g} dq {diffs[1]:.3g} "
-              f"dk {diffs[2]:.3g} dv {diffs[3]:.3g}")
-        failures += any(d != 0 for d in diffs)
+              f"dk {diffs[2]:.3g} dv {diffs[3]:.3g} (bounds: out 0, dq {bounds[1]:.3g}, dk {bounds[2]:.3g}, dv {bounds[3]:.3g})")
+        failures += any(d > b for d, b in zip(diffs, bounds))
     return failures
 
 

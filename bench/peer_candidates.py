@@ -129,6 +129,11 @@ def describe_kernel(name: str, args: tuple, kwargs: dict) -> str:
     return f"{short.get(name, name)}{tile}{(' ' + knobs) if knobs else ''}"
 
 
+def recorder_of(interface) -> "KernelRecorder":
+    """#2634's interface's KernelRecorder (load_pr2634 attaches it; read from the module's dict, as it is not upstream's)."""
+    return vars(interface)["_fa4tune_recorder"]
+
+
 def load_pr2634():
     """#2634's interface module (from .peers/, checked against the manifest first) with its KernelRecorder."""
     import importlib
@@ -137,8 +142,8 @@ def load_pr2634():
 
     peer_sources.require()
     interface = importlib.import_module(f"{PR2634_PACKAGE}.interface")
-    if not hasattr(interface, "_fa4tune_recorder"):
-        interface._fa4tune_recorder = KernelRecorder(interface)
+    if "_fa4tune_recorder" not in vars(interface):
+        setattr(interface, "_fa4tune_recorder", KernelRecorder(interface))
     return interface
 
 
@@ -167,7 +172,7 @@ def pr2634_candidate(variant: str, interface):
 
     def forward(q, k, v, causal, window_size=(-1, -1), softcap=0.0):
         sides = tuple(None if s is None or s < 0 else s for s in window_size)
-        interface._fa4tune_recorder.current = variant
+        recorder_of(interface).current = variant
         with decode_kernel_on(variant == PR2634_DECODE):
             out, lse = interface.flash_attn_func(q, k, v, causal=causal, window_size=sides, softcap=softcap, return_lse=True,
                                                  **({"pack_gqa": False} if variant == PR2634_UNPACKED else {}))
@@ -339,13 +344,13 @@ def compile_job(job: dict) -> dict:
                     call._flash_attn_bwd(q, k, v, out, torch.empty_like(out), lse, None, p.causal, float(p.softcap),
                                          window_size_left=left, window_size_right=right, deterministic=False, pack_gqa=None)
             if i == 0 and job["kind"] == "pr2634":  # the problem's own call: its key was the last one asked for
-                recorder = call._fa4tune_recorder
+                recorder = recorder_of(call)
                 built = [recorder.kernels.get(recorder.last_key, "loaded")]
     except Exception as err:  # the peer's compile error is its result; it fails again in the gate, named there
         from fa4tune.fake_compile import error_reason
 
         return {"status": "compile_error", "reason": error_reason(err), "seconds": time.perf_counter() - start}
-    known = call._fa4tune_recorder.kernels if job["kind"] == "pr2634" else {}
+    known = recorder_of(call).kernels if job["kind"] == "pr2634" else {}
     return {"status": "ok", "reason": "", "kernels": built, "keys": known, "seconds": time.perf_counter() - start}
 
 

@@ -68,6 +68,8 @@ def _paged_reason(q, k, v, arguments: dict) -> str | None:
     left, right = arguments["window_size"]
     if is_local(arguments["causal"], left, right) or arguments["softcap"]:
         return "page_table with a sliding window or a soft-cap (our paged class runs neither)"
+    if arguments.get("learnable_sink") is not None:
+        return "learnable_sink is set with a page_table (the two are not gated together on a GPU yet)"
     return None
 
 

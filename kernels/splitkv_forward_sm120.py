@@ -88,7 +88,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
     # a d256 decode study may try it; its trials pass the gate like any
     limits = Limits(num_stages=(1, 2, 3, 4), head_dim=(64, 256))
     # where the search offers it: decode (3-22x upstream, its entries) and chunked prefills (1.18x upstream at sq 512
-    # over 8K, unsplit: docs/measurements/2026-12-01-h200-splitkv.md section 4), not prefills, whose query tiles fill
+    # over 8K, unsplit: the 2026-12-01 split-KV record, section 4), not prefills, whose query tiles fill
     # the GPU unsplit (a 20-trial study of a prefill class drew it six times, all pruned: issue 68)
     regimes = frozenset({"decode", "chunked"})
 

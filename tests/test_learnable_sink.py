@@ -133,7 +133,7 @@ def host_calls(monkeypatch):
 
 
 def _forward(q, k, v, sink, causal=True):
-    return torch_op.tuned_forward(q, k, v, None, None, None, None, None, None, None, causal, None, None, 0.0, 1, None,
+    return torch_op.tuned_forward(q, k, v, None, None, None, None, None, None, None, None, causal, None, None, 0.0, 1, None,
                                   False, sink)
 
 
@@ -208,7 +208,7 @@ def test_torch_compile_fullgraph_traces_a_sink_call_and_the_sink_s_gradient_flow
 
 def test_the_op_s_schema_takes_the_sink_and_deterministic_and_passes_torch_s_checks():
     q, k, v = (t.to("meta") for t in _tensors())
-    args = (q, k, v, None, None, None, None, None, None, None, True, None, None, 0.0, 1, None, True,
+    args = (q, k, v, None, None, None, None, None, None, None, None, True, None, None, 0.0, 1, None, True,
             torch.zeros(4, device="meta"), True)
     torch.library.opcheck(torch.ops.fa4tune.fwd.default, args, test_utils=("test_schema",))
     out, lse = torch.ops.fa4tune.fwd(*args)

@@ -347,12 +347,20 @@ def _boosted_table(tmp: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tma_url(tmp_path_factory) -> str:
-    """Two forward studies: one won by our TMA class (its runner-up uses upstream's), one won by split-KV."""
+    """Two forward studies: one won by our TMA class (its runner-up uses upstream's), one won by split-KV (a prefill
+    study stored before issue 68 offered split-KV to decode and chunked classes only: its space had the class)."""
+    from kernels.splitkv_forward_sm120 import SplitKvForwardSm120
+    from search import space as search_space
+
     tmp = tmp_path_factory.mktemp("export-tma")
     url = f"sqlite:///{tmp / 'search.db'}"
     table = _boosted_table(tmp)
     run_study(url, "fwd", TMA_CLASS, table, [FWD_TMA, FWD_TMA_UPSTREAM])
-    run_study(url, "fwd", SPLITKV_CLASS, table, [FWD_SPLITKV, FWD_MHA_RUNNER_UP])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SplitKvForwardSm120, "regimes", frozenset({"prefill", "decode", "chunked"}))
+        patch.setattr(search_space, "_FORWARD_SPACES", {})  # the spaces built under the patch stay under it
+        patch.setattr(search_space, "_FEASIBLE", {})
+        run_study(url, "fwd", SPLITKV_CLASS, table, [FWD_SPLITKV, FWD_MHA_RUNNER_UP])
     return url
 
 
