@@ -164,7 +164,8 @@ def tuned_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_
     tables = tables_in_use()
     choice = _memo((id(tables), "fwd", pc, packed is not None, extras.features(), num_splits),
                    lambda: forward_choice(tables, pc, packed is not None, extras.features(), num_splits))
-    log.debug("fa4tune: tuned forward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
+    if log.isEnabledFor(logging.DEBUG):  # short() is a tenth of the op's own host time: only when it prints
+        log.debug("fa4tune: tuned forward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
     return api.run_forward(_kernel_class(tables), q, k, v, causal, scale, choice.config, packed, extras)
 
@@ -200,7 +201,8 @@ def tuned_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     needed = extras.features(backward=True)
     choice = _memo((id(tables), "bwd", pc, packed is not None, needed, bool(deterministic)),
                    lambda: backward_choice(tables, pc, needed, bool(deterministic)))
-    log.debug("fa4tune: tuned backward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("fa4tune: tuned backward %s: %s (%s)", pc.name, choice.config.short(), choice.reason)
     threads = tables.preprocess_threads(pc, choice.config)
     scale = 1.0 / math.sqrt(q.shape[-1]) if softmax_scale is None else softmax_scale
     dq, dk, dv, *dsink = api.run_backward(_kernel_class(tables), q, k, v, out, dout, lse, causal, scale, choice.config,
