@@ -13,20 +13,14 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
   - optionally `varlen` (read from the class itself, never inherited; default False): it runs packed batches of
     mixed lengths (cu_seqlens; bench/varlen.py gates them per sequence); a varlen call runs another class where False;
   - optionally `features` (read from the class itself, never inherited; default none): the call features its code
-    runs, of FEATURES: "local" (a sliding window), "softcap" (a logit soft-cap), "seqused" (seqused_k, per-sequence
-    lengths of a padded KV cache), "seqused_q" (per-sequence query lengths), "paged" (a paged KV cache: page_table,
-    the page size a constructor knob `page_size`) and "learnable_sink" (a sink logit per query head, in the softmax's
-    denominator); a class that lacks one never serves a window, softcap or paged class, and a call with seqused_k,
-    seqused_q, a page table or a sink runs another config (fa4tune.torch_op);
+    runs, of FEATURES: a sliding window, a soft-cap, seqused_k, seqused_q, a page table (the page size a constructor
+    knob) and a learnable sink; a class lacking one never serves such a class, and such a call runs another config;
   - optionally `quantizes` (default False): True for a class that takes bf16 inputs and computes in FP8
     (fa4tune.fp8's host path runs it); it runs the opt-in "fp8" problem classes, and no other class runs those;
-  - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain (no sampler
-    or LLM draws it) while dispatch entries, the static check and the bench scripts still run it: for a class
-    that measurements have not found winning, so that the search spends no evaluations on it;
-  - optionally `regimes` (default all of fa4tune.config.REGIMES): the problem regimes (prefill, decode, chunked) the
-    search offers the class for; a problem class of another regime has no such `kernel` value in its space
-    (search.space.Space.for_class), as a class that cannot win there would only take proposals (split-KV: decode and
-    chunked, not prefill); dispatch entries, the static rules and the bench scripts still run it anywhere;
+  - optionally `searched` (default True): False keeps the class out of the search's `kernel` domain while dispatch
+    entries, the static check and the bench scripts still run it (a class no measurement has found winning);
+  - optionally `regimes` (default all of fa4tune.config.REGIMES): the regimes whose problem classes' search spaces
+    offer the class (split-KV: decode and chunked); dispatch entries and bench scripts still run it anywhere;
   - optionally, per problem (defaults: OK, 1, None): `can_implement_problem(config, problem, target)`, rules that need
     the sequence lengths (fa4tune.feasibility.check_forward_problem runs it before any compile);
     `num_splits_for(config, problem, num_sms)`, the KV splits it runs a problem with (above 1 the host path
@@ -34,13 +28,10 @@ kernels.tuned_forward_sm120.TunedForwardSm120, upstream's own) declares:
     `static_problem(problem_class)`, the shape the static check compiles it for (None: fa4tune.fake_compile's).
 fa4tune.feasibility, the search space, the static check, the host path and export read these, never a name.
 
-The registry: our classes in kernels/ (one per file), then the ones experiment.py defines, each under the `name`
-it declares itself (a subclass that declares none is a base, not a kernel). The registry never loads experiment.py: it
-receives it. The experiment module is the one loaded as `experiment` (fa4tune.harness.candidates.load_experiment puts
-it there; experiment.py's own calls pass their `__name__`); a process that has loaded none asks the loader handed over
-with `register_loader` (the harness's, which fa4tune.harness.candidates and search.space register), and without one
-the registry holds our classes alone. experiment.py may import this module (the guards allow it: it declares, it
-does not measure).
+The registry: our classes in kernels/ (one per file), then experiment.py's, each under the `name` it declares (one
+that declares none is a base). The registry never loads experiment.py: it takes the module loaded as `experiment`
+(fa4tune.harness.candidates.load_experiment puts it there), else asks the loader handed to `register_loader` (the
+harness's), else holds our classes alone. experiment.py may import this module (it declares, it does not measure).
 """
 
 from __future__ import annotations
@@ -117,10 +108,8 @@ class BackwardKernel:
     (a BackwardConfig's `kernel`), `knobs` (its own constructor knobs, in BackwardConfig.extra), `limits` (num_stages:
     the domain of num_stages_Q and num_stages_dO), `smem_bytes`, `can_implement`, `upstream`, `searched` and `regimes`, as for a
     forward class. fa4tune.feasibility.check_backward applies them after upstream's backward rules, which every class
-    built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`). `call_knobs`: constructor
-    knobs a call sets rather than the search (e.g. `deterministic`: the caller's requirement, never a speed choice);
-    a config carries one in `extra` where the call sets it, absent it takes its domain's first value, and the search
-    space leaves them out (its configs carry none)."""
+    built on upstream's code inherits except the gate-measured ones its code fixes (`fixes`). `call_knobs`: knobs the
+    call sets, never the search (`deterministic`), in `extra` where set, else their domain's first value."""
 
     name: ClassVar[str] = ""
     knobs: ClassVar[dict[str, tuple]] = {}
@@ -268,16 +257,13 @@ def _check_declaration(cls: type, config_class: type) -> None:
     if not isinstance(cls.name, str) or not cls.name.isidentifier():
         raise bad(f"name must be an identifier-like string (the `kernel` knob's value), got {cls.name!r}")
     base_knobs = {f.name for f in fields(config_class)}
-    for knob, domain in dict(cls.knobs).items():
-        if knob in base_knobs:
-            raise bad(f"knob {knob!r} is one of {config_class.__name__}'s own knobs; declare only the class's extra knobs")
-        if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
-            raise bad(f"knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
-    for knob, domain in dict(getattr(cls, "call_knobs", {})).items():
-        if knob in base_knobs or knob in cls.knobs:
-            raise bad(f"call knob {knob!r} is also one of {config_class.__name__}'s or the class's own knobs")
-        if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
-            raise bad(f"call knob {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
+    call_knobs = getattr(cls, "call_knobs", {})
+    for kind, knobs, taken in (("knob", cls.knobs, base_knobs), ("call knob", call_knobs, {*base_knobs, *cls.knobs})):
+        for knob, domain in dict(knobs).items():
+            if knob in taken:
+                raise bad(f"{kind} {knob!r} is one of {config_class.__name__}'s own knobs or the class's; declare it once")
+            if not isinstance(domain, tuple) or not domain or not all(isinstance(v, (bool, int, float, str)) for v in domain):
+                raise bad(f"{kind} {knob!r} needs a non-empty tuple of numbers, strings or booleans as its domain, got {domain!r}")
     if not isinstance(cls.limits, Limits):
         raise bad(f"limits must be a fa4tune.kernel_class.Limits, got {type(cls.limits).__name__}")
     if not isinstance(cls.searched, bool):

@@ -2,10 +2,8 @@
 
 Its shared-memory formula is upstream's `can_implement` one, as the compiled struct has it (head dims padded to
 16, each tile aligned to 1024 B; the same bytes as upstream's formula wherever its tiles are whole KBs, as on every
-suite's class); its rules are the ones upstream's SM80 code needs beyond that.
-
-A learnable sink is folded into each finished row (kernels/learnable_sink_sm120.py: the math, and how it reaches
-upstream's kernel body).
+suite's class); its rules are the ones upstream's SM80 code needs beyond that. A learnable sink is folded into each
+finished row (kernels/learnable_sink_sm120.py).
 """
 
 from flash_attn.cute.flash_fwd_sm120 import FlashAttentionForwardSm120

@@ -42,6 +42,7 @@ MEASURING = {
     "bench/fp8_forward.py": "bench/fp8_forward.py",
     "bench/dropin_gpu.py": "bench/dropin_gpu.py",
     "bench/paged_gpu.py": "bench/paged_gpu.py",
+    "bench/sinks_gpu.py": "bench/sinks_gpu.py",
 }
 # Scripts that time only kernels of their own and never run experiment.py's code (nothing of it to check).
 OWN_KERNELS_ONLY = {"bench/mma_rate.py": "the GPU's mma.sync rates, NVRTC kernels of its own"}
