@@ -173,6 +173,18 @@ def time_against(candidates: dict, rounds: int = ROUNDS) -> dict:
                           flush=make_flusher(torch.device("cuda")), rounds=rounds)
     except TimingError as err:  # e.g. a call that waits for the device: its checks above stand, its time is not taken
         print(f"not timed: {str(err).split(';')[0]}", flush=True)
+        for name, call in candidates.items():  # where each call waits for the device: torch names the first sync
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                call()
+                print(f"  {name}: no synchronizing torch call (the wait is elsewhere: the host path's own time?)")
+            except RuntimeError as sync:
+                import traceback
+
+                frames = [f for f in traceback.extract_tb(sync.__traceback__) if "/torch/" not in f.filename][-3:]
+                print(f"  {name}: {str(sync).splitlines()[0]} at " + " <- ".join(f"{f.filename}:{f.lineno}" for f in frames[::-1]))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
         return {name: math.nan for name in candidates}
     return {name: t.median_ms for name, t in timed.items()}
 
