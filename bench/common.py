@@ -250,3 +250,15 @@ def time_interleaved(experiment, settings, problems, runs: int, candidates_of, l
                 if r.status == "ok":
                     medians.setdefault((problem.label, label), []).append(r.ms_median)
     return medians, names
+
+
+def run_steps(steps: dict, names: list[str]) -> int:
+    """Each named step of a GPU script in order, between "== name" and "name: ok" (or "N failed") lines; exit status
+    1 where any failed."""
+    failures = 0
+    for name in names:
+        print(f"== {name}", flush=True)
+        failed = steps[name]()
+        print(f"{name}: {'ok' if not failed else f'{failed} failed'}", flush=True)
+        failures += failed
+    return 1 if failures else 0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DebugLines  # noqa: E402
+from bench.common import DebugLines, run_steps  # noqa: E402
 
 PAGE_SIZES = (16, 64, 256)
 WITHIN = 1.05  # the target: a paged decode within 5 % of the same decode on a contiguous cache
@@ -247,13 +247,7 @@ def main(argv: list[str]) -> int:
     from fa4tune.torch_op import use_tables
 
     use_tables(load_default_experiment().TABLES)  # the shipped tables, through the guards' shared entry point
-    failures = 0
-    for name in argv:
-        print(f"== {name}", flush=True)
-        failed = STEPS[name]()
-        print(f"{name}: {'ok' if not failed else f'{failed} failed'}", flush=True)
-        failures += failed
-    return 1 if failures else 0
+    return run_steps(STEPS, argv)
 
 
 if __name__ == "__main__":

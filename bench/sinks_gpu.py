@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import run_steps  # noqa: E402
+
 RUNS = 5  # backward runs on the same inputs (determinism)
 ROUNDS = 20  # timed rounds, candidates in a shuffled order each (fa4tune.harness.timing.benchmark)
 GPT_OSS = "openai/gpt-oss-20b config.json: 64 heads, 8 KV heads, head_dim 64, sliding_window 128 on alternate layers, sinks"
@@ -302,13 +304,7 @@ def main(argv: list[str]) -> int:
     from fa4tune.torch_op import use_tables
 
     use_tables(load_default_experiment().TABLES)
-    failures = 0
-    for name in argv:
-        print(f"== {name}", flush=True)
-        failed = STEPS[name]()
-        print(f"{name}: {'ok' if not failed else f'{failed} failed'}", flush=True)
-        failures += failed
-    return 1 if failures else 0
+    return run_steps(STEPS, argv)
 
 
 if __name__ == "__main__":
