@@ -13,6 +13,7 @@ Each step ends with a table and a line "<step>: ok" or "<step>: N failed"; exit 
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
@@ -82,10 +83,13 @@ def inputs(case: Case, device="cuda", seed=0):
     return q, k, v, dout, sink
 
 
-def _packing(case: Case, device):
+@functools.lru_cache(maxsize=None)
+def _packing(lengths: tuple, device):
+    """A packed case's cu_seqlens and max lengths, built once: a host-to-device copy from pageable memory waits for
+    the stream, so building them per call would stall every timed call behind the timer's blocking kernel."""
     from fa4tune.harness import gate
 
-    found = gate.packing(case.lengths, device)
+    found = gate.packing(lengths, device)
     return (found["cu_seqlens_q"], found["cu_seqlens_k"], found["max_seqlen_q"], found["max_seqlen_k"]) if found else (None,) * 4
 
 
@@ -93,7 +97,7 @@ def forward(case: Case, q, k, v, sink):
     """(out, lse) of our tuned forward (the op's body)."""
     from fa4tune import torch_op
 
-    cu_q, cu_k, max_q, max_k = _packing(case, q.device)
+    cu_q, cu_k, max_q, max_k = _packing(tuple(case.lengths), q.device)
     return torch_op.tuned_forward(q, k, v, cu_q, cu_k, None, None, None, max_q, max_k, None, case.causal, *case.window, 0.0,
                                   1, None, True, sink)
 
@@ -102,7 +106,7 @@ def backward(case: Case, q, k, v, out, lse, dout, sink, deterministic=False):
     """(dq, dk, dv, dsink) of our tuned backward (the op's body; dsink empty without a sink)."""
     from fa4tune import torch_op
 
-    cu_q, cu_k, max_q, max_k = _packing(case, q.device)
+    cu_q, cu_k, max_q, max_k = _packing(tuple(case.lengths), q.device)
     return torch_op.tuned_backward(dout, q, k, v, out, lse, None, cu_q, cu_k, None, None, max_q, max_k, None, case.causal,
                                    *case.window, 0.0, sink, deterministic)
 
