@@ -256,7 +256,7 @@ def sinks_step() -> int:
         failures += any(not c.passed for c in found)
         rows.append(row)
         print(f"{case.label}: " + "; ".join(f"{c.name} err {c.error:.3g} (tol {c.tolerance:.3g})" for c in found), flush=True)
-        del q, k, v, dout, out, lse
+        q = k = v = dout = out = lse = None  # freed before the next case (the timed lambdas are done with them)
         torch.cuda.empty_cache()
     print_table(["case", "forward gate", "fwd ms no sink", "fwd ms sink", "ratio", "backward gate", "bwd ms no sink",
                  "bwd ms sink", "ratio"], rows)
