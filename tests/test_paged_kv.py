@@ -337,3 +337,33 @@ def test_the_harness_gates_times_and_guards_a_paged_problem_on_the_cpu():
     assert results["gathers"].status == "ok" and results["torch sdpa"].status == "ok", results
     assert results["in order"].status == "incorrect" and "sequence 0 of 2" in results["in order"].reason
     runtime_guards.check_candidate(right.forward, problem, "fwd", "cpu", seed=3)  # raises GuardViolation if it fails
+
+
+def test_a_paged_forward_that_remembers_its_output_per_page_table_is_caught():
+    """A cheat of the lead's own (issue 66 on the paged path): the timed call's page table is one tensor through every
+    round (only q and the pools are rewritten between rounds), so a forward that keeps its first output per table
+    (data_ptr) and returns a fresh copy of it afterwards would skip every timed call's work. Each gate case draws a
+    table of its own, so the cheat passes the gate; the check of the timed outputs against the rewritten inputs
+    catches it."""
+    from fa4tune.harness import steps
+    from fa4tune.harness.candidates import Candidate
+    from fa4tune.harness.settings import Settings
+
+    honest, remembered = _paged_forward(), {}
+
+    def remembers(q, k, v, causal, page_table, seqused_k):
+        key = page_table.data_ptr()
+        if key not in remembered:
+            remembered[key] = honest(q, k, v, causal, page_table, seqused_k)
+        return tuple(t.clone() for t in remembered[key])
+
+    problem = Problem(2, 1, 100, 4, 2, 32, 32, True, backward=False, page_size=16)
+    settings = Settings(gate_seed=7, warmup=1, rounds=2, input_sets=2, gate_random_problems=1)
+    results = steps.measure_step(problem, "fwd", [sdpa_candidate(), Candidate("remembers", remembers, {})], device="cpu",
+                                 settings=settings)
+    assert results["torch sdpa"].status == "ok", results
+    # caught after timing (output_reuse), or in the gate where the allocator hands a later case's table the address
+    # of an earlier one's (a freed table's memory reused), so the remembered output is another case's
+    caught = results["remembers"]
+    assert (caught.status == "guard" and "output_reuse" in caught.reason) or (
+        caught.status == "incorrect" and "> tolerance" in caught.reason), caught
