@@ -97,6 +97,7 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d256-causal-gqa2-bf16": ForwardConfig(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False,
                                            kernel="sm120_tma_lpt"),  # 1.28x the sm120_tma default for d256
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
+    "d128-causal-gqa4-window-bf16": ForwardConfig(tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True),
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
@@ -118,6 +119,10 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d192v128-causal-bf16": replace(BWD, kernel="sm120_cmask_kregs", num_stages_Q=1, num_threads=256, dQ_swapAB=True,
                                     AtomLayoutNdKV=4),  # 248 regs, no spills; upstream's spills 1.5 KB on sm_120a (its 30.9x
     # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
+    "d128-causal-gqa4-window-bf16": BackwardConfig(
+        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
+        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
+    ),
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from
