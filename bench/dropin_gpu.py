@@ -9,6 +9,10 @@
     python3 bench/dropin_gpu.py window    # MODELS' real window / softcap settings: ours and upstream's SM120 config
                                           # gated against the fp32 reference with the same window and softcap, timed
     python3 bench/dropin_gpu.py hf        # a random-weight Llama from a config: attn_implementation "fa4tune" vs "sdpa"
+    python3 bench/dropin_gpu.py local     # the TMA classes' window loop (blocks from n_block_min, the left edge's masked):
+                                          # each class gated on windows of 0 to 500 keys (and one with a right side, and
+                                          # a soft-cap) against the fp32 reference; then gpt-oss's and Mistral's sliding
+                                          # layers timed on upstream's SM80 loop (every block down to 0) and on TMA configs
 """
 
 from __future__ import annotations
@@ -241,6 +245,84 @@ def window_step(repeats: int = 30) -> int:
     return failures
 
 
+# (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap): odd lengths, so tiles end mid-window
+LOCAL_GATE = [("d64 GQA 8", 1, 1000, 1000, 16, 2, 64, 0.0), ("d128 GQA 4, sq < sk", 2, 777, 1500, 8, 2, 128, 0.0),
+              ("d256 GQA 2 soft-cap 50", 1, 700, 700, 4, 2, 256, 50.0)]
+LOCAL_WINDOWS = [(0, 0), (1, 0), (63, 0), (64, 0), (100, 0), (128, 0), (500, 0), (100, 50)]  # (left, right); right > 0: not causal
+LOCAL_KERNELS = [("sm120_tma", 2, False), ("sm120_tma_lpt", 1, True), ("sm120_tma_paired", 2, False),
+                 ("sm120_tma_trimmed", 1, True)]  # (kernel, num_stages, Q_in_regs): both load schedules
+# (label, batch, seqlen, heads, heads_kv, head_dim, window_size_left): gpt-oss-20b's and Mistral 7B's sliding layers
+LOCAL_TIMED = [("gpt-oss-20b sliding layer (window 128)", 1, 4096, 64, 8, 64, 128),
+               ("Mistral 7B past its window (4096 of 8192)", 1, 8192, 32, 8, 128, 4096)]
+
+
+def local_step(repeats: int = 30) -> int:
+    import torch
+
+    from fa4tune import api, defaults, torch_op
+    from fa4tune.config import ForwardConfig
+    from fa4tune.feasibility import check_forward_entry
+    from fa4tune.harness import gate
+    from fa4tune.targets import get_target
+
+    def config_for(kernel, stages, q_in_regs, head_dim):
+        tile_n = 32 if head_dim > 128 else 64  # d256: 64 x 32 tiles fit 99 KB
+        return ForwardConfig(tile_m=64, tile_n=tile_n, num_threads=128, num_stages=stages, Q_in_regs=q_in_regs,
+                             kernel=kernel)
+
+    failures = 0
+    print(f"{'problem':24s} {'window':>10s} " + "  ".join(f"{k:>18s}" for k, *_ in LOCAL_KERNELS) + "   bound")
+    for label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap in LOCAL_GATE:
+        q, k, v = _tensors(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
+        for left, right in LOCAL_WINDOWS:
+            causal = right == 0
+            extras = api.Extras(left, right if not causal else 0, softcap=softcap)
+            pc = api.problem_class_of(q, k, v, causal, extras=extras)
+            window = (left, right)
+            ref = gate.reference_attention(q, k, v, causal, window_size=window, softcap=softcap)
+            low = gate.reference_attention(q, k, v, causal, window_size=window, softcap=softcap, dtype=torch.bfloat16)
+            bound = 2 * _max_diff(low.out, ref.out) + 1e-4
+            cells = []
+            for kernel, stages, q_in_regs in LOCAL_KERNELS:
+                config = config_for(kernel, stages, q_in_regs, head_dim)
+                verdict = check_forward_entry(config, pc, get_target())
+                if not verdict:
+                    cells.append(f"{'refused ' + verdict.rule:>18s}"[:18])
+                    continue
+                out, lse = api.run_forward(torch_op.registry_class, q, k, v, causal, head_dim ** -0.5, config, None, extras)
+                err = _max_diff(out, ref.out)
+                lse_err = _max_diff(lse, ref.lse) if ref.lse is not None else 0.0
+                bad = err > bound or not torch.isfinite(out).all() or lse_err > 1e-2
+                failures += int(bad)
+                cells.append(f"{('FAIL ' if bad else 'ok ') + f'{err:.2g}':>18s}")
+            print(f"{label:24s} {str(window):>10s} " + "  ".join(cells) + f"   {bound:.2g}")
+    print(f"\n{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
+    for label, batch, seqlen, heads, heads_kv, head_dim, left in LOCAL_TIMED:
+        q, k, v = _tensors(batch, seqlen, seqlen, heads, heads_kv, head_dim)
+        extras = api.Extras(left, 0)
+        pc = api.problem_class_of(q, k, v, True, extras=extras)
+        ref = gate.reference_attention(q, k, v, True, window_size=(left, 0))
+        low = gate.reference_attention(q, k, v, True, window_size=(left, 0), dtype=torch.bfloat16)
+        bound = 2 * _max_diff(low.out, ref.out) + 1e-4
+        configs = {"upstream (SM80 loop, sm120)": defaults.upstream_forward(pc)}
+        for kernel, stages, q_in_regs in LOCAL_KERNELS:
+            for tile_m in (64, 128):
+                config = ForwardConfig(tile_m=tile_m, tile_n=64, num_threads=128, num_stages=stages, Q_in_regs=q_in_regs,
+                                       kernel=kernel)
+                if check_forward_entry(config, pc, get_target()):
+                    configs[f"{kernel} {tile_m}x64 s{stages}{' Qregs' if q_in_regs else ''}"] = config
+        calls = {name: (lambda c=c: api.run_forward(torch_op.registry_class, q, k, v, True, head_dim ** -0.5, c, None,
+                                                    extras)[0]) for name, c in configs.items()}
+        errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
+        failures += sum(err > bound for err in errors.values())
+        times = _device_ms(calls, repeats)
+        base = times["upstream (SM80 loop, sm120)"]
+        for name in calls:
+            print(f"{label:44s} {name:44s} {errors[name]:9.3g} {times[name]:8.3f} {base / times[name]:10.3f}x"
+                  + ("  FAIL" if errors[name] > bound else ""))
+    return failures
+
+
 def hf_step() -> int:
     import torch
     import transformers
@@ -272,7 +354,8 @@ def hf_step() -> int:
     return int(failed)
 
 
-STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step, "window": window_step, "hf": hf_step}
+STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step, "window": window_step, "hf": hf_step,
+         "local": local_step}
 
 
 def main(argv: list[str]) -> int:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fa4tune.config import Problem, ProblemClass, is_local
+from fa4tune.config import NO_WINDOW, SHORTEST_SOFTCAP, Problem, ProblemClass, is_local
 
 STATIC_SEQLEN = 1024  # the static check's shape: several tiles in both directions; kernels do not specialise on it
 STATIC_HEADS_KV = 2
@@ -60,8 +60,11 @@ def static_shape(pc: ProblemClass, kernel: type | None = None) -> Problem:
     own = kernel.static_problem(pc) if kernel is not None and hasattr(kernel, "static_problem") else None
     if own is not None:
         return own
+    # a window or soft-cap class compiles its own kernel (is_local, the soft-cap's score_mod), not the plain one
     return Problem(1, STATIC_SEQLEN, STATIC_SEQLEN, STATIC_HEADS_KV * pc.qhead_per_kvhead, STATIC_HEADS_KV, pc.head_dim,
-                   pc.head_dim_v, pc.causal, pc.dtype, backward=not pc.page_size, page_size=pc.page_size)
+                   pc.head_dim_v, pc.causal, pc.dtype, backward=not pc.page_size, page_size=pc.page_size,
+                   window_size_left=STATIC_SEQLEN // 2 if pc.window else NO_WINDOW,
+                   softcap=SHORTEST_SOFTCAP if pc.softcap else 0.0)
 
 
 def error_reason(err: BaseException) -> str:

@@ -85,7 +85,9 @@ class TmaForwardSm120(TunedForwardSm120):
 
     name = "sm120_tma"
     limits = Limits(num_stages=(1, 2, 3, 4))  # num_stages is the depth of its K/V mbarrier pipeline
-    features = frozenset({"learnable_sink"})  # folded after the mainloop, as its base class folds it
+    # a learnable sink folded after the mainloop, as its base class folds it; a sliding window's blocks bounded and
+    # masked in `mainloop`; the soft-cap as upstream's host hands it over (a score_mod, applied in gemm_QK)
+    features = frozenset({"learnable_sink", "local", "softcap"})
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -439,16 +441,19 @@ class TmaForwardSm120(TunedForwardSm120):
                 load_K(n_block, 0)
                 wait_Q()
                 cute.arch.barrier()
+            # no load below the first block this tile reads (a sliding window's n_block_min; 0 otherwise): a copy
+            # nobody waits for would still be landing when the CTA exits (with Q_in_regs, in the buffer O reuses)
+            n_block_floor = n_block_min if const_expr(self.is_local) else 0
             for stage in cutlass.range_constexpr(self.num_stages):
                 if const_expr(not self.Q_in_regs or stage > 0):
                     if const_expr(stage == 0):
                         load_K(n_block, 0)
-                    elif n_block - stage >= 0:
+                    elif n_block - stage >= n_block_floor:
                         load_K(n_block - stage, stage)
                 if const_expr(stage < self.num_stages - 1):
                     if const_expr(stage == 0):
                         load_V(n_block, 0)
-                    elif n_block - stage >= 0:
+                    elif n_block - stage >= n_block_floor:
                         load_V(n_block - stage, stage)
             if const_expr(not self.Q_in_regs):
                 wait_Q()
@@ -501,13 +506,16 @@ class TmaForwardSm120(TunedForwardSm120):
         fastdiv_mods,
     ):
         """The KV blocks from the last down (upstream's order): iteration i reads stage i % S at barrier phase
-        (i // S) % 2; the last block and the causal diagonal's blocks masked, the rest not."""
+        (i // S) % 2; the last block and the causal diagonal's blocks masked, the rest not. With a sliding window
+        (`is_local` with a left side) the blocks stop at n_block_min, those its left edge cuts masked, as upstream's
+        SM90 loop has it; upstream's SM80 loop (kernel "sm120") runs every block down to 0 through the mask."""
         compute_one_n_block = partial(
             self.compute_one_n_block,
             mma_params=mma_params, smem_copy_params=smem_copy_params, softmax=softmax,
             load_K=load_K, load_V=load_V, wait_K=wait_K, wait_V=wait_V,
             batch_idx=batch_idx, head_idx=head_idx, m_block=m_block,
             aux_data=aux_data, fastdiv_mods=fastdiv_mods,
+            n_block_floor=n_block_min if const_expr(self.is_local) else 0,
         )
         trim = {"trim": True} if const_expr(self.trim_masked) else {}  # the masked blocks' (a subclass's own
         # compute_one_n_block need not take it)
@@ -527,12 +535,30 @@ class TmaForwardSm120(TunedForwardSm120):
                     mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=True), **trim,
                 )
                 iteration += 1
-        for n_tile in cutlass.range(n_block, unroll=1):
-            compute_one_n_block(
-                n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
-                mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
-            )
-            iteration += 1
+        if const_expr(self.is_local and block_info.window_size_left is not None):
+            # inside the window: no mask (but a mask_mod's); then the blocks the window's left edge cuts, masked
+            n_block_left = block_info.get_n_block_min_before_local_mask(seqlen, m_block, n_block_min)
+            for n_tile in cutlass.range(cutlass.max(n_block - n_block_left, 0), unroll=1):
+                compute_one_n_block(
+                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False)
+                    if const_expr(self.mask_mod is not None) else None,
+                )
+                iteration += 1
+            n_block_left = cutlass.min(n_block, n_block_left)
+            for n_tile in cutlass.range(n_block_left - n_block_min, unroll=1):
+                compute_one_n_block(
+                    n_block_left - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
+                )
+                iteration += 1
+        else:
+            for n_tile in cutlass.range(n_block, unroll=1):
+                compute_one_n_block(
+                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,
+                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),
+                )
+                iteration += 1
 
     @cute.jit
     def compute_one_n_block(
@@ -556,9 +582,11 @@ class TmaForwardSm120(TunedForwardSm120):
         is_first_n_block: cutlass.Constexpr = False,
         check_inf: cutlass.Constexpr = True,
         trim: cutlass.Constexpr = False,
+        n_block_floor=0,
     ):
         """One n_block of S = QK^T and O += PV: upstream's order of loads and gemms, mbarrier waits. `trim` (a masked
-        block of a `trim_masked` class): the PV gemm stops at the warp's last visible key column."""
+        block of a `trim_masked` class): the PV gemm stops at the warp's last visible key column. Loads ahead stop at
+        `n_block_floor`, the tile's first block (0 but under a sliding window)."""
         n_valid = self.warp_visible_cols(n_block, m_block, seqlen, mma_params.warp_last_row) if const_expr(trim) else None
         num_stages = self.num_stages
         stage = iteration % num_stages if const_expr(num_stages > 1) else Int32(0)
@@ -568,13 +596,13 @@ class TmaForwardSm120(TunedForwardSm120):
         wait_K(stage, phase)  # K of this block; everyone is done with the previous block's V
         if const_expr(num_stages == 1):
             load_V(n_block, 0)
-        elif n_block - num_stages + 1 >= 0:
+        elif n_block - num_stages + 1 >= n_block_floor:
             load_V(n_block - num_stages + 1, (iteration + num_stages - 1) % num_stages)
         self.gemm_QK(acc_S, stage, n_block, mma_params, smem_copy_params, softmax, seqlen, batch_idx, head_idx, m_block,
                      aux_data, fastdiv_mods)
         if const_expr(num_stages == 1):
             wait_V(stage, phase)  # V of this block; everyone is done with this block's K
-            if n_block - 1 >= 0:
+            if n_block - 1 >= n_block_floor:
                 load_K(n_block - 1, 0)
         if const_expr(mask_fn is not None):
             mask_fn(acc_S, n_block=n_block)
@@ -584,7 +612,7 @@ class TmaForwardSm120(TunedForwardSm120):
         rP.store(acc_S.load().to(self.dtype))
         if const_expr(num_stages > 1):
             wait_V(stage, phase)
-            if n_block - num_stages >= 0:
+            if n_block - num_stages >= n_block_floor:
                 load_K(n_block - num_stages, stage)
         self.gemm_PV(rP, stage, mma_params, smem_copy_params, n_valid=n_valid)
 

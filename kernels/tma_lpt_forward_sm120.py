@@ -35,7 +35,7 @@ class TmaLptForwardSm120(TmaForwardSm120):
     """TmaForwardSm120 with the m blocks handed out longest first (highest m block first, all heads of it together)."""
 
     name = "sm120_tma_lpt"
-    features = frozenset({"learnable_sink"})  # TmaForwardSm120's kernel folds it; the order of tiles is all that differs
+    features = frozenset({"learnable_sink", "local", "softcap"})  # the base kernel's (sink, window, soft-cap): only the tile order differs
 
     def order_tile(self, m_block: Int32, head: Int32, batch: Int32, seqlen_k: Int32):
         num_m_blocks, num_heads, num_batch = cute.arch.grid_dim()

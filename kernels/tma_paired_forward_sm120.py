@@ -52,7 +52,7 @@ class TmaPairedForwardSm120(TmaLptForwardSm120):
     """TmaLptForwardSm120 with each odd round of SM-count CTAs handed its tiles shortest first."""
 
     name = "sm120_tma_paired"
-    features = frozenset({"learnable_sink"})  # TmaForwardSm120's kernel folds it; the order of tiles is all that differs
+    features = frozenset({"learnable_sink", "local", "softcap"})  # the base kernel's (sink, window, soft-cap): only the tile order differs
     # searched (inherited): gated on the causal matrix and the entry of the GQA 4 and d96 chunked classes
     # (docs/measurements/2026-12-04-h200-tma-paired.md)
 

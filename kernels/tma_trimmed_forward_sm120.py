@@ -18,5 +18,5 @@ class TmaTrimmedForwardSm120(TmaPairedForwardSm120):
     """TmaPairedForwardSm120 with the masked blocks' PV gemms trimmed to each warp's visible keys."""
 
     name = "sm120_tma_trimmed"
-    features = frozenset({"learnable_sink"})  # folded after the mainloop; trimming skips masked PV work only
+    features = frozenset({"learnable_sink", "local", "softcap"})  # the base kernel's: trimming skips masked PV work only (by seqlen_k under a window)
     trim_masked = True

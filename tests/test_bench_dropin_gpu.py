@@ -20,6 +20,30 @@ def test_the_models_rows_are_window_and_softcap_classes():
                      "d256-causal-gqa2-softcap-bf16", "d256-causal-gqa2-window-bf16"]
 
 
+def test_the_local_step_s_configs_run_their_window_classes_so_no_gpu_minute_goes_to_a_refusal():
+    """Every (problem, window, kernel) the local step gates and every TMA config it times is feasible on SM120 for the
+    class it runs; the windows include a right side (not causal) and a soft-cap case."""
+    from fa4tune.feasibility import check_forward_entry
+    from fa4tune.targets import get_target
+
+    classes = set()
+    for label, batch, sq, sk, heads, heads_kv, head_dim, softcap in dropin_gpu.LOCAL_GATE:
+        for left, right in dropin_gpu.LOCAL_WINDOWS:
+            problem = Problem(batch, sq, sk, heads, heads_kv, head_dim, head_dim, right == 0, window_size_left=left,
+                              window_size_right=right, softcap=softcap)
+            pc = problem.problem_class
+            assert pc.window, (label, left, right)
+            classes.add(pc.name)
+            for kernel, stages, q_in_regs in dropin_gpu.LOCAL_KERNELS:
+                config = experiment.ForwardConfig(tile_m=64, tile_n=32 if head_dim > 128 else 64, num_threads=128,
+                                                  num_stages=stages, Q_in_regs=q_in_regs, kernel=kernel)
+                assert check_forward_entry(config, pc, get_target()), (pc.name, kernel)
+    assert any("softcap" in name for name in classes) and any("noncausal" in name for name in classes)
+    for label, batch, seqlen, heads, heads_kv, head_dim, left in dropin_gpu.LOCAL_TIMED:
+        assert Problem(batch, seqlen, seqlen, heads, heads_kv, head_dim, head_dim, True, window_size_left=left,
+                       window_size_right=0).problem_class.window
+
+
 def test_a_bad_step_is_one_line_and_exit_2(capsys):
     assert dropin_gpu.main(["nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -30,9 +30,10 @@ MODELS = {
     "sd3-medium": (HF + "stabilityai/stable-diffusion-3-medium-diffusers/blob/main/transformer/config.json", 24, 24, 64),
     "clip-vit-l/14": (HF + "openai/clip-vit-large-patch14/blob/main/config.json", 16, 16, 64),
     "clip-vit-l/14-336": (HF + "openai/clip-vit-large-patch14-336/blob/main/config.json", 16, 16, 64),
+    "gpt-oss-20b": (HF + "openai/gpt-oss-20b/blob/main/config.json", 64, 8, 64),
 }
 LLMS = {"llama3-8b", "llama3-70b", "mistral-7b", "qwen2.5-7b", "qwen2.5-14b", "qwen2.5-32b", "gemma2-9b", "gemma2-27b", "gemma3-27b",
-        "phi3-mini", "phi4"}
+        "phi3-mini", "phi4", "gpt-oss-20b"}
 # What the suite yields, in first-seen order: a change here is a change of what a run of the suite tunes or times.
 CLASSES = [
     "d128-causal-gqa4-bf16", "d128-causal-gqa4-fp16", "d128-causal-gqa4-chunked-bf16", "d128-causal-gqa4-decode-bf16",
@@ -46,12 +47,13 @@ CLASSES = [
     # issue 69: the models' sliding windows and soft-caps
     "d128-causal-gqa4-window-bf16", "d128-causal-gqa4-window-decode-bf16", "d128-causal-gqa2-window-softcap-bf16",
     "d128-causal-gqa2-softcap-bf16", "d128-causal-gqa2-window-bf16", "d128-causal-gqa2-window-decode-bf16",
+    # 2026-12-07 s13: the TMA classes run windows and soft-caps (Gemma 2 9B at d256), and gpt-oss's 128-key window
+    "d64-causal-gqa8-window-bf16", "d256-causal-gqa2-window-softcap-bf16", "d256-causal-gqa2-softcap-bf16",
 ]
 # The models' own settings (their config.json, cited in each row): sliding_window (window_size (w, 0)) and
 # attn_logit_softcapping; a row of such a model without them is a global layer or a sequence the window does not reach.
-# Gemma 2 9B (d256) has neither: no kernel class that runs a window or soft-cap fits d256 in 99 KB yet.
-WINDOWS = {"mistral-7b": 4096, "gemma2-27b": 4096, "gemma3-27b": 1024}
-SOFTCAPS = {"gemma2-27b": 50.0}
+WINDOWS = {"mistral-7b": 4096, "gemma2-27b": 4096, "gemma3-27b": 1024, "gemma2-9b": 4096, "gpt-oss-20b": 128}
+SOFTCAPS = {"gemma2-27b": 50.0, "gemma2-9b": 50.0}
 
 
 def _rows():

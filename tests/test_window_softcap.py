@@ -38,16 +38,36 @@ def test_a_problem_s_window_and_softcap_give_its_class():
         Problem(1, 128, 128, 4, 4, 64, 64, True, window_size_left=-2)
 
 
-@pytest.mark.parametrize("kernel", ["sm120_tma_trimmed", "sm120_splitkv", "sm120_tma"])
-def test_only_a_class_that_declares_the_feature_serves_a_window_or_softcap_class(kernel):
-    pc = ProblemClass(64, 64, True, window=True, regime="decode" if kernel == "sm120_splitkv" else "prefill")
-    extra = {"num_splits": 0} if kernel == "sm120_splitkv" else {}
-    config = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, kernel=kernel, extra=extra)
-    verdict = check_forward_entry(config, pc, get_target())
+def test_only_a_class_that_declares_the_feature_serves_a_window_or_softcap_class():
+    decode = ProblemClass(64, 64, True, window=True, regime="decode")
+    split = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, kernel="sm120_splitkv", extra={"num_splits": 0})
+    verdict = check_forward_entry(split, decode, get_target())
     assert not verdict and verdict.rule == "kernel_local"
-    assert check_forward_entry(ForwardConfig(tile_m=64, tile_n=64), pc, get_target())
     softcap = ProblemClass(64, 64, True, softcap=True)
     assert check_backward(experiment.BACKWARD_DISPATCH["d64-causal-bf16"], softcap, get_target()).rule == "kernel_softcap"
+
+
+@pytest.mark.parametrize("kernel", ["sm120", "sm120_tma", "sm120_tma_lpt", "sm120_tma_paired", "sm120_tma_trimmed"])
+def test_the_prefill_classes_run_a_window_and_a_softcap(kernel):
+    """The TMA classes bound a window's key blocks in their own mainloop (upstream's SM80 one, kernel sm120, masks
+    every block down to 0) and take the soft-cap as upstream's score_mod."""
+    config = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, kernel=kernel)
+    for pc in (ProblemClass(64, 64, True, window=True), ProblemClass(64, 64, True, softcap=True),
+               ProblemClass(128, 128, True, 4, window=True, softcap=True)):
+        assert check_forward_entry(config, pc, get_target()), (kernel, pc.name)
+
+
+def test_the_static_shape_of_a_window_or_softcap_class_compiles_its_own_kernel():
+    """Until 2026-12-07 s13 the static check and the search's compile stage compiled a window or soft-cap class
+    with neither: the plain kernel's registers stood for the local one's."""
+    from fa4tune.fake_compile import static_shape
+
+    for name in ("d64-causal-gqa8-window-bf16", "d256-causal-gqa2-window-softcap-bf16", "d128-causal-softcap-bf16"):
+        pc = ProblemClass.parse(name)
+        shape = static_shape(pc)
+        assert shape.problem_class == pc, name
+        assert 0 < shape.window_size_left < shape.seqlen_k if pc.window else shape.window_size_left == -1
+        assert (shape.softcap > 0) == pc.softcap
 
 
 def test_the_fallback_never_crosses_a_window_or_softcap():
@@ -108,3 +128,29 @@ def test_the_gate_s_fp32_reference_applies_the_window_and_the_softcap(causal, wi
     torch.testing.assert_close(ref.out.double(), _dense(q, k, v, causal, window_size, softcap), atol=1e-5, rtol=1e-5)
     first, last = gate.key_range(torch.arange(sq), sq, sk, causal, window_size)
     assert torch.equal(ref.valid_rows[0, 0], first <= last)
+
+
+@pytest.mark.compile
+def test_the_window_and_softcap_tma_kernels_compile_for_sm120_like_their_plain_twins():
+    """sm_120a, fake tensors: each TMA class's window kernel (its own block bounds) and soft-cap kernel compile with
+    no spills and the plain kernel's shared memory; Gemma 2 / 3's d256 classes, which upstream's SM120 config cannot
+    run (131,072 B), run on the wide-head TMA config."""
+    from fa4tune.static_check import StaticJob, run_static
+
+    configs = {
+        "d64-causal-gqa8": ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=2, kernel="sm120_tma"),
+        "d128-causal-gqa4": ForwardConfig(tile_m=64, tile_n=64, num_threads=128, Q_in_regs=True,
+                                          kernel="sm120_tma_trimmed"),
+        "d256-causal-gqa2": ForwardConfig(tile_m=64, tile_n=32, num_threads=128, kernel="sm120_tma"),
+    }
+    jobs = [StaticJob("fwd", config, ProblemClass.parse(f"{base}{feature}-bf16"))
+            for base, config in configs.items() for feature in ("", "-window", "-softcap", "-window-softcap")]
+    facts = run_static(jobs, get_target(), experiment.__file__, workers=2, cache_path=None)
+    for plain, *featured in (facts[i:i + 4] for i in range(0, len(facts), 4)):
+        assert plain.ok, (plain.problem_class, plain.reason)
+        for fact in featured:
+            assert fact.ok, (fact.problem_class, fact.reason)
+            assert fact.spill_store_bytes == fact.spill_load_bytes == 0 and fact.registers <= 255, fact
+            assert fact.dynamic_smem_bytes == plain.dynamic_smem_bytes <= get_target().smem_per_block, fact
+    gemma = ProblemClass.parse("d256-causal-gqa2-window-softcap-bf16")
+    assert experiment.forward_config(gemma).kernel.startswith("sm120_tma")

@@ -12,6 +12,9 @@
 #                                                                  # upstream's SM120 config on our host path
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh hf       # transformers Llama (random weights) "fa4tune" vs "sdpa"
 #                                                                  # (needs the extra: uv sync --frozen --extra hf)
+#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh local    # the TMA classes' window loop: 4 classes x 8 windows x 3
+#                                                                  # problems gated; gpt-oss / Mistral sliding layers timed
+#                                                                  # on upstream's SM80 loop vs TMA configs (~3 min)
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh tests    # the drop-in's CPU tests on the GPU machine too
 # Several names in one call run in order. Logs go to $OUT (or ./out). Each step's last line: "<step>: ok" or "N failed".
 set -u
@@ -20,7 +23,7 @@ export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; python3 -c "import importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'torch', m.version('torch'))"; } | tee -a "$OUT/device.txt"
 for step in "$@"; do
   case "$step" in
-    compile|graphs|seqused|window|hf)
+    compile|graphs|seqused|window|hf|local)
       timeout ${STEP_TIMEOUT:-560} python3 bench/dropin_gpu.py "$step" 2>&1 | tee "$OUT/$step.log" | tail -40 ;;
     tests)
       timeout 300 python3 -m pytest -n 0 -q tests/test_dropin.py tests/test_window_softcap.py tests/test_hf_attention.py tests/test_bench_dropin_gpu.py \
