@@ -146,6 +146,18 @@ def order(run: int) -> tuple[str, str]:
     return (TABLE, UPSTREAM) if run % 2 == 1 else (UPSTREAM, TABLE)
 
 
+def read_runs(paths: list[str]) -> list[dict]:
+    """The records of several runs' JSON lines files as one list: a later record of the same (suite, problem,
+    direction, run, candidate) replaces the earlier one (a step re-run in a later call)."""
+    from fa4tune.census import read_jsonl
+
+    merged = {}
+    for path in paths:
+        for r in read_jsonl(Path(path)):
+            merged[(r["suite"], r["problem"], r["direction"], r["run"], r["candidate"])] = r
+    return list(merged.values())
+
+
 def spread(values: list[float]) -> float:
     """(max - min) / min of a candidate's medians over the runs (0 with one run)."""
     return (max(values) - min(values)) / min(values) if len(values) > 1 else 0.0
@@ -372,7 +384,12 @@ def main(argv=None) -> int:
     parser.add_argument("--only", default="", help="only problems whose label contains this (or one of these, comma-separated)")
     parser.add_argument("--direction", choices=("fwd", "bwd"), help="only this direction's steps (default: both)")
     parser.add_argument("--out", default="table_vs_upstream.jsonl", help="JSON lines, one per (step, run, candidate)")
-    parser.add_argument("--summarize", metavar="JSONL", help="print the summary of a finished run's JSON lines and exit")
+    parser.add_argument("--first-run", type=int, default=1,
+                        help="number of the first run (its order: table first when odd): a run cut by a call's time limit "
+                             "goes on in the next call as --runs 1 --first-run 2")
+    parser.add_argument("--summarize", metavar="JSONL[,JSONL...]",
+                        help="print the summary of finished runs' JSON lines (several files: one table, a later file's "
+                             "record replacing an earlier one's for the same step, run and candidate) and exit")
     parser.add_argument("--compile-jobs", type=int, default=default_compile_jobs(),
                         help="CPU processes compiling every kernel ahead into the kernel cache (0: compile in the GPU process)")
     parser.add_argument("--fa2", action="store_true",
@@ -382,12 +399,10 @@ def main(argv=None) -> int:
                              ".cache/fidelity-facts.jsonl to the GPU run) and, with ARCH (sm_90a: an H100/H200's), for ARCH "
                              "too; print the fidelity table and exit")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error(f"--runs must be at least 1, got {args.runs}")
+    if args.runs < 1 or args.first_run < 1:
+        parser.error(f"--runs and --first-run must be at least 1, got {args.runs} and {args.first_run}")
     if args.summarize:
-        from fa4tune.census import read_jsonl
-
-        print_summary(summarize(read_jsonl(Path(args.summarize))), args.summarize)
+        print_summary(summarize(read_runs(args.summarize.split(","))), args.summarize)
         return 0
 
     from fa4tune.harness.candidates import load_experiment
@@ -418,11 +433,12 @@ def main(argv=None) -> int:
     mode = gpu.select_mode(info, get_target())
     how = f"emulated {emulated_occupancy.describe('SM120')}" if mode == "emulated" else "native"
     label = f"{info.name}, SM120 kernels {how}, gate seed {settings.gate_seed}"
-    print(f"{len(steps)} steps x {args.runs} runs [{label}]", flush=True)
+    runs = range(args.first_run, args.first_run + args.runs)
+    print(f"{len(steps)} steps x {args.runs} runs (run {runs[0]} to {runs[-1]}) [{label}]", flush=True)
     flusher = make_flusher(device)
     records = []
     with open(args.out, "a") as out:
-        for run in range(1, args.runs + 1):
+        for run in runs:
             for s in steps:
                 configs = {TABLE: s.table, UPSTREAM: s.upstream}
                 timed = [name for name in order(run) if not (name == UPSTREAM and s.upstream_refused)]

@@ -81,6 +81,11 @@ def test_runs_alternate_the_candidates_order(tmp_path, monkeypatch):
     monkeypatch.setattr(harness_steps, "measure_step", measure_step)
     assert bench.main(["--runs", "3", "--out", str(tmp_path / "out.jsonl"), "--compile-jobs", "0"]) == 0
     assert seen == [bench.order(1), bench.order(2), bench.order(3)]
+    # a run cut by a call's limit goes on in the next call: run 2 alone keeps run 2's order and number
+    seen.clear()
+    assert bench.main(["--runs", "1", "--first-run", "2", "--out", str(tmp_path / "two.jsonl"), "--compile-jobs", "0"]) == 0
+    assert seen == [bench.order(2)]
+    assert {json.loads(line)["run"] for line in (tmp_path / "two.jsonl").read_text().splitlines()} == {2}
 
 
 def _records(problem, direction, regime, table_ms, upstream_ms, status="ok"):
@@ -136,6 +141,24 @@ def test_summarize_reads_a_finished_run_and_a_torn_last_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "fwd_prefill_geomean: 1.100" in done.stdout and "losses: none" in done.stdout
+
+
+def test_summarize_joins_two_calls_runs_and_a_rerun_step_replaces_its_earlier_record(tmp_path):
+    """s13's table: run 1 whole and run 2 cut in one call, run 2 whole in the next: one two-run table."""
+    first, second = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    run1 = [r for r in _records("a", "fwd", "prefill", [1.0, 9.0], [1.2, 9.0]) if r["run"] == 1]
+    cut = [r for r in _records("a", "fwd", "prefill", [1.0, 9.0], [1.2, 9.0]) if r["run"] == 2]  # a stale run 2
+    run2 = [{**r, "status": "ok"} for r in _records("a", "fwd", "prefill", [1.0, 1.0], [1.3, 1.3]) if r["run"] == 2]
+    first.write_text("".join(json.dumps(r) + "\n" for r in run1 + cut))
+    second.write_text("".join(json.dumps(r) + "\n" for r in run2))
+    bench = load_bench()
+    records = bench.read_runs([str(first), str(second)])
+    assert len(records) == 4 and sorted(r["run"] for r in records) == [1, 1, 2, 2]
+    assert {r["ms_median"] for r in records if r["run"] == 2} == {1.0, 1.3}  # the second call's run 2
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "table_vs_upstream.py"), "--summarize",
+                           f"{first},{second}"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "fwd_prefill_geomean: 1.250" in done.stdout
 
 
 def test_upstream_is_not_timed_where_the_target_refuses_its_configs_and_the_row_says_so():

@@ -3,6 +3,11 @@
 #   bash docs/measurements/data/2026-12-07-gpu-b40.sh main    # the main job on the short suite (experiment.py through prepare.py)
 #   bash docs/measurements/data/2026-12-07-gpu-b40.sh sg      # bench/table_vs_upstream.py, standard + generalization + chunked, 2 runs
 #   bash docs/measurements/data/2026-12-07-gpu-b40.sh models  # the same on the models suite
+#   bash docs/measurements/data/2026-12-07-gpu-b40.sh sg-run2 # run 2 alone (upstream first), when run 1 came from an
+#        # earlier call (2026-12-07 s13's, cut by the call's limit): one call each, ~8 min; then one table from both:
+#        # python3 bench/table_vs_upstream.py --summarize docs/measurements/logs/2026-12-07-h100-s13-b40-sg.jsonl,table-sg-run2.jsonl
+#   bash docs/measurements/data/2026-12-07-gpu-b40.sh models-run1   # the models suite's run 1, then in the next call
+#   bash docs/measurements/data/2026-12-07-gpu-b40.sh models-run2   # its run 2 (--summarize table-models-run1.jsonl,...-run2.jsonl)
 #   bash docs/measurements/data/2026-12-07-gpu-b40.sh guards  # issue 66: the planted cheats on CUDA, each caught with its rule
 #   bash docs/measurements/data/2026-12-07-gpu-b40.sh cost    # issue 66: what the hardening adds per evaluation, this tree and
 #                                                             # .before66 (7ce6f97, the b40 pin before issue 66) in one call
@@ -19,6 +24,10 @@ for step in "$@"; do
     sg)
       timeout ${TABLE_TIMEOUT:-560} python3 bench/table_vs_upstream.py --suites standard,generalization,chunked --runs 2 \
         --out "$OUT/table-sg.jsonl" 2>&1 | tee "$OUT/table-sg.log" | tail -60 ;;
+    sg-run2|models-run1|models-run2)
+      suites=$([ "${step%%-*}" = sg ] && echo standard,generalization,chunked || echo models); run=${step##*-run}
+      timeout ${TABLE_TIMEOUT:-570} python3 bench/table_vs_upstream.py --suites $suites --runs 1 --first-run $run \
+        --out "$OUT/table-$step.jsonl" 2>&1 | tee "$OUT/table-$step.log" | tail -30 ;;
     models)
       timeout ${TABLE_TIMEOUT:-560} python3 bench/table_vs_upstream.py --suites models --runs 2 \
         --out "$OUT/table-models.jsonl" 2>&1 | tee "$OUT/table-models.log" | tail -60 ;;
