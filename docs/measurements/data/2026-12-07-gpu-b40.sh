@@ -37,11 +37,11 @@ for step in "$@"; do
       for tree in . .before66 . .before66; do
         echo "== $tree"; (cd $tree && timeout 200 python3 bench/harness_cost.py --repeats 3)
       done 2>&1 | tee "$OUT/cost.log" ;;
-    honest)
-      for tree in .before66 . .before66 .; do
+    honest)  # HONEST_SUITE=standard HONEST_TREES=".before66 ." (one pair, ~9 min): what issue 66 asks; default: the short suite twice
+      for tree in ${HONEST_TREES:-.before66 . .before66 .}; do
         name=$([ $tree = . ] && echo after || echo before)
-        echo "== $name"; (cd $tree && FA4TUNE_RESULTS_TSV=$OUT/honest-$name.tsv \
-          timeout 240 python3 experiment.py --suite short --description "issue 66 honest $name" | grep -E "tflops|configs_ok|spread")
+        echo "== $name"; (cd $tree && FA4TUNE_RESULTS_TSV=$OUT/honest-$name.tsv timeout ${HONEST_TIMEOUT:-270} \
+          python3 experiment.py --suite ${HONEST_SUITE:-short} --description "issue 66 honest $name" | grep -E "^experiment|tflops|configs_ok|spread")
       done 2>&1 | tee "$OUT/honest.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
