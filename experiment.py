@@ -35,8 +35,7 @@ from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 # `limits`, `smem_bytes` and `can_implement`. Forward: subclass kernels.tuned_forward_sm120.TunedForwardSm120
 # (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or kernels.splitkv_forward_sm120.SplitKvForwardSm120.
 # Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120") or kernels.cmask_backward_sm120
-# .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n allowed). Override what you change; every
-# knob of a config arrives through the constructor.
+# .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n). Override what you change; knobs reach the constructor.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -49,8 +48,8 @@ def kernel_class(config) -> type:
 
 # ---------------------------------------------------------------------------------------------
 # Dispatch tables: problem class name -> config; a class without an entry takes its nearest tuned class's where
-# feasible (fa4tune/fallback.py: same head dims, mask, regime; nearest GQA ratio; fp16 <-> bf16), else upstream's. `python -m search apply` rewrites entries with confirmed winners.
-# Why each entry is what it is: docs/measurements/ (docs/results.md indexes the records).
+# feasible (fa4tune/fallback.py: same head dims, mask, regime; nearest GQA ratio; fp16 <-> bf16), else upstream's.
+# `python -m search apply` rewrites entries with confirmed winners; why each is what it is: docs/results.md.
 # ---------------------------------------------------------------------------------------------
 
 PREFILL = ForwardConfig(tile_m=128, tile_n=64, num_threads=128, num_stages=1, Q_in_regs=False)  # upstream's tiles
@@ -94,10 +93,9 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     # paired twins with the opaque thread index (2 runs): 2026-12-06-h100-models-opaque-fp8-wide.md section 2
     "d128-causal-gqa2-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
     "d128-causal-gqa8-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
-    "d256-causal-gqa2-bf16": ForwardConfig(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False,
-                                           kernel="sm120_tma_lpt"),  # 1.28x the sm120_tma default for d256
+    "d256-causal-gqa2-bf16": replace(PREFILL, tile_n=32, num_threads=256, kernel="sm120_tma_lpt"),  # 1.28x sm120_tma's
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
-    "d128-causal-gqa4-window-bf16": ForwardConfig(tile_m=64, tile_n=96, num_threads=128, num_stages=1, Q_in_regs=True),
+    "d128-causal-gqa4-window-bf16": replace(PREFILL, tile_m=64, tile_n=96, Q_in_regs=True),  # Mistral: 1.33x, study
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
@@ -119,10 +117,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d192v128-causal-bf16": replace(BWD, kernel="sm120_cmask_kregs", num_stages_Q=1, num_threads=256, dQ_swapAB=True,
                                     AtomLayoutNdKV=4),  # 248 regs, no spills; upstream's spills 1.5 KB on sm_120a (its 30.9x
     # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
-    "d128-causal-gqa4-window-bf16": BackwardConfig(
-        m_block_size=64, n_block_size=64, num_stages_Q=1, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
-        dKV_swapAB=False, dQ_swapAB=False, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1, V_in_regs=False,
-    ),
+    "d128-causal-gqa4-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

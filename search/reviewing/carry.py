@@ -136,9 +136,65 @@ GEMM_PV_OLD = (  # gemm_PV with its `n_valid` branch (the trimmed variant's)
     '\n'
 )
 
+# The sliding-window loop (2026-12-07 s13: key blocks from a window's first, loads ahead bounded there) is not in the
+# shipped entries' measurements yet: the carried class keeps the loop they were measured with (every block to 0).
+LOCAL_WINDOW_EDITS = (
+    ("    # a learnable sink folded after the mainloop, as its base class folds it; a sliding window's blocks bounded and\n"
+     "    # masked in `mainloop`; the soft-cap as upstream's host hands it over (a score_mod, applied in gemm_QK)\n",
+     "", "features comment"),
+    ("            # no load below the first block this tile reads (a sliding window's n_block_min; 0 otherwise): a copy\n"
+     "            # nobody waits for would still be landing when the CTA exits (with Q_in_regs, in the buffer O reuses)\n"
+     "            n_block_floor = n_block_min if const_expr(self.is_local) else 0\n", "", "prologue floor"),
+    ("load_K(n_block, 0)\n                    elif n_block - stage >= n_block_floor:\n",
+     "load_K(n_block, 0)\n                    elif n_block - stage >= 0:\n", "prologue K floor"),
+    ("load_V(n_block, 0)\n                    elif n_block - stage >= n_block_floor:\n",
+     "load_V(n_block, 0)\n                    elif n_block - stage >= 0:\n", "prologue V floor"),
+    ("the rest not. With a sliding window\n"
+     "        (`is_local` with a left side) the blocks stop at n_block_min, those its left edge cuts masked, as upstream's\n"
+     "        SM90 loop has it; upstream's SM80 loop (kernel \"sm120\") runs every block down to 0 through the mask.\"\"\"\n",
+     "the rest not.\"\"\"\n", "mainloop docstring"),
+    ("            n_block_floor=n_block_min if const_expr(self.is_local) else 0,\n", "", "mainloop floor"),
+    ("        if const_expr(self.is_local and block_info.window_size_left is not None):\n"
+     "            # inside the window: no mask (but a mask_mod's); then the blocks the window's left edge cuts, masked\n"
+     "            n_block_left = block_info.get_n_block_min_before_local_mask(seqlen, m_block, n_block_min)\n"
+     "            for n_tile in cutlass.range(cutlass.max(n_block - n_block_left, 0), unroll=1):\n"
+     "                compute_one_n_block(\n"
+     "                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,\n"
+     "                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False)\n"
+     "                    if const_expr(self.mask_mod is not None) else None,\n"
+     "                )\n"
+     "                iteration += 1\n"
+     "            n_block_left = cutlass.min(n_block, n_block_left)\n"
+     "            for n_tile in cutlass.range(n_block_left - n_block_min, unroll=1):\n"
+     "                compute_one_n_block(\n"
+     "                    n_block_left - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,\n"
+     "                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),\n"
+     "                )\n"
+     "                iteration += 1\n"
+     "        else:\n"
+     "            for n_tile in cutlass.range(n_block, unroll=1):\n"
+     "                compute_one_n_block(\n"
+     "                    n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,\n"
+     "                    mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),\n"
+     "                )\n"
+     "                iteration += 1\n",
+     "        for n_tile in cutlass.range(n_block, unroll=1):\n"
+     "            compute_one_n_block(\n"
+     "                n_block - n_tile - 1, iteration, seqlen=seqlen, is_first_n_block=False,\n"
+     "                mask_fn=partial(mask_fn, mask_mod=self.mask_mod, mask_seqlen=False),\n"
+     "            )\n"
+     "            iteration += 1\n", "window loop"),
+    ("        n_block_floor=0,\n", "", "compute_one_n_block floor"),
+    (" column. Loads ahead stop at\n        `n_block_floor`, the tile's first block (0 but under a sliding window).\"\"\"\n",
+     " column.\"\"\"\n", "compute_one_n_block docstring"),
+    ("elif n_block - num_stages + 1 >= n_block_floor:", "elif n_block - num_stages + 1 >= 0:", "V floor"),
+    ("if n_block - 1 >= n_block_floor:", "if n_block - 1 >= 0:", "K floor, one stage"),
+    ("if n_block - num_stages >= n_block_floor:", "if n_block - num_stages >= 0:", "K floor"),
+)
+
 # The TMA class as measured: the trimmed-PV variant's switch (`trim_masked`, off in this class, on in a subclass of
 # ours) and the fp16 opaque thread index (added 2026-12-06, after the shipped TMA entries were measured) stay ours.
-TMA_SOURCE_EDITS = (
+TMA_SOURCE_EDITS = LOCAL_WINDOW_EDITS + (
     ("    # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V\n"
      "    # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming\n"
      "    # those too, or alone, was slower than this on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)\n",
