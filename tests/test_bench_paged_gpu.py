@@ -21,6 +21,8 @@ def test_scattered_pages_gather_back_to_the_contiguous_cache_in_a_shuffled_order
         assert torch.equal(gate.gather_pages(pool, table[b], 256), cache[b])
     again, same = paged_gpu.scatter_pages(cache * 2, 16, seed=7)
     assert torch.equal(same, table)  # K and V cut with one seed land in the same pages
+    ordered, identity = paged_gpu.scatter_pages(cache, 16, seed=7, in_order=True)  # the locality control
+    assert identity.flatten().tolist() == list(range(48)) and torch.equal(ordered.reshape(3, 256, 2, 8), cache)
 
 
 def test_the_cases_are_paged_classes_the_split_kv_class_runs_at_every_page_size():
