@@ -132,8 +132,8 @@ def test_the_gate_s_fp32_reference_applies_the_window_and_the_softcap(causal, wi
 
 @pytest.mark.compile
 def test_the_window_and_softcap_tma_kernels_compile_for_sm120_like_their_plain_twins():
-    """sm_120a, fake tensors: each TMA class's window kernel (its own block bounds) and soft-cap kernel compile with
-    no spills and the plain kernel's shared memory; Gemma 2 / 3's d256 classes, which upstream's SM120 config cannot
+    """sm_120a, fake tensors: the TMA classes' window kernels (their own block bounds; with the soft-cap at d256)
+    compile with no spills and the plain kernel's shared memory; Gemma 2 / 3's d256 classes, which upstream's SM120 config cannot
     run (131,072 B), run on the wide-head TMA config."""
     from fa4tune.static_check import StaticJob, run_static
 
@@ -143,10 +143,11 @@ def test_the_window_and_softcap_tma_kernels_compile_for_sm120_like_their_plain_t
                                           kernel="sm120_tma_trimmed"),
         "d256-causal-gqa2": ForwardConfig(tile_m=64, tile_n=32, num_threads=128, kernel="sm120_tma"),
     }
+    features = {"d64-causal-gqa8": ("-window",), "d128-causal-gqa4": ("-window",), "d256-causal-gqa2": ("-window-softcap",)}
     jobs = [StaticJob("fwd", config, ProblemClass.parse(f"{base}{feature}-bf16"))
-            for base, config in configs.items() for feature in ("", "-window", "-softcap", "-window-softcap")]
+            for base, config in configs.items() for feature in ("", *features[base])]  # 6 compiles: CI's minutes
     facts = run_static(jobs, get_target(), experiment.__file__, workers=2, cache_path=None)
-    for plain, *featured in (facts[i:i + 4] for i in range(0, len(facts), 4)):
+    for plain, *featured in (facts[i:i + 2] for i in range(0, len(facts), 2)):
         assert plain.ok, (plain.problem_class, plain.reason)
         for fact in featured:
             assert fact.ok, (fact.problem_class, fact.reason)
