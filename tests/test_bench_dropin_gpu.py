@@ -34,14 +34,20 @@ def test_the_local_step_s_configs_run_their_window_classes_so_no_gpu_minute_goes
             pc = problem.problem_class
             assert pc.window, (label, left, right)
             classes.add(pc.name)
-            for kernel, stages, q_in_regs in dropin_gpu.LOCAL_KERNELS:
+            for kernel, stages, q_in_regs in dropin_gpu.LOCAL_GATED[head_dim]:
                 config = experiment.ForwardConfig(tile_m=64, tile_n=32 if head_dim > 128 else 64, num_threads=128,
                                                   num_stages=stages, Q_in_regs=q_in_regs, kernel=kernel)
                 assert check_forward_entry(config, pc, get_target()), (pc.name, kernel)
     assert any("softcap" in name for name in classes) and any("noncausal" in name for name in classes)
     for label, batch, seqlen, heads, heads_kv, head_dim, left in dropin_gpu.LOCAL_TIMED:
-        assert Problem(batch, seqlen, seqlen, heads, heads_kv, head_dim, head_dim, True, window_size_left=left,
-                       window_size_right=0).problem_class.window
+        pc = Problem(batch, seqlen, seqlen, heads, heads_kv, head_dim, head_dim, True, window_size_left=left,
+                     window_size_right=0).problem_class
+        assert pc.window
+        for kernel, tile_m, stages, q_in_regs in dropin_gpu.LOCAL_TIMED_CONFIGS:
+            config = experiment.ForwardConfig(tile_m=tile_m, tile_n=64, num_threads=128, num_stages=stages,
+                                              Q_in_regs=q_in_regs, kernel=kernel)
+            assert check_forward_entry(config, pc, get_target()), (label, kernel, tile_m)
+    assert sum(len(kernels) for kernels in dropin_gpu.LOCAL_GATED.values()) <= 7  # ~14 compiles in one process
 
 
 def test_a_bad_step_is_one_line_and_exit_2(capsys):

@@ -12,9 +12,10 @@
 #                                                                  # upstream's SM120 config on our host path
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh hf       # transformers Llama (random weights) "fa4tune" vs "sdpa"
 #                                                                  # (needs the extra: uv sync --frozen --extra hf)
-#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh local    # the TMA classes' window loop: 4 classes x 8 windows x 3
-#                                                                  # problems gated; gpt-oss / Mistral sliding layers timed
-#                                                                  # on upstream's SM80 loop vs TMA configs (~3 min)
+#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh local    # the TMA classes' window loop gated on 8 windows (all 4
+#                                                                  # classes at d64, 2 at d128, 1 at d256 with a soft-cap);
+#                                                                  # gpt-oss / Mistral sliding layers timed on upstream's SM80
+#                                                                  # loop vs 3 TMA configs (~5 min, most of it compiles)
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh tests    # the drop-in's CPU tests on the GPU machine too
 # Several names in one call run in order. Logs go to $OUT (or ./out). Each step's last line: "<step>: ok" or "N failed".
 set -u
