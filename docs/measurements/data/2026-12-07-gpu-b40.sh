@@ -15,7 +15,7 @@
 # Several names in one call run in order. Logs go to $OUT (or ./out).
 set -u
 OUT=$(realpath -m "${OUT:-out}"); mkdir -p "$OUT"
-export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV=$OUT/results.tsv
+export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV=$OUT/results.tsv PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; python3 -c "import importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'))"; } | tee -a "$OUT/device.txt"
 for step in "$@"; do
   case "$step" in

@@ -20,7 +20,7 @@
 # Several names in one call run in order. Logs go to $OUT (or ./out). Each step's last line: "<step>: ok" or "N failed".
 set -u
 OUT=$(realpath -m "${OUT:-out}"); mkdir -p "$OUT"
-export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132
+export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 PYTHONUNBUFFERED=1  # a crash keeps the rows printed before it
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; python3 -c "import importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'torch', m.version('torch'))"; } | tee -a "$OUT/device.txt"
 for step in "$@"; do
   case "$step" in

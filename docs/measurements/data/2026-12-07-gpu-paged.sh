@@ -22,7 +22,7 @@
 # Label every figure "SM120 kernels emulated on <GPU>" (FLASH_ATTENTION_ARCH=sm_120); SDPA runs the GPU's own kernels.
 set -u
 OUT=$(realpath -m "${OUT:-out}"); mkdir -p "$OUT"
-export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV="$OUT/results.tsv"
+export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 FA4TUNE_RESULTS_TSV="$OUT/results.tsv" PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; git log --oneline -1 2>/dev/null
   python3 -c "import importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'torch', m.version('torch'))"; } | tee -a "$OUT/device.txt"
 for step in "$@"; do
