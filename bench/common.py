@@ -252,6 +252,31 @@ def time_interleaved(experiment, settings, problems, runs: int, candidates_of, l
     return medians, names
 
 
+def gpu_script_main(steps: dict, names: list[str], debug: bool = True, echo_calls: bool = True) -> int:
+    """A GPU script's main: a bad step name is one line and exit 2; then fa4tune's debug lines (which config ran each
+    call, and why) on for the whole run where `debug` (a script that times with them off turns them on around its
+    gated calls itself), printed to stdout where `echo_calls`; the shipped tables in use (the guards' shared entry
+    point); the steps in order (run_steps)."""
+    import logging
+    import sys
+
+    if not names or any(name not in steps for name in names):
+        print(f"error: steps: one or more of {', '.join(steps)}", file=sys.stderr)
+        return 2
+    logger = logging.getLogger("fa4tune")
+    if debug:
+        logger.setLevel(logging.DEBUG)
+    if echo_calls:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    from fa4tune.harness.candidates import load_default_experiment
+    from fa4tune.torch_op import use_tables
+
+    use_tables(load_default_experiment().TABLES)
+    return run_steps(steps, names)
+
+
 def run_steps(steps: dict, names: list[str]) -> int:
     """Each named step of a GPU script in order, between "== name" and "name: ok" (or "N failed") lines; exit status
     1 where any failed."""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DebugLines, run_steps  # noqa: E402
+from bench.common import DebugLines, gpu_script_main  # noqa: E402
 
 # (label, batch, seqlen, heads, heads_kv, head_dim, window_size_left, softcap, source): the models' config.json values
 MODELS = [
@@ -365,21 +365,7 @@ STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step
 
 
 def main(argv: list[str]) -> int:
-    import logging
-
-    if not argv or any(name not in STEPS for name in argv):
-        print(f"error: steps: one or more of {', '.join(STEPS)}", file=sys.stderr)
-        return 2
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("fa4tune").addHandler(handler)
-    logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # which path ran each call, and why
-    from fa4tune.harness.candidates import load_default_experiment
-    from fa4tune.torch_op import use_tables
-
-    use_tables(load_default_experiment().TABLES)  # the shipped tables, through the guards' shared entry point
-
-    return run_steps(STEPS, argv)
+    return gpu_script_main(STEPS, argv)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DebugLines, run_steps  # noqa: E402
+from bench.common import DebugLines, gpu_script_main  # noqa: E402
 
 PAGE_SIZES = (16, 64, 256)
 WITHIN = 1.05  # the target: a paged decode within 5 % of the same decode on a contiguous cache
@@ -244,17 +244,7 @@ STEPS = {"gate": gate_step, "time": time_step, "graphs": graphs_step}
 
 
 def main(argv: list[str]) -> int:
-    import logging
-
-    if not argv or any(name not in STEPS for name in argv):
-        print(f"error: steps: one or more of {', '.join(STEPS)}", file=sys.stderr)
-        return 2
-    logging.getLogger("fa4tune").setLevel(logging.DEBUG)  # DebugLines reads which config ran each call
-    from fa4tune.harness.candidates import load_default_experiment
-    from fa4tune.torch_op import use_tables
-
-    use_tables(load_default_experiment().TABLES)  # the shipped tables, through the guards' shared entry point
-    return run_steps(STEPS, argv)
+    return gpu_script_main(STEPS, argv, echo_calls=False)  # DebugLines reads which config ran each call
 
 
 if __name__ == "__main__":

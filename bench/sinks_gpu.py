@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import run_steps  # noqa: E402
+from bench.common import gpu_script_main  # noqa: E402
 
 RUNS = 5  # backward runs on the same inputs (determinism)
 ROUNDS = 20  # timed rounds, candidates in a shuffled order each (fa4tune.harness.timing.benchmark)
@@ -296,19 +296,7 @@ STEPS = {"sinks": sinks_step, "determinism": determinism_step}
 
 
 def main(argv: list[str]) -> int:
-    import logging
-
-    if not argv or any(name not in STEPS for name in argv):
-        print(f"error: steps: one or more of {', '.join(STEPS)}", file=sys.stderr)
-        return 2
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    logging.getLogger("fa4tune").addHandler(handler)  # debug lines of the gated calls (_Said)
-    from fa4tune.harness.candidates import load_default_experiment
-    from fa4tune.torch_op import use_tables
-
-    use_tables(load_default_experiment().TABLES)
-    return run_steps(STEPS, argv)
+    return gpu_script_main(STEPS, argv, debug=False)  # debug lines around the gated calls only (_Said), none timed
 
 
 if __name__ == "__main__":
