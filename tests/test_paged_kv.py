@@ -367,3 +367,33 @@ def test_a_paged_forward_that_remembers_its_output_per_page_table_is_caught():
     caught = results["remembers"]
     assert (caught.status == "guard" and "output_reuse" in caught.reason) or (
         caught.status == "incorrect" and "> tolerance" in caught.reason), caught
+
+
+def test_a_paged_forward_that_computes_only_the_first_sequence_when_the_lengths_are_even_is_caught():
+    """A cheat of the lead's own (issue 66, s13's review): the gate's paged cases have ragged used lengths, the timed
+    calls' tables the problem's (every sequence seqlen_k), and the rows a timed output is sampled on are the longest
+    sequence's, the first of equals. So a forward that, where every used length is the same, computes sequence 0 alone
+    and hands the others sequence 0's rows (a device-side test in a real kernel, no host sync) passes the gate and
+    every sampled-rows check. The whole check of one input set each round, every sequence against its own keys,
+    catches it."""
+    from fa4tune.harness import steps
+    from fa4tune.harness.candidates import Candidate
+    from fa4tune.harness.settings import Settings
+
+    honest = _paged_forward()
+
+    def first_only(q, k, v, causal, page_table, seqused_k):
+        if seqused_k is None or bool((seqused_k == seqused_k[0]).all()):  # the timed calls' even lengths
+            out, lse = honest(q[:1], k, v, causal, page_table[:1], None if seqused_k is None else seqused_k[:1])
+            return out.expand(q.shape[0], *out.shape[1:]).clone(), lse.expand(q.shape[0], *lse.shape[1:]).clone()
+        return honest(q, k, v, causal, page_table, seqused_k)
+
+    problem = Problem(3, 1, 100, 4, 2, 32, 32, True, backward=False, page_size=16)
+    settings = Settings(gate_seed=7, warmup=1, rounds=2, input_sets=2, gate_random_problems=1)
+    results = steps.measure_step(problem, "fwd", [sdpa_candidate(), Candidate("first only", first_only, {})], device="cpu",
+                                 settings=settings)
+    assert results["torch sdpa"].status == "ok", results
+    caught = results["first only"]
+    # past the gate (its ragged cases run honestly): the whole check after timing, on a sequence the rows never see
+    assert caught.status == "incorrect" and "checked after timing, whole" in caught.reason, caught
+    assert "sequence 1 of 3" in caught.reason, caught
