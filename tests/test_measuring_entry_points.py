@@ -48,7 +48,8 @@ MEASURING = {
 OWN_KERNELS_ONLY = {"bench/mma_rate.py": "the GPU's mma.sync rates, NVRTC kernels of its own"}
 # Names through which a file reaches the shared entry point: load_experiment itself, or the harness's isolated
 # runners, whose step children build each candidate with candidate_from_spec -> load_experiment.
-SHARED = {"load_experiment", "load_default_experiment", "evaluate_isolated", "run_steps_isolated", "StepServer"}
+SHARED = {"load_experiment", "load_default_experiment", "evaluate_isolated", "run_steps_isolated", "StepServer",
+          "gpu_script_main"}  # bench.common's main of the GPU scripts, which loads through load_default_experiment
 # What makes a bench script one that measures: the harness's gate or timer, or a timer of its own.
 MEASURES = {"measure_step", "benchmark", "gate_candidate", "_gate_cases", "evaluate_isolated", "run_steps_isolated",
             "StepServer", "do_bench", "CudaEventTimer", "gate_matrix", "time_calls", "Event"}
@@ -71,6 +72,13 @@ def _names(path: Path) -> set[str]:
 def test_each_entry_point_that_measures_goes_through_the_shared_entry_point(entry, path):
     assert (ROOT / path).is_file(), entry
     assert _names(ROOT / path) & SHARED, f"{entry} ({path}) measures without load_experiment (guards.admit: the static rules and the pin)"
+
+
+def test_the_gpu_scripts_shared_main_loads_through_the_shared_entry_point():
+    tree = ast.parse((ROOT / "bench" / "common.py").read_text())
+    main = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "gpu_script_main")
+    called = {n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert "load_default_experiment" in called
 
 
 def test_every_bench_script_that_measures_is_listed():
