@@ -34,6 +34,14 @@ MODELS = [
      "google/gemma-2-9b config.json: attn_logit_softcapping 50.0 on every layer, global ones unwindowed"),
     ("Gemma 3 12B local layer", 1, 8192, 16, 8, 256, 1024, 0.0,
      "google/gemma-3-12b-pt config.json: sliding_window 1024, 16 heads, 8 KV heads, head_dim 256"),
+    ("Gemma 2 27B local layer", 1, 8192, 32, 16, 128, 4096, 50.0,
+     "google/gemma-2-27b config.json: sliding_window 4096, attn_logit_softcapping 50.0, 32 heads, 16 KV, head_dim 128"),
+    ("Gemma 2 27B global layer 8k (held out)", 1, 8192, 32, 16, 128, -1, 50.0,
+     "google/gemma-2-27b config.json: attn_logit_softcapping 50.0, global layers unwindowed; the suite's row is 4k"),
+    ("Gemma 3 27B local layer", 1, 8192, 32, 16, 128, 1024, 0.0,
+     "google/gemma-3-27b-it config.json: text_config.sliding_window 1024, 32 heads, 16 KV heads, head_dim 128"),
+    ("Mistral 7B 2 x 12k (held out)", 2, 12288, 32, 8, 128, 4096, 0.0,
+     "mistralai/Mistral-7B-v0.1 config.json: sliding_window 4096; a shape no study tuned on (the suite's is 1 x 8k)"),
 ]
 
 

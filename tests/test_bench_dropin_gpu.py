@@ -17,7 +17,9 @@ def test_the_models_rows_are_window_and_softcap_classes():
         names.append(problem.problem_class.name)
         assert "config.json" in source
     assert names == ["d128-causal-gqa4-window-bf16", "d256-causal-gqa2-window-softcap-bf16",
-                     "d256-causal-gqa2-softcap-bf16", "d256-causal-gqa2-window-bf16"]
+                     "d256-causal-gqa2-softcap-bf16", "d256-causal-gqa2-window-bf16",
+                     "d128-causal-gqa2-window-softcap-bf16", "d128-causal-gqa2-softcap-bf16",
+                     "d128-causal-gqa2-window-bf16", "d128-causal-gqa4-window-bf16"]
 
 
 def test_the_local_step_s_configs_run_their_window_classes_so_no_gpu_minute_goes_to_a_refusal():
