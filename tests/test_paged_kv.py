@@ -181,6 +181,43 @@ def test_the_timed_row_check_gathers_the_pages():
     assert runtime_guards.rows_mismatch(q, k, v, True, rows, out=out * 1.1, lse=lse, **paged) != ""
 
 
+def test_the_rows_checked_after_timing_come_from_a_drawn_sequence_so_a_forward_right_on_one_alone_fails():
+    """Without a draw the rows are the sequence with the most used keys (the first of equals); with one, any sequence
+    with a key: a paged forward right on sequence 0 alone (the timed calls' even lengths) fails on the others' draws."""
+    q, k, v = gate.random_inputs(PAGED, 0, "cpu", count=3)
+    paged = gate.paging(PAGED, "cpu", seed=3, ragged=False)
+    out, lse = _paged_forward()(q, k, v, True, **paged)
+    cheat_out, cheat_lse = out.clone(), lse.clone()
+    cheat_out[1:], cheat_lse[1:] = out[:1], lse[:1]  # every sequence handed sequence 0's rows
+    rows = torch.tensor([0])
+    assert runtime_guards.rows_mismatch(q, k, v, True, rows, out=cheat_out, lse=cheat_lse, **paged) == ""
+    verdicts = [runtime_guards.rows_mismatch(q, k, v, True, rows, out=cheat_out, lse=cheat_lse, draw=d, **paged)
+                for d in range(q.shape[0])]
+    assert verdicts[0] == "" and all(verdicts[1:]), verdicts
+    assert all(runtime_guards.rows_mismatch(q, k, v, True, rows, out=out, lse=lse, draw=d, **paged) == ""
+               for d in range(q.shape[0]))
+
+
+def test_a_packed_call_s_rows_come_from_the_drawn_sequence_within_its_length():
+    lengths = [5, 9, 3]
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=generator).bfloat16() for _ in range(3))
+    cu = [0, 5, 14, 17]
+    rows = runtime_guards.sample_rows(max(lengths), 16, 0)
+    outs, lses = [], []
+    for start, end in zip(cu[:-1], cu[1:]):
+        r = gate.reference_attention(q[None, start:end], k[None, start:end], v[None, start:end], True)
+        outs.append(r.out[0].to(q.dtype))
+        lses.append(r.lse[0])
+    out, lse = torch.cat(outs), torch.cat(lses, dim=-1)
+    for d in range(6):  # every sequence drawn, its rows cut to its own length
+        assert runtime_guards.rows_mismatch(q, k, v, True, rows, out=out, lse=lse, lengths=lengths, draw=d) == ""
+    wrong = out.clone()
+    wrong[14:] = 0  # the third sequence (3 rows) left unwritten
+    assert runtime_guards.rows_mismatch(q, k, v, True, rows, out=wrong, lse=lse, lengths=lengths, draw=2) != ""
+    assert runtime_guards.rows_mismatch(q, k, v, True, rows, out=wrong, lse=lse, lengths=lengths) == ""  # the longest's
+
+
 # ---- the drop-in: routing and bad input ----
 
 def _paged_call(page_size=16, dtype=torch.int32, batch=2, pages=8):
@@ -394,6 +431,6 @@ def test_a_paged_forward_that_computes_only_the_first_sequence_when_the_lengths_
                                  settings=settings)
     assert results["torch sdpa"].status == "ok", results
     caught = results["first only"]
-    # past the gate (its ragged cases run honestly): the whole check after timing, on a sequence the rows never see
-    assert caught.status == "incorrect" and "checked after timing, whole" in caught.reason, caught
-    assert "sequence 1 of 3" in caught.reason, caught
+    # past the gate (its ragged cases run honestly): the check after timing, whole on one set, and on the others on
+    # rows of a sequence drawn after the call (sequence 0, whose rows are right, two times in three)
+    assert caught.status == "incorrect" and "checked after timing" in caught.reason, caught

@@ -404,26 +404,31 @@ def row_reference(q, k, v, causal: bool, rows: torch.Tensor, dtype, dout=None, w
     return torch.stack(outs), torch.stack(lses), (torch.stack(dqs) if dout is not None else None), valid
 
 
-def _longest_sequence(lengths) -> slice:
-    """Where a packed call's longest sequence lies in its (total, ...) tensors."""
-    i = max(range(len(lengths)), key=lambda j: lengths[j])
-    start = sum(lengths[:i])
-    return slice(start, start + lengths[i])
+def _pick_sequence(sizes, draw: int | None) -> int:
+    """The sequence whose rows are checked: the largest (the first of equals) without a draw, else the draw-th of
+    those with a key (modulo their count), so that a check drawn after the call may land on any of them."""
+    if draw is None:
+        return max(range(len(sizes)), key=lambda j: sizes[j])
+    candidates = [j for j, size in enumerate(sizes) if size > 0] or [0]
+    return candidates[draw % len(candidates)]
 
 
 def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=None, lengths=(), precision: str | None = None,
-                  window_size=(-1, -1), softcap: float = 0.0, page_table=None, seqused_k=None) -> str:
+                  window_size=(-1, -1), softcap: float = 0.0, page_table=None, seqused_k=None, draw: int | None = None) -> str:
     """Sampled rows of out and lse (or of dq, with dout) against the reference of these inputs, by the gate's rule
-    (the FP8 gate's for precision "fp8"): '' when they match, else why. A packed call's rows are its longest
-    sequence's (rows < seqlen_q, the longest), as a batch of one; a paged call's (forward only) its sequence with the
-    most used keys, gathered from the page pools."""
+    (the FP8 gate's for precision "fp8"): '' when they match, else why. A packed call's rows are one sequence's (the
+    rows < its length), as a batch of one; a paged call's (forward only) one sequence's, gathered from the page pools.
+    The sequence is the longest (most used keys) without `draw`, else the one `draw` picks (_pick_sequence): the
+    check after timing draws it after the call, so no sequence is safe to skip."""
     if lengths:
-        part = _longest_sequence(lengths)
+        i = _pick_sequence(lengths, draw)
+        part = slice(sum(lengths[:i]), sum(lengths[:i + 1]))
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
         lse = None if lse is None else lse[:, part][None]
+        rows = rows[rows < lengths[i]] if bool((rows < lengths[i]).any()) else torch.tensor([lengths[i] - 1])
     if page_table is not None:
         used = seqused_k.tolist() if seqused_k is not None else [page_table.shape[1] * k.shape[1]] * q.shape[0]
-        b = max(range(len(used)), key=lambda i: used[i])
+        b = _pick_sequence(used, draw)
         k, v = (gate.gather_pages(pool, page_table[b], used[b])[None] for pool in (k, v))
         q, out = q[b:b + 1], None if out is None else out[b:b + 1]
         lse = None if lse is None else lse[b:b + 1]

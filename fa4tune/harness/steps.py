@@ -219,6 +219,7 @@ class TimedOutputCheck:
 
         began = time.perf_counter()
         rows = runtime_guards.sample_rows(self.problem.seqlen_q, runtime_guards.SAMPLED_ROWS, timing.random_index(2**31))
+        draw = timing.random_index(2**31)  # which sequence of a packed or paged call the sampled rows come from
         outputs = [self._named(output) for _, _, output, _ in round_calls]
         reasons = []
         try:
@@ -226,7 +227,7 @@ class TimedOutputCheck:
                 for j, (name, i, _, threaded) in enumerate(round_calls):
                     others = {f"the {key} of call {m + 1} of the round": t for m, named in enumerate(outputs) if m != j
                               for key, t in named.items() if isinstance(t, torch.Tensor)}
-                    reasons.append(self._one(name, i, outputs[j], threaded, others, i == full_set, rows))
+                    reasons.append(self._one(name, i, outputs[j], threaded, others, i == full_set, rows, draw))
         finally:
             self.spent["check"] += time.perf_counter() - began
         return reasons
@@ -238,7 +239,7 @@ class TimedOutputCheck:
         grads = list(output) if isinstance(output, (tuple, list)) else [output]
         return dict(zip(("dq", "dk", "dv"), grads + [None] * (3 - len(grads))))
 
-    def _one(self, name: str, i: int, named: dict, threaded: bool, others: dict, whole: bool, rows) -> str:
+    def _one(self, name: str, i: int, named: dict, threaded: bool, others: dict, whole: bool, rows, draw: int) -> str:
         import torch
 
         call = self.calls[name][i]
@@ -261,15 +262,15 @@ class TimedOutputCheck:
             return _guard_text(guards.OUTPUT_REUSE, f"returned the {', '.join(tensors)} its call on input set {i} returned the "
                                                     "round before, though the set's values were rewritten since")
         try:
-            found = self._compare(call, named, (q, k, v, dout), seed, whole, rows)
-            if found and not self._compare(call, named, self.previous[i][1], None, False, rows):
+            found = self._compare(call, named, (q, k, v, dout), seed, whole, rows, draw)
+            if found and not self._compare(call, named, self.previous[i][1], None, False, rows, draw):
                 return _guard_text(guards.OUTPUT_REUSE, f"its {', '.join(tensors)} follow the values input set {i} held before "
                                                         f"it was rewritten, not its own ({found})")
             return found
         except Exception as err:  # an output that cannot be compared is not a right one
             return f"its output cannot be checked: {_one_line(err)}"
 
-    def _compare(self, call: TimedCall, named: dict, inputs, seed: int, whole: bool, rows) -> str:
+    def _compare(self, call: TimedCall, named: dict, inputs, seed: int, whole: bool, rows, draw: int) -> str:
         """'' when the output matches the reference of this round's values (whole, or on `rows`), else the reason."""
         q, k, v, dout = inputs
         problem, chunk = self.problem, self.settings.reference_chunk_bytes
@@ -279,9 +280,9 @@ class TimedOutputCheck:
         if not whole:
             if call.forward_outputs is None:
                 return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, out=named["out"], lse=named["lse"],
-                                                    lengths=problem.lengths, precision=problem.dtype, **mask)
+                                                    lengths=problem.lengths, precision=problem.dtype, draw=draw, **mask)
             return runtime_guards.rows_mismatch(q, k, v, problem.causal, rows, dout=dout, dq=named["dq"], lengths=problem.lengths,
-                                                **mask)
+                                                draw=draw, **mask)
         if call.forward_outputs is None:
             result = gate.check_outputs(q, k, v, problem.causal, named["out"], named["lse"], variant="timed", seed=seed,
                                         chunk_bytes=chunk, references=self.references, lengths=problem.lengths, precision=problem.dtype,
