@@ -56,11 +56,13 @@ def _parser() -> CommandParser:
     parser = CommandParser(prog="python -m search", description="Tune FlashAttention-4's SM120 configs per problem class.")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub)
+    storages = ("Optuna storage URL (default sqlite:///search.db); repeatable: the studies of several storages, a later "
+                "storage's study replacing an earlier's of the same name")
     p = sub.add_parser("report", help="best config per study and credit per proposer")
-    p.add_argument("--storage", default=None)
+    p.add_argument("--storage", action="append", default=None, help=storages)
     review_cli.add_report_options(p)
     p = sub.add_parser("apply", help="write confirmed winners into experiment.py's dispatch tables")
-    p.add_argument("--storage", default=None)
+    p.add_argument("--storage", action="append", default=None, help=storages)
     p.add_argument("--experiment", default="experiment.py", help="the file to edit (default experiment.py)")
     p.add_argument("--confirmations", type=int, default=2, help="confirmations a winner needs (default 2)")
     p.add_argument("--target", default="sm120", help="apply the studies of this target (default sm120)")
@@ -132,20 +134,27 @@ def _worker(args) -> int:
     return worker_main(args)
 
 
-def _storage_url(args) -> str:
+def _storage_urls(args) -> list[str]:
     from search.storing.storage import DEFAULT_STORAGE
 
-    return args.storage or DEFAULT_STORAGE
+    return args.storage or [DEFAULT_STORAGE]
+
+
+def _open_storages(args):
+    """The storages named by --storage (each described on stdout) as one: review_cli.open_storages."""
+    from search.storing.storage import describe
+
+    urls = _storage_urls(args)
+    for url in urls:
+        print(f"storage: {describe(url)}")
+    return review_cli.open_storages(urls), ", ".join(describe(url) for url in urls)
 
 
 def _report(args) -> int:
     from search.reviewing.report import report
-    from search.storing.storage import describe, open_existing_storage
 
-    url = _storage_url(args)
     review_cli.check_plots(args)  # before anything is printed: a committed figure is not replaced without --force
-    print(f"storage: {describe(url)}")
-    storage = open_existing_storage(url)
+    storage, _ = _open_storages(args)
     report(storage, sys.stdout)
     review_cli.plots(args, storage)
     return 0
@@ -153,17 +162,15 @@ def _report(args) -> int:
 
 def _apply(args) -> int:
     from search.reviewing import apply
-    from search.storing.storage import describe, open_existing_storage
 
-    url = _storage_url(args)
     path = Path(args.experiment)
     if not path.exists():
         raise ConfigError("experiment_file", f"{args.experiment!r} does not exist")
-    print(f"storage: {describe(url)}")
+    storage, described = _open_storages(args)
     old = path.read_text()
-    decisions = apply.decide(open_existing_storage(url), args.confirmations, args.allow_replay, args.target, source=old)
+    decisions = apply.decide(storage, args.confirmations, args.allow_replay, args.target, source=old)
     if not decisions:
-        raise ConfigError("storage_empty", f"no search studies for target {args.target} in {describe(url)}: run `python -m search run` first")
+        raise ConfigError("storage_empty", f"no search studies for target {args.target} in {described}: run `python -m search run` first")
     refused = [d for d in decisions if d.refusal]
     new = apply.apply(old, decisions) if not refused else old  # all or nothing: a refusal writes no entry
     for d in decisions:

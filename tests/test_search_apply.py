@@ -197,3 +197,20 @@ def test_a_winner_that_refuses_its_class_s_shortest_problem_is_not_applied():
     assert apply_module._check_shortest_problem(heuristic, "sm120") == heuristic
     backward = apply_module.Decision("bwd:d128-causal-bf16:sm120", "bwd", "d128-causal-bf16", {"m_block_size": 64})
     assert apply_module._check_shortest_problem(backward, "sm120") == backward  # no per-problem rules there
+
+
+def test_apply_reads_every_storage_named_a_later_study_replacing_an_earlier_of_its_name(tmp_path, confirmed_url,
+                                                                                      experiment_copy):
+    """Two --storage flags (two GPU calls' studies) are both read, as export reads them: applying an unconfirmed run
+    of the study then the confirmed one writes the winner; the other order refuses, so neither storage was dropped."""
+    unconfirmed = _search(tmp_path, confirmations=0)
+    before = experiment_copy.read_text()
+    refused = run_cli("apply", "--storage", confirmed_url, "--storage", unconfirmed, "--experiment", experiment_copy,
+                      "--allow-replay")
+    assert refused.returncode == 2 and experiment_copy.read_text() == before, refused.stdout + refused.stderr
+    assert refused.stdout.count("storage: ") == 2
+    done = run_cli("apply", "--storage", unconfirmed, "--storage", confirmed_url, "--experiment", experiment_copy,
+                   "--allow-replay")
+    assert done.returncode == 0 and experiment_copy.read_text() != before, done.stdout + done.stderr
+    best = winner(records(optuna.load_study(study_name=STUDY, storage=open_storage(confirmed_url))))
+    assert ForwardConfig.from_dict(_dispatch_entry(experiment_copy, "FORWARD_DISPATCH", CLASS)) == ForwardConfig.from_dict(best.config)
