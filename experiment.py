@@ -9,12 +9,10 @@ correctness gate, metric lines, results.tsv) lives in prepare.py and fa4tune/, w
     uv run python experiment.py --static > run.log # no GPU needed: compile for sm_120a, read cubins
 """
 
-# No `from __future__ import annotations` here: the CuTe DSL reads annotations at run time (cute.struct
-# fields, cutlass.Constexpr kernel parameters), and string annotations break both.
+# No `from __future__ import annotations`: the CuTe DSL reads annotations (cute.struct, cutlass.Constexpr) at run time.
 
 if __name__ == "__main__":
-    # The command line answers --help and refuses bad input before the imports below (seconds); it then checks
-    # this file, imports it as module `experiment` (as the harness does) and runs its dispatch table.
+    # --help and bad input are answered before the imports below; then this file is checked, imported, and run.
     from fa4tune.cli import experiment_main
 
     raise SystemExit(experiment_main(__file__))
@@ -89,13 +87,14 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d96-causal-chunked-bf16": TRIMMED,
     "d64-causal-chunked-bf16": replace(TRIMMED, Q_in_regs=True),
     "d64-noncausal-fp16": replace(PREFILL, tile_n=128, kernel="sm120_tma"),  # 2026-12-06-h200-table44-and-twins.md
-    # d128 causal GQA 2-8, bf16 and fp16 (GQA 5 / 7 and fp16 by the fallback rule): trimmed, 1.01-1.02x the lpt and
-    # paired twins with the opaque thread index (2 runs): 2026-12-06-h100-models-opaque-fp8-wide.md section 2
+    # d128 causal GQA 2-8 (GQA 5/7, fp16 by fallback): 1.01-1.02x the twins: 2026-12-06-h100-models-opaque-fp8-wide.md
     "d128-causal-gqa2-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
     "d128-causal-gqa8-bf16": replace(TRIMMED, tile_m=64, Q_in_regs=True),
     "d256-causal-gqa2-bf16": replace(PREFILL, tile_n=32, num_threads=256, kernel="sm120_tma_lpt"),  # 1.28x sm120_tma's
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
-    "d128-causal-gqa4-window-bf16": replace(PREFILL, tile_m=64, tile_n=96, Q_in_regs=True),  # Mistral: 1.33x, study
+    "d128-causal-gqa4-window-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma"),  # 2026-12-07-h200-s14
+    "d128-causal-gqa2-window-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),
+    "d128-causal-gqa2-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
@@ -118,6 +117,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
                                     AtomLayoutNdKV=4),  # 248 regs, no spills; upstream's spills 1.5 KB on sm_120a (its 30.9x
     # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
     "d128-causal-gqa4-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
+    "d128-causal-gqa2-softcap-bf16": replace(BWD, AtomLayoutMSdP=4, AtomLayoutNdKV=1),  # 1.10x, study (Gemma 2 27B)
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from
