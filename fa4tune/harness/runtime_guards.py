@@ -425,7 +425,7 @@ def rows_mismatch(q, k, v, causal, rows, *, out=None, lse=None, dout=None, dq=No
         part = slice(sum(lengths[:i]), sum(lengths[:i + 1]))
         q, k, v, out, dout, dq = (None if t is None else t[part][None] for t in (q, k, v, out, dout, dq))
         lse = None if lse is None else lse[:, part][None]
-        rows = rows[rows < lengths[i]] if bool((rows < lengths[i]).any()) else torch.tensor([lengths[i] - 1])
+        rows = rows[rows < lengths[i]]  # row 0 is always sampled (sample_rows), and a picked sequence has a row
     if page_table is not None:
         used = seqused_k.tolist() if seqused_k is not None else [page_table.shape[1] * k.shape[1]] * q.shape[0]
         b = _pick_sequence(used, draw)
