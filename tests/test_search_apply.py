@@ -53,8 +53,14 @@ def confirmed_url(tmp_path_factory) -> str:
     return _search(tmp_path_factory.mktemp("confirmed"), confirmations=2)
 
 
-def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(tmp_path, experiment_copy):
-    url = _search(tmp_path, confirmations=0)
+@pytest.fixture(scope="module")
+def unconfirmed_url(tmp_path_factory) -> str:
+    """A replayed study of the same class whose winner was never confirmed."""
+    return _search(tmp_path_factory.mktemp("unconfirmed"), confirmations=0)
+
+
+def test_apply_refuses_an_unconfirmed_winner_and_leaves_the_file_alone(unconfirmed_url, experiment_copy):
+    url = unconfirmed_url
     before = experiment_copy.read_text()
     done = run_cli("apply", "--storage", url, "--experiment", experiment_copy, "--allow-replay")
     assert done.returncode == 2  # a refusal, as export's
@@ -199,11 +205,11 @@ def test_a_winner_that_refuses_its_class_s_shortest_problem_is_not_applied():
     assert apply_module._check_shortest_problem(backward, "sm120") == backward  # no per-problem rules there
 
 
-def test_apply_reads_every_storage_named_a_later_study_replacing_an_earlier_of_its_name(tmp_path, confirmed_url,
+def test_apply_reads_every_storage_named_a_later_study_replacing_an_earlier_of_its_name(confirmed_url, unconfirmed_url,
                                                                                       experiment_copy):
     """Two --storage flags (two GPU calls' studies) are both read, as export reads them: applying an unconfirmed run
     of the study then the confirmed one writes the winner; the other order refuses, so neither storage was dropped."""
-    unconfirmed = _search(tmp_path, confirmations=0)
+    unconfirmed = unconfirmed_url
     before = experiment_copy.read_text()
     refused = run_cli("apply", "--storage", confirmed_url, "--storage", unconfirmed, "--experiment", experiment_copy,
                       "--allow-replay")
