@@ -138,3 +138,36 @@ def test_the_sdpa_baseline_reads_a_packed_calls_offsets_to_the_host_once():
         for _ in range(3):
             again = forward(q, k, v, True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(LENGTHS), max_seqlen_k=max(LENGTHS))
     assert Reads.count == 1 and torch.equal(first[0], again[0])
+
+
+def test_a_packed_forward_right_on_its_longest_sequence_alone_once_its_offsets_repeat_is_caught_after_timing():
+    """A cheat of the lead's own (issue 66, s14's review of the drawn sequence): the timed calls reuse one offsets
+    tensor through warm-up and every round, the guards call each set at most twice, so from the third call on one
+    cu_seqlens object the forward computes the longest sequence alone and hands the others the rows it returned the
+    first time (stale once the round rewrites the inputs). It passes the gate and the guards; the check after timing
+    catches it, whole on one set and, on the others, on the rows of a sequence drawn after the call."""
+    seen: dict[int, list] = {}
+
+    def longest_only(q, k, v, causal, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+        packed = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                      max_seqlen_k=max_seqlen_k)
+        entry = seen.setdefault(id(cu_seqlens_q), [cu_seqlens_q, 0, None])  # the tensor kept: its id stays its own
+        entry[1] += 1
+        if entry[1] < 3:
+            entry[2] = per_sequence(q, k, v, causal, **packed)
+            return entry[2]
+        bounds = cu_seqlens_q.tolist()
+        i = max(range(len(bounds) - 1), key=lambda j: bounds[j + 1] - bounds[j])
+        a, b = bounds[i], bounds[i + 1]
+        out, lse = (t.clone() for t in entry[2])
+        o, s = torch_attention(q[a:b][None], k[a:b][None], v[a:b][None], causal, return_lse=True)
+        out[a:b], lse[:, a:b] = o[0], s[0]
+        return out, lse
+
+    results = steps.measure_step(PACKED, "fwd", [_guarded(per_sequence), _guarded(longest_only, "longest only")],
+                                 device="cpu", settings=SETTINGS)
+    assert results["packed"].status == "ok", results["packed"]
+    caught = results["longest only"]
+    # its stale rows follow the values the set held before the round rewrote it: output_reuse, or plainly wrong
+    assert caught.status in ("guard", "incorrect") and "checked after timing" in caught.reason, caught
+    assert "output_reuse" in caught.reason or "> tolerance" in caught.reason, caught
