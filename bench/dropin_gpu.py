@@ -13,6 +13,9 @@
                                           # each class gated on windows of 0 to 500 keys (and one with a right side, and
                                           # a soft-cap) against the fp32 reference; then gpt-oss's and Mistral's sliding
                                           # layers timed on upstream's SM80 loop (every block down to 0) and on TMA configs
+    python3 bench/dropin_gpu.py softcap   # Gemma 2 27B's soft-cap layers: upstream's SM120 config, the studies' winner
+                                          # (whose sm_90a occupancy is not sm_120a's) and configs whose occupancy agrees,
+                                          # gated and timed interleaved
 """
 
 from __future__ import annotations
@@ -268,10 +271,47 @@ LOCAL_TIMED = [("gpt-oss-20b sliding layer (window 128)", 1, 4096, 64, 8, 64, 12
                ("Mistral 7B past its window (4096 of 8192)", 1, 8192, 32, 8, 128, 4096)]
 
 
-def local_step(repeats: int = 30) -> int:
+def _time_against_upstream(label, shape, left, softcap, configs, repeats, upstream_name="upstream") -> int:
+    """One causal layer (batch, seqlen, heads, heads_kv, head_dim) with a window's left side (-1: none) and a soft-cap:
+    upstream's SM120 config and each (name, ForwardConfig) that SM120's rules accept, gated against the fp32 reference
+    with the same window and soft-cap, then timed interleaved; a row per candidate. Returns the gate's failures."""
     import torch
 
     from fa4tune import api, defaults, torch_op
+    from fa4tune.feasibility import check_forward_entry
+    from fa4tune.harness import gate
+    from fa4tune.targets import get_target
+
+    batch, seqlen, heads, heads_kv, head_dim = shape
+    window = (left, 0) if left >= 0 else (None, None)
+    q, k, v = _tensors(batch, seqlen, seqlen, heads, heads_kv, head_dim)
+    extras = api.Extras(*window, softcap=softcap)
+    pc = api.problem_class_of(q, k, v, True, extras=extras)
+    ref = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap)
+    low = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap, dtype=torch.bfloat16)
+    bound = 2 * _max_diff(low.out, ref.out) + 1e-4
+    chosen = {upstream_name: defaults.upstream_forward(pc)}
+    for name, config in configs:
+        verdict = check_forward_entry(config, pc, get_target())
+        if verdict:
+            chosen[name] = config
+        else:
+            print(f"{label:44s} {name:44s} refused by SM120's rules: {verdict.rule}")
+    calls = {name: (lambda c=c: api.run_forward(torch_op.registry_class, q, k, v, True, head_dim ** -0.5, c, None,
+                                                extras)[0]) for name, c in chosen.items()}
+    errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
+    times = _device_ms(calls, repeats)
+    base = times[upstream_name]
+    for name in calls:
+        print(f"{label:44s} {name:44s} {errors[name]:9.3g} {times[name]:8.3f} {base / times[name]:10.3f}x"
+              + ("  FAIL" if errors[name] > bound else ""))
+    return sum(err > bound for err in errors.values())
+
+
+def local_step(repeats: int = 30) -> int:
+    import torch
+
+    from fa4tune import api, torch_op
     from fa4tune.config import ForwardConfig
     from fa4tune.feasibility import check_forward_entry
     from fa4tune.harness import gate
@@ -313,28 +353,37 @@ def local_step(repeats: int = 30) -> int:
             print(f"{label:24s} {str(window):>10s} " + "  ".join(cells) + f"   {bound:.2g}")
     print(f"\n{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
     for label, batch, seqlen, heads, heads_kv, head_dim, left in LOCAL_TIMED:
-        q, k, v = _tensors(batch, seqlen, seqlen, heads, heads_kv, head_dim)
-        extras = api.Extras(left, 0)
-        pc = api.problem_class_of(q, k, v, True, extras=extras)
-        ref = gate.reference_attention(q, k, v, True, window_size=(left, 0))
-        low = gate.reference_attention(q, k, v, True, window_size=(left, 0), dtype=torch.bfloat16)
-        bound = 2 * _max_diff(low.out, ref.out) + 1e-4
-        configs = {"upstream (SM80 loop, sm120)": defaults.upstream_forward(pc)}
-        for kernel, tile_m, stages, q_in_regs in LOCAL_TIMED_CONFIGS:
-            config = ForwardConfig(tile_m=tile_m, tile_n=64, num_threads=128, num_stages=stages, Q_in_regs=q_in_regs,
-                                   kernel=kernel)
-            if check_forward_entry(config, pc, get_target()):
-                configs[f"{kernel} {tile_m}x64 s{stages}{' Qregs' if q_in_regs else ''}"] = config
-        calls = {name: (lambda c=c: api.run_forward(torch_op.registry_class, q, k, v, True, head_dim ** -0.5, c, None,
-                                                    extras)[0]) for name, c in configs.items()}
-        errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
-        failures += sum(err > bound for err in errors.values())
-        times = _device_ms(calls, repeats)
-        base = times["upstream (SM80 loop, sm120)"]
-        for name in calls:
-            print(f"{label:44s} {name:44s} {errors[name]:9.3g} {times[name]:8.3f} {base / times[name]:10.3f}x"
-                  + ("  FAIL" if errors[name] > bound else ""))
+        configs = [(f"{kernel} {tile_m}x64 s{stages}{' Qregs' if q_in_regs else ''}",
+                    ForwardConfig(tile_m=tile_m, tile_n=64, num_threads=128, num_stages=stages, Q_in_regs=q_in_regs,
+                                  kernel=kernel)) for kernel, tile_m, stages, q_in_regs in LOCAL_TIMED_CONFIGS]
+        failures += _time_against_upstream(label, (batch, seqlen, heads, heads_kv, head_dim), left, 0.0, configs,
+                                           repeats, "upstream (SM80 loop, sm120)")
     return failures
+
+
+# Gemma 2 27B's soft-cap layers (MODELS' settings): the studies' winner (64x32 trimmed, Q in registers) takes 190
+# registers on sm_120a (2 CTAs per SM) but 168 on sm_90a (3), so its emulated time is not SM120's; the others give
+# both arches the same CTAs per SM (docs/measurements/logs/2026-12-07-s14-softcap-candidates-fidelity.txt)
+SOFTCAP_TIMED = [("Gemma 2 27B local layer", (1, 8192, 32, 16, 128), 4096),
+                 ("Gemma 2 27B global layer (the suite's 4k)", (1, 4096, 32, 16, 128), -1),
+                 ("Gemma 2 27B global layer 8k (held out)", (1, 8192, 32, 16, 128), -1)]
+SOFTCAP_CONFIGS = [
+    ("trimmed 64x32 s1 Qregs (studies; flagged)", dict(tile_m=64, tile_n=32, num_threads=128, num_stages=1,
+                                                       Q_in_regs=True, kernel="sm120_tma_trimmed")),
+    ("trimmed 64x32 s1", dict(tile_m=64, tile_n=32, num_threads=128, num_stages=1, Q_in_regs=False,
+                              kernel="sm120_tma_trimmed")),
+    ("lpt 128x32 t256 s1 (runner-up)", dict(tile_m=128, tile_n=32, num_threads=256, num_stages=1, Q_in_regs=False,
+                                            kernel="sm120_tma_lpt")),
+]
+
+
+def softcap_step(repeats: int = 30) -> int:
+    from fa4tune.config import ForwardConfig
+
+    configs = [(name, ForwardConfig(**fields)) for name, fields in SOFTCAP_CONFIGS]
+    print(f"{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
+    return sum(_time_against_upstream(label, shape, left, 50.0, configs, repeats)
+               for label, shape, left in SOFTCAP_TIMED)
 
 
 def hf_step() -> int:
@@ -369,7 +418,7 @@ def hf_step() -> int:
 
 
 STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step, "window": window_step, "hf": hf_step,
-         "local": local_step}
+         "local": local_step, "softcap": softcap_step}
 
 
 def main(argv: list[str]) -> int:

@@ -52,6 +52,23 @@ def test_the_local_step_s_configs_run_their_window_classes_so_no_gpu_minute_goes
     assert sum(len(kernels) for kernels in dropin_gpu.LOCAL_GATED.values()) <= 7  # ~14 compiles in one process
 
 
+def test_the_softcap_step_times_gemma_2_27b_s_classes_on_configs_sm120_accepts():
+    """The soft-cap step's layers are the two Gemma 2 27B classes the studies tuned, and every config it times runs
+    them within SM120's rules (a refused one would be a printed row, not a timing)."""
+    from fa4tune.feasibility import check_forward_entry
+    from fa4tune.targets import get_target
+
+    names = set()
+    for label, (batch, seqlen, heads, heads_kv, head_dim), left in dropin_gpu.SOFTCAP_TIMED:
+        pc = Problem(batch, seqlen, seqlen, heads, heads_kv, head_dim, head_dim, True, window_size_left=left,
+                     window_size_right=0 if left >= 0 else -1, softcap=50.0).problem_class
+        names.add(pc.name)
+        for name, fields in dropin_gpu.SOFTCAP_CONFIGS:
+            assert check_forward_entry(experiment.ForwardConfig(**fields), pc, get_target()), (label, name)
+    assert names == {"d128-causal-gqa2-window-softcap-bf16", "d128-causal-gqa2-softcap-bf16"}
+    assert dropin_gpu.STEPS["softcap"] is dropin_gpu.softcap_step
+
+
 def test_a_bad_step_is_one_line_and_exit_2(capsys):
     assert dropin_gpu.main(["nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
