@@ -13,6 +13,8 @@
                                           # each class gated on windows of 0 to 500 keys (and one with a right side, and
                                           # a soft-cap) against the fp32 reference; then gpt-oss's and Mistral's sliding
                                           # layers timed on upstream's SM80 loop (every block down to 0) and on TMA configs
+    python3 bench/dropin_gpu.py window-decode  # the split-KV class with a window: gated on every window, at two split
+                                          # counts, contiguous and paged; the models' window decodes timed vs upstream
     python3 bench/dropin_gpu.py softcap   # Gemma 2 27B's soft-cap layers: upstream's SM120 config, the studies' winner
                                           # (whose sm_90a occupancy is not sm_120a's) and configs whose occupancy agrees,
                                           # gated and timed interleaved
@@ -386,6 +388,109 @@ def softcap_step(repeats: int = 30) -> int:
                for label, shape, left in SOFTCAP_TIMED)
 
 
+# Split-KV decodes with a sliding window (the class declares `local` since 2026-12-07 s15: its splits divide the
+# window's blocks): (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim), seqlen_k never a tile multiple
+WINDOW_DECODE_GATE = [("decode d128 GQA 4", 2, 1, 3000, 32, 8, 128), ("8 queries d64 GQA 8", 1, 8, 1500, 64, 8, 64)]
+WINDOW_DECODE_SPLITS = (0, 4)  # the heuristic's count, and 4 forced (the split path whatever the heuristic says;
+# at most the window's KV blocks: window_decode_cases)
+WINDOW_DECODE_PAGES = (16, 64)  # pages of the first case's cache, window (128, 0), the heuristic's splits
+# the models suite's window decodes: (label, batch, seqlen_k, heads, heads_kv, head_dim, window_size_left)
+WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32, 8, 128, 4096),
+                       ("Gemma 3 27B decode b1 32k (window 1024)", 1, 32768, 32, 16, 128, 1024)]
+
+
+def window_decode_cases():
+    """(label, Problem, num_splits) of the window-decode step's gate, contiguous then paged; an explicit split count at
+    most the KV blocks the window leaves (a 1-key window reads 2 blocks)."""
+    import experiment
+    from fa4tune.config import Problem
+    from kernels.splitkv_forward_sm120 import SPLITS_DOMAIN, SplitKvForwardSm120
+
+    cases = []
+    for label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim in WINDOW_DECODE_GATE:
+        windows = [(window, 0) for window in LOCAL_WINDOWS]
+        windows += [((128, 0), page) for page in WINDOW_DECODE_PAGES] if label == WINDOW_DECODE_GATE[0][0] else []
+        for (left, right), page in windows:
+            problem = Problem(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim, right == 0,
+                              backward=False, window_size_left=left, window_size_right=right, page_size=page)
+            blocks = SplitKvForwardSm120.num_n_blocks(experiment.DECODE, problem)
+            for splits in WINDOW_DECODE_SPLITS[:1] if page else WINDOW_DECODE_SPLITS:
+                fits = [d for d in SPLITS_DOMAIN if 0 < d <= min(splits, blocks)]  # the knob's values only
+                cases.append((label, problem, max(fits) if splits else 0))
+    return cases
+
+
+def window_decode_step(repeats: int = 30) -> int:
+    """The split-KV class with a window: gated (out and LSE, the gate's own rule) on every LOCAL_WINDOWS window at
+    each split count, contiguous and paged; then the suite's window decodes timed on upstream's SM120 config (the
+    SM80 loop reads every key block) against the decode entry's config (experiment.DECODE), which reads the window's."""
+    import dataclasses
+
+    import torch
+
+    import experiment
+    from bench.paged_gpu import scatter_pages
+    from fa4tune import api, defaults, torch_op
+    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.harness import gate
+    from fa4tune.targets import get_target
+
+    def run(q, k, v, causal, config, extras):
+        return api.run_forward(torch_op.registry_class, q, k, v, causal, q.shape[-1] ** -0.5, config, None, extras)
+
+    failures = 0
+    print(f"{'case':24s} {'window':>10s} {'splits':>6s} {'page':>4s}  gate (worst error / tolerance)")
+    tensors_of = {}
+    for label, problem, splits in window_decode_cases():
+        p = problem
+        if label not in tensors_of:
+            tensors_of[label] = _tensors(p.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim)
+        q, k, v = tensors_of[label]
+        window, causal, page = (p.window_size_left, p.window_size_right), p.causal, p.page_size
+        config = dataclasses.replace(experiment.DECODE, extra={"num_splits": splits})
+        if page:
+            keys = -(-p.seqlen_k // page) * page  # the pool holds whole pages; the used keys stay seqlen_k
+            pad = torch.zeros(p.batch, keys - p.seqlen_k, p.num_heads_kv, p.head_dim, device="cuda", dtype=k.dtype)
+            (k_pool, table), (v_pool, _) = (scatter_pages(torch.cat([x, pad], 1), page, seed=page) for x in (k, v))
+            used = torch.full((p.batch,), p.seqlen_k, dtype=torch.int32, device="cuda")
+            extras, args = api.Extras(*window, page_table=table, seqused_k=used), dict(page_table=table, seqused_k=used)
+            tensors = (q, k_pool, v_pool)
+        else:
+            extras, args, tensors = api.Extras(*window), {}, (q, k, v)
+        verdict = check_forward_problem(config, p, get_target())
+        if not verdict:
+            failures += 1
+            print(f"{label:24s} {str(window):>10s} {splits:6d} {page:4d}  REFUSED {verdict.rule}: {verdict.message}")
+            continue
+        with torch.no_grad():
+            out, lse = run(*tensors, causal, config, extras)
+        result = gate.check_outputs(*tensors, causal, out, lse, window_size=window, **args)
+        failures += not result.passed
+        worst = max(result.checks, key=lambda c: c.error / c.tolerance if c.tolerance else float("inf"))
+        print(f"{label:24s} {str(window):>10s} {splits:6d} {page:4d}  "
+              + (f"ok {worst.name} {worst.error:.3g} / {worst.tolerance:.3g}" if result.passed
+                 else f"FAILED {result.reason[:160]}"))
+    print(f"\n{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
+    for label, batch, seqlen_k, heads, heads_kv, head_dim, left in WINDOW_DECODE_TIMED:
+        q, k, v = _tensors(batch, 1, seqlen_k, heads, heads_kv, head_dim)
+        extras = api.Extras(left, 0)
+        pc = api.problem_class_of(q, k, v, True, extras=extras)
+        ref = gate.reference_attention(q, k, v, True, window_size=(left, 0))
+        low = gate.reference_attention(q, k, v, True, window_size=(left, 0), dtype=torch.bfloat16)
+        bound = 2 * _max_diff(low.out, ref.out) + 1e-4
+        configs = {"upstream (SM80 loop, every block)": defaults.upstream_forward(pc),
+                   "split-KV, the decode entry's config": experiment.DECODE}
+        calls = {name: (lambda c=c: run(q, k, v, True, c, extras)[0]) for name, c in configs.items()}
+        errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
+        failures += sum(err > bound for err in errors.values())
+        times = _device_ms(calls, repeats)
+        base = times["upstream (SM80 loop, every block)"]
+        for name in calls:
+            print(f"{label:44s} {name:44s} {errors[name]:9.3g} {times[name]:8.3f} {base / times[name]:10.3f}x"
+                  + ("  FAIL" if errors[name] > bound else ""))
+    return failures
+
+
 def hf_step() -> int:
     import torch
     import transformers
@@ -418,7 +523,8 @@ def hf_step() -> int:
 
 
 STEPS = {"compile": compile_step, "graphs": graphs_step, "seqused": seqused_step, "window": window_step, "hf": hf_step,
-         "local": local_step, "softcap": softcap_step}
+         "local": local_step, "softcap": softcap_step,
+         "window-decode": window_decode_step}
 
 
 def main(argv: list[str]) -> int:

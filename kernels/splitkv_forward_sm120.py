@@ -79,10 +79,11 @@ class SplitKvForwardSm120(TunedForwardSm120):
     name = "sm120_splitkv"
     knobs = {"num_splits": SPLITS_DOMAIN}
     # seqused (seqused_k): a KV cache's per-sequence lengths bound each sequence's block range (upstream's SeqlenInfoQK);
-    # paged: a paged KV cache (page_table; load_paged gathers it); no window or softcap (its mainloop masks neither),
+    # paged: a paged KV cache (page_table; load_paged gathers it); local: a sliding window, whose blocks (upstream's
+    # BlockInfo with is_local) the splits divide, every block masked as the causal ones are; no softcap (no score_mod),
     # no seqused_q (its partial rows are dense); a learnable sink is folded into split 0's partial only (the combine's
     # log-sum-exp then counts it once)
-    features = frozenset({"seqused", "paged", "learnable_sink"})
+    features = frozenset({"seqused", "paged", "learnable_sink", "local"})
     # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
@@ -106,8 +107,12 @@ class SplitKvForwardSm120(TunedForwardSm120):
 
     @classmethod
     def num_n_blocks(cls, config, problem) -> int:
-        """KV blocks of the longest row range (non-causal or causal bottom-right: all of seqlen_k)."""
-        return -(-problem.seqlen_k // config.tile_n)
+        """KV blocks of the longest row range (non-causal or causal bottom-right: all of seqlen_k; a window's left
+        side: the keys its first query tile reaches, plus the block its edge cuts)."""
+        keys = problem.seqlen_k
+        if problem.window_size_left >= 0:
+            keys = min(keys, problem.window_size_left + min(problem.seqlen_q, config.tile_m) + config.tile_n)
+        return -(-keys // config.tile_n)
 
     @classmethod
     def num_splits_for(cls, config, problem, num_sms: int) -> int:
@@ -144,13 +149,14 @@ class SplitKvForwardSm120(TunedForwardSm120):
         the class's problems run. A decode (one query token over 4K keys) splits; a chunked prefill (512 over 8K,
         causal) splits where its query tiles leave CTA slots free (without GQA packing); a prefill (8K over 8K, 16 KV
         heads: more query tiles than any SM120 part's CTA slots) runs unsplit unless num_splits asks for splits."""
-        from fa4tune.config import Problem
+        from fa4tune.config import NO_WINDOW, Problem
 
         kv_heads = 16 if problem_class.regime == "prefill" else 8
         sq, sk = STATIC_SHAPES[problem_class.regime]
         return Problem(1, sq, sk, kv_heads * problem_class.qhead_per_kvhead, kv_heads, problem_class.head_dim,
                        problem_class.head_dim_v, problem_class.causal, problem_class.dtype, backward=False,
-                       page_size=problem_class.page_size)
+                       page_size=problem_class.page_size,
+                       window_size_left=sk // 4 if problem_class.window else NO_WINDOW)  # a window class: is_local
 
     @cute.jit
     def __call__(
@@ -226,8 +232,13 @@ class SplitKvForwardSm120(TunedForwardSm120):
         tile_sched_params = SingleTileScheduler.to_underlying_arguments(tile_sched_args)
         grid_dim = SingleTileScheduler.get_grid_shape(tile_sched_params)
         softmax_scale_log2, softmax_scale = utils.compute_softmax_scale_log2(softmax_scale, self.score_mod)
+        if const_expr(window_size_left is not None):
+            window_size_left = Int32(window_size_left)
+        if const_expr(window_size_right is not None):
+            window_size_right = Int32(window_size_right)
         self.kernel(
             mQ, mK, mV, mO, mLSE, mSeqUsedK, mPageTable, softmax_scale_log2, softmax_scale, num_splits,
+            window_size_left, window_size_right,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,
             tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params, learnable_sink,
@@ -246,6 +257,8 @@ class SplitKvForwardSm120(TunedForwardSm120):
         softmax_scale_log2: Float32,
         softmax_scale: Optional[Float32],
         num_splits: Int32,
+        window_size_left: Optional[Int32],
+        window_size_right: Optional[Int32],
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -271,8 +284,9 @@ class SplitKvForwardSm120(TunedForwardSm120):
         seqlen_k_static = mK.shape[0] if const_expr(mPageTable is None) else self.page_size * mPageTable.shape[1]
         m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, seqlen_k_static)
         qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1
-        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.is_split_kv,
-                               qhead_per_kvhead_packgqa=qhead_packed, num_splits=num_splits)
+        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, self.is_local, self.is_split_kv,
+                               window_size_left, window_size_right, qhead_per_kvhead_packgqa=qhead_packed,
+                               num_splits=num_splits)
         seqlen = SeqlenInfoQK.create(
             batch_idx=batch_idx,
             seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],
@@ -419,9 +433,12 @@ class SplitKvForwardSm120(TunedForwardSm120):
         if const_expr(not self.Q_in_regs):
             preprocess_Q()
 
-        mask = AttentionMask(self.tile_m, self.tile_n, seqlen, None, None, qhead_packed_of(self))
+        # a window masks every block as the causal mask does (upstream's SM80 loop masks each block causally); its
+        # splits divide the window's blocks alone (block_info), so no block wholly outside it is read
+        mask = AttentionMask(self.tile_m, self.tile_n, seqlen, block_info.window_size_left,
+                             block_info.window_size_right, qhead_packed_of(self))
         mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block, thr_mma=thr_mma_qk,
-                          mask_causal=self.is_causal, mask_local=False, mask_mod=None)
+                          mask_causal=self.is_causal, mask_local=self.is_local, mask_mod=None)
         # the split's last block first, masked for seqlen_k (and causal); then the causal diagonal's blocks;
         # then the unmasked rest down to the split's first block
         read, write = Int32(0), Int32(self.num_stages - 1)

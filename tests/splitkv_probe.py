@@ -102,6 +102,7 @@ for job in json.loads(sys.stdin.read()):
         "splits": experiment.kernel_class(config).num_splits_for(config, problem, 170),
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
         "page_size_built": [kernel.page_size for kernel in instances],
+        "local_compiled": [bool(kernel.is_local) for kernel in instances],
         "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
         **facts,
     })

@@ -69,6 +69,28 @@ def test_the_softcap_step_times_gemma_2_27b_s_classes_on_configs_sm120_accepts()
     assert dropin_gpu.STEPS["softcap"] is dropin_gpu.softcap_step
 
 
+def test_the_window_decode_step_runs_the_split_class_on_every_window_and_the_suite_s_window_decodes():
+    """Every (case, window, splits) the window-decode step gates is a window class the decode entry's split-KV config
+    runs within SM120's rules (pages too); its timed rows are the models suite's window decodes."""
+    import dataclasses
+
+    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.suites import load_suite
+    from fa4tune.targets import get_target
+
+
+    cases = dropin_gpu.window_decode_cases()
+    for label, problem, splits in cases:
+        config = dataclasses.replace(experiment.DECODE, extra={"num_splits": splits})
+        assert problem.problem_class.window and check_forward_problem(config, problem, get_target()), (label, problem)
+    assert {splits for *_, splits in cases} >= {0, 2, 4}  # the heuristic's, and forced splits up to a window's blocks
+    assert {problem.page_size for _, problem, _ in cases} == {0, *dropin_gpu.WINDOW_DECODE_PAGES}
+    assert any(not problem.causal for _, problem, _ in cases)
+    suite = {(p.batch, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim, p.window_size_left)
+             for p in load_suite("models") if p.seqlen_q == 1 and p.problem_class.window}
+    assert {row[1:] for row in dropin_gpu.WINDOW_DECODE_TIMED} == suite
+
+
 def test_a_bad_step_is_one_line_and_exit_2(capsys):
     assert dropin_gpu.main(["nope"]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -34,8 +34,8 @@ def split_config(tile_m=16, tile_n=64, num_threads=32, num_stages=1, num_splits=
                          kernel="sm120_splitkv", extra={"num_splits": num_splits}, **kw)
 
 
-def decode(batch=1, seqlen_k=4096, seqlen_q=1, causal=False, head_dim=128, gqa=4):
-    return Problem(batch, seqlen_q, seqlen_k, 8 * gqa, 8, head_dim, head_dim, causal, backward=False)
+def decode(batch=1, seqlen_k=4096, seqlen_q=1, causal=False, head_dim=128, gqa=4, **kw):
+    return Problem(batch, seqlen_q, seqlen_k, 8 * gqa, 8, head_dim, head_dim, causal, backward=False, **kw)
 
 
 # ---- registration and the search space ----
@@ -160,6 +160,23 @@ def test_num_splits_for_decode_prefill_and_an_explicit_knob():
 
 # ---- bad input: the named rule before any compile ----
 
+def test_a_window_s_splits_divide_the_blocks_its_first_query_tile_reaches():
+    """A window decode reads the window's keys, not the cache's: its KV blocks (and so the heuristic's splits) are those
+    of window + query tile + the block its left edge cuts; a window wider than the cache changes nothing."""
+    config = split_config(32, 64, 64, 2)
+    mistral = decode(batch=16, seqlen_k=16384, causal=True, window_size_left=4096)
+    assert SplitKvForwardSm120.num_n_blocks(config, mistral) == -(-(4096 + 1 + 64) // 64) == 66
+    assert SplitKvForwardSm120.num_n_blocks(config, decode(seqlen_k=16384, causal=True)) == 256
+    wide = decode(seqlen_k=1000, causal=True, window_size_left=5000)
+    assert SplitKvForwardSm120.num_n_blocks(config, wide) == SplitKvForwardSm120.num_n_blocks(config, decode(seqlen_k=1000))
+    gemma3 = decode(seqlen_k=32768, causal=True, gqa=2, window_size_left=1024)
+    assert SplitKvForwardSm120.num_splits_for(config, gemma3, 170) < SplitKvForwardSm120.num_splits_for(
+        config, decode(seqlen_k=32768, causal=True, gqa=2), 170)
+    window_decode = ProblemClass.parse("d128-causal-gqa4-window-decode-bf16")
+    assert check_forward(config, window_decode, TARGET)
+    assert static_shape(window_decode, SplitKvForwardSm120).window_size_left == 1024  # the static check compiles is_local
+
+
 def test_num_splits_above_the_kv_blocks_is_refused_with_the_numbers():
     cfg = split_config(tile_n=128, num_splits=16)
     verdict = check_forward_problem(cfg, decode(seqlen_k=1000), TARGET, forward_kernels(experiment))
@@ -245,13 +262,16 @@ def test_the_combine_is_a_programmatic_dependent_launch(arch, tmp_path):
 def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
     jobs = [
         {"config": split_config().to_dict(), "problem": decode().to_dict()},  # heuristic: 32 splits
-        {"config": split_config(64, 64, 128, 2).to_dict(), "problem": decode(batch=8, seqlen_k=16384).to_dict()},
+        # Mistral 7B's window decode (4096 keys of 16384): the window kernel (is_local), its splits over the window
+        {"config": split_config(64, 64, 128, 2).to_dict(),
+         "problem": decode(batch=8, seqlen_k=16384, causal=True, window_size_left=4096).to_dict()},
         {"config": split_config(64, 64, 128, 2, num_splits=4).to_dict(),
          "problem": decode(seqlen_q=512, seqlen_k=8192, causal=True).to_dict()},
     ]
     first, second, chunk = probe(jobs, tmp_path)
     assert first["splits"] == 32 and first["split_kv_compiled"] == [True]
-    assert second["splits"] > 1 and second["split_kv_compiled"] == [True]
+    assert second["splits"] > 1 and second["split_kv_compiled"] == [True] and second["local_compiled"] == [True]
+    assert first["local_compiled"] == chunk["local_compiled"] == [False]
     assert chunk["splits"] == 4 and chunk["split_kv_compiled"] == [True]
     assert first["combine"] and all(c["spill_store_bytes"] == 0 for c in first["combine"])  # upstream's combine, sm_120a
     for facts in (first, second, chunk):
@@ -280,7 +300,7 @@ def test_the_split_class_declares_seqused_k_and_not_what_its_code_lacks():
     from fa4tune.api import Extras
     from fa4tune.kernel_class import runs_features
 
-    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged", "learnable_sink"}  # no window, softcap or seqused_q
+    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged", "learnable_sink", "local"}  # no softcap, seqused_q
     used = object()
     assert Extras(seqused_k=used).features() == {"seqused"} and Extras(seqused_q=used).features() == {"seqused_q"}
     assert Extras().features() == set()

@@ -18,6 +18,8 @@
 #                                                                  # loop vs 3 TMA configs (~5 min, most of it compiles)
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh softcap  # Gemma 2 27B soft-cap layers: upstream, the studies' winner and
 #                                                                  # configs whose occupancy sm_90a and sm_120a agree on, timed
+#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh window-decode  # split-KV with a window gated (contiguous, paged), the
+#                                                                  # models' window decodes timed vs upstream
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh tests    # the drop-in's CPU tests on the GPU machine too
 # Several names in one call run in order. Logs go to $OUT (or ./out). Each step's last line: "<step>: ok" or "N failed".
 set -u
@@ -26,7 +28,7 @@ export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132 PYTHONUNBUFFERED=
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; python3 -c "import importlib.metadata as m; print('flash-attn-4', m.version('flash-attn-4'), 'torch', m.version('torch'))"; } | tee -a "$OUT/device.txt"
 for step in "$@"; do
   case "$step" in
-    compile|graphs|seqused|window|hf|local|softcap)
+    compile|graphs|seqused|window|hf|local|softcap|window-decode)
       timeout ${STEP_TIMEOUT:-560} python3 bench/dropin_gpu.py "$step" 2>&1 | tee "$OUT/$step.log" | tail -40 ;;
     tests)
       timeout 300 python3 -m pytest -n 0 -q tests/test_dropin.py tests/test_window_softcap.py tests/test_hf_attention.py tests/test_bench_dropin_gpu.py \
