@@ -93,8 +93,14 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d256-causal-gqa2-bf16": replace(PREFILL, tile_n=32, num_threads=256, kernel="sm120_tma_lpt"),  # 1.28x sm120_tma's
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
     "d128-causal-gqa4-window-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma"),  # 2026-12-07-h200-s14
-    "d128-causal-gqa2-window-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),
-    "d128-causal-gqa2-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),
+    # Gemma 2 27B: Q in registers ran 1.04-1.10x faster emulated, at 3 CTAs/SM where sm_120a's registers allow 2
+    "d128-causal-gqa2-window-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32),  # 2.30x, 2026-12-07-h100-s15
+    "d128-causal-gqa2-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32),  # 1.91x
+    "d64-causal-gqa8-window-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),  # 10.6x, gpt-oss sliding
+    "d128-causal-gqa2-window-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma"),  # 5.75x, Gemma 3
+    "d128-causal-gqa4-window-decode-bf16": DECODE,  # split-KV over the window: 5.7x; Gemma 3's 85x (studies: 49x)
+    "d128-causal-gqa2-window-decode-bf16": DECODE,
+    "d128-noncausal-gqa4-page16-decode-bf16": replace(DECODE, tile_n=32, num_stages=1, Q_in_regs=True),  # 1.05x
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
@@ -118,6 +124,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
     "d128-causal-gqa4-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
     "d128-causal-gqa2-softcap-bf16": replace(BWD, AtomLayoutMSdP=4, AtomLayoutNdKV=1),  # 1.10x, study (Gemma 2 27B)
+    "d64-causal-gqa8-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4),  # 1.13x, 2026-12-07-h100-s15
 }
 
 # The backward preprocess kernel's thread count per problem class (upstream's 256 where absent); timed apart from

@@ -394,6 +394,8 @@ WINDOW_DECODE_GATE = [("decode d128 GQA 4", 2, 1, 3000, 32, 8, 128), ("8 queries
 WINDOW_DECODE_SPLITS = (0, 4)  # the heuristic's count, and 4 forced (the split path whatever the heuristic says;
 # at most the window's KV blocks: window_decode_cases)
 WINDOW_DECODE_PAGES = (16, 64)  # pages of the first case's cache, window (128, 0), the heuristic's splits
+# the split-KV config the gate runs (experiment.py's DECODE, the decode classes' entry; a test holds them equal)
+SPLIT_DECODE = dict(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False, kernel="sm120_splitkv")
 # the models suite's window decodes: (label, batch, seqlen_k, heads, heads_kv, head_dim, window_size_left)
 WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32, 8, 128, 4096),
                        ("Gemma 3 27B decode b1 32k (window 1024)", 1, 32768, 32, 16, 128, 1024)]
@@ -402,8 +404,7 @@ WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32
 def window_decode_cases():
     """(label, Problem, num_splits) of the window-decode step's gate, contiguous then paged; an explicit split count at
     most the KV blocks the window leaves (a 1-key window reads 2 blocks)."""
-    import experiment
-    from fa4tune.config import Problem
+    from fa4tune.config import ForwardConfig, Problem
     from kernels.splitkv_forward_sm120 import SPLITS_DOMAIN, SplitKvForwardSm120
 
     cases = []
@@ -413,7 +414,7 @@ def window_decode_cases():
         for (left, right), page in windows:
             problem = Problem(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim, right == 0,
                               backward=False, window_size_left=left, window_size_right=right, page_size=page)
-            blocks = SplitKvForwardSm120.num_n_blocks(experiment.DECODE, problem)
+            blocks = SplitKvForwardSm120.num_n_blocks(ForwardConfig(**SPLIT_DECODE), problem)
             for splits in WINDOW_DECODE_SPLITS[:1] if page else WINDOW_DECODE_SPLITS:
                 fits = [d for d in SPLITS_DOMAIN if 0 < d <= min(splits, blocks)]  # the knob's values only
                 cases.append((label, problem, max(fits) if splits else 0))
@@ -424,12 +425,11 @@ def window_decode_step(repeats: int = 30) -> int:
     """The split-KV class with a window: gated (out and LSE, the gate's own rule) on every LOCAL_WINDOWS window at
     each split count, contiguous and paged; then the suite's window decodes timed on upstream's SM120 config (the
     SM80 loop reads every key block) against the decode entry's config (experiment.DECODE), which reads the window's."""
-    import dataclasses
 
     import torch
 
-    import experiment
     from bench.paged_gpu import scatter_pages
+    from fa4tune.config import ForwardConfig
     from fa4tune import api, defaults, torch_op
     from fa4tune.feasibility import check_forward_problem
     from fa4tune.harness import gate
@@ -447,7 +447,7 @@ def window_decode_step(repeats: int = 30) -> int:
             tensors_of[label] = _tensors(p.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim)
         q, k, v = tensors_of[label]
         window, causal, page = (p.window_size_left, p.window_size_right), p.causal, p.page_size
-        config = dataclasses.replace(experiment.DECODE, extra={"num_splits": splits})
+        config = ForwardConfig(**SPLIT_DECODE, extra={"num_splits": splits})
         if page:
             keys = -(-p.seqlen_k // page) * page  # the pool holds whole pages; the used keys stay seqlen_k
             pad = torch.zeros(p.batch, keys - p.seqlen_k, p.num_heads_kv, p.head_dim, device="cuda", dtype=k.dtype)
@@ -479,7 +479,8 @@ def window_decode_step(repeats: int = 30) -> int:
         low = gate.reference_attention(q, k, v, True, window_size=(left, 0), dtype=torch.bfloat16)
         bound = 2 * _max_diff(low.out, ref.out) + 1e-4
         configs = {"upstream (SM80 loop, every block)": defaults.upstream_forward(pc),
-                   "split-KV, the decode entry's config": experiment.DECODE}
+                   "split-KV, the decode entry's config": ForwardConfig(**SPLIT_DECODE, extra={"num_splits": 0}),
+                   "the table's entry (dispatch)": torch_op.tables_in_use().forward_config(pc)}
         calls = {name: (lambda c=c: run(q, k, v, True, c, extras)[0]) for name, c in configs.items()}
         errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
         failures += sum(err > bound for err in errors.values())

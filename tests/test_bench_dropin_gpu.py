@@ -79,6 +79,7 @@ def test_the_window_decode_step_runs_the_split_class_on_every_window_and_the_sui
     from fa4tune.targets import get_target
 
 
+    assert experiment.ForwardConfig(**dropin_gpu.SPLIT_DECODE, extra={"num_splits": 0}) == experiment.DECODE
     cases = dropin_gpu.window_decode_cases()
     for label, problem, splits in cases:
         config = dataclasses.replace(experiment.DECODE, extra={"num_splits": splits})
