@@ -92,3 +92,24 @@ def test_a_gpu_run_takes_transfer_configs_from_the_shipped_table_and_a_replayed_
     assert all(with_transfer.space.check(with_transfer.space.config(c), spec.problem_class, TARGET) for c in with_transfer.transfer)
     assert _transfers([spec], object(), "") == [spec]
     assert _transfers([spec], ReplayEvaluator(_table()), "search/data/h200_sweep.json") == [spec]
+
+
+def test_only_classes_of_the_study_s_kind_count_so_a_window_or_decode_study_gets_nothing_from_plain_prefills():
+    """The shipped table holds plain prefill classes: a window, soft-cap, decode or paged study takes no config from
+    it (s15's window studies: its configs reached at most 28 % of TPE's best), a chunked study takes the prefills' as the
+    fallback rule does, and a plain prefill study keeps its four."""
+    from search.evaluating.table import load_table
+    from search.proposing.transfer import kin
+
+    table = load_table("search/data/h200_sweep.json")
+    fwd = get_space("fwd")
+    for name in ("d128-causal-gqa4-window-decode-bf16", "d64-causal-gqa8-window-bf16", "d128-causal-gqa2-softcap-bf16",
+                 "d128-causal-gqa4-decode-bf16", "d128-noncausal-gqa4-page16-decode-bf16"):
+        pc = ProblemClass.parse(name)
+        assert transfer_configs(table, "fwd", pc, fwd.for_class(pc, TARGET), TARGET) == [], name
+    chunked = ProblemClass.parse("d128-causal-gqa4-chunked-bf16")
+    assert transfer_configs(table, "fwd", chunked, fwd.for_class(chunked, TARGET), TARGET)
+    plain = ProblemClass.parse("d128-causal-gqa8-bf16")
+    assert len(transfer_configs(table, "fwd", plain, fwd.for_class(plain, TARGET), TARGET)) == 4
+    paged, contiguous = (ProblemClass.parse(n) for n in ("d128-causal-gqa4-page16-decode-bf16", "d128-causal-decode-bf16"))
+    assert kin(contiguous, paged) and not kin(paged, contiguous)

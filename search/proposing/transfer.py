@@ -9,6 +9,13 @@ table that already holds its answer, and the bench that measures this leaves the
 configs that today's rules accept for the study's class, in the study's space, are proposed: the top
 TRANSFER_CONFIGS, best first, without upstream's default (the baseline measures it anyway).
 
+Only classes of the study's kind count: the same regime (a chunked class counts prefill ones too, as the fallback
+rule does), the same window and soft-cap, fp8 with fp8, and no paged class for a contiguous one; head dims, GQA ratio
+and dtype may differ. The shipped table holds plain prefill classes measured on upstream's SM80 loop. Offered to the
+window and window-decode studies of 2026-12-07 s15 (docs/measurements/2026-12-07-h100-s15-window-decode-softcap-
+studies.md), its configs reached 3.0, 16.4, 74.8 and 0.0 TFLOPS against their TPE's 10.6, 128.9, 322.7 and 0.7, and
+took 12 of a window decode's 16 trials.
+
 Where the class's feasible configs span at most TILE_COVERAGE_MAX tiles (a tile: the kernel class, the block
 sizes and the thread count), the list goes on with the best-scoring config of each tile not yet
 covered. A class's best can sit in a tile that did poorly elsewhere: the d64 non-causal backward's best (32x128,
@@ -32,6 +39,15 @@ def tile_of(config: dict) -> tuple:
             config.get("num_threads"))
 
 
+def kin(other, problem_class) -> bool:
+    """Whether a table's class `other` is of `problem_class`'s kind (the module's docstring): its measurements count."""
+    from fa4tune.config import FP8
+
+    regimes = ("chunked", "prefill") if problem_class.regime == "chunked" else (problem_class.regime,)
+    return (other.regime in regimes and (other.window, other.softcap) == (problem_class.window, problem_class.softcap)
+            and (other.dtype == FP8) == (problem_class.dtype == FP8) and (problem_class.page_size or not other.page_size))
+
+
 def transfer_configs(table, kind: str, problem_class, space, target, count: int = TRANSFER_CONFIGS,
                      cover_tiles: bool = True) -> list[dict]:
     """Up to `count` config dicts for `problem_class`, best transfer score first, then (`cover_tiles`) one per tile
@@ -40,9 +56,11 @@ def transfer_configs(table, kind: str, problem_class, space, target, count: int 
 
     shares: dict[tuple, list[float]] = defaultdict(list)
     configs: dict[tuple, object] = {}
+    from fa4tune.config import ProblemClass
+
     for other in table.problem_classes(kind):
         best = table.best(kind, other)
-        if other == problem_class.name or not best:
+        if other == problem_class.name or not best or not kin(ProblemClass.parse(other), problem_class):
             continue
         for m in table.measurements(kind, other):
             if not m.ok:
