@@ -113,3 +113,27 @@ def test_only_classes_of_the_study_s_kind_count_so_a_window_or_decode_study_gets
     assert len(transfer_configs(table, "fwd", plain, fwd.for_class(plain, TARGET), TARGET)) == 4
     paged, contiguous = (ProblemClass.parse(n) for n in ("d128-causal-gqa4-page16-decode-bf16", "d128-causal-decode-bf16"))
     assert kin(contiguous, paged) and not kin(paged, contiguous)
+
+
+def test_a_window_or_softcap_study_tries_its_plain_twin_s_entry_first_where_it_runs_the_class(tmp_path):
+    """The fallback rule never crosses the window and soft-cap flags, so a window decode with no entry of its own
+    started from upstream's SM80 loop; its plain twin's split-KV entry (1.7x the 16 trials' best in s15) now comes
+    first among its transfer configs. A replayed study, a plain class and a twin entry that is the incumbent get none."""
+    import experiment
+    from search.running.runner import _twins
+
+    source = (tmp_path / "experiment.py")
+    text = open(experiment.__file__).read()
+    source.write_text(text.replace('    "d128-causal-gqa4-window-decode-bf16": DECODE,', ""))
+    evaluator = type("Measured", (), {"experiment_path": str(source)})()
+    window_decode = ProblemClass.parse("d128-causal-gqa4-window-decode-bf16")
+    plain = ProblemClass.parse("d128-causal-gqa4-decode-bf16")
+    specs = [StudySpec("fwd", window_decode, (), TARGET, transfer=(FAIR.to_dict(),)), StudySpec("fwd", plain, (), TARGET)]
+    twinned, untouched = _twins(specs, evaluator)
+    assert twinned.transfer == (experiment.DECODE.to_dict(), FAIR.to_dict()) and untouched == specs[1]
+    assert _twins(specs, ReplayEvaluator(_table())) == specs
+    held = StudySpec("fwd", window_decode, (), TARGET, incumbent=experiment.DECODE.to_dict())
+    assert _twins([held], evaluator) == [held]
+    softcap = ProblemClass.parse("d128-causal-gqa2-window-softcap-bf16")  # its twin d128-causal-gqa2's TMA entry runs it
+    (gemma,) = _twins([StudySpec("fwd", softcap, (), TARGET)], evaluator)
+    assert gemma.transfer == (experiment.TABLES.forward_config(ProblemClass.parse("d128-causal-gqa2-bf16")).to_dict(),)

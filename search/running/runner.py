@@ -179,6 +179,32 @@ def _transfers(specs: list[StudySpec], evaluator, path: str) -> list[StudySpec]:
             for spec in specs]
 
 
+def _twins(specs: list[StudySpec], evaluator) -> list[StudySpec]:
+    """A measured study of a window or soft-cap class tries, first among its transfer configs, the dispatch entry of
+    its plain twin (the same class without the window and soft-cap) where that is feasible for it and is not the
+    incumbent: the fallback rule never crosses those flags (each compiles another kernel), so without this a window
+    decode's study started from upstream's SM80 loop and never drew the split-KV entry that runs it 1.7x faster than
+    its 16 trials' best (docs/measurements/2026-12-07-h100-s15-window-decode-softcap-studies.md, section 1)."""
+    if isinstance(evaluator, ReplayEvaluator):
+        return specs
+    from fa4tune.harness.settings import EXPERIMENT_PATH
+    from search.storing.dispatch_table import effective_entry_config
+    from search.storing.history import config_key
+
+    source = Path(getattr(evaluator, "experiment_path", None) or EXPERIMENT_PATH).read_text()
+    out_specs = []
+    for spec in specs:
+        pc = spec.problem_class
+        twin = effective_entry_config(source, spec.direction, replace(pc, window=False, softcap=False)) \
+            if pc.window or pc.softcap else None
+        taken = {config_key(c) for c in (spec.incumbent, *spec.transfer) if c is not None}
+        if twin is not None and config_key(twin) not in taken and not spec.space.in_domain(spec.space.config(twin)) \
+                and spec.space.check(spec.space.config(twin), pc, spec.target):
+            spec = replace(spec, transfer=(twin, *spec.transfer))
+        out_specs.append(spec)
+    return out_specs
+
+
 class Plan(NamedTuple):
     """What a run tunes and how, every input checked before any storage is touched."""
 
@@ -209,7 +235,7 @@ def plan(config: RunConfig, out) -> Plan:
     evaluator = make_evaluator(config, target)
     problems, directions = _what_to_tune(config, evaluator, out)
     specs = _table_spaces(specs_for(problems, directions, target, config.problem_classes or None), evaluator, out)
-    specs = _transfers(_incumbents(specs, evaluator, out), evaluator, config.transfer_table)
+    specs = _twins(_transfers(_incumbents(specs, evaluator, out), evaluator, config.transfer_table), evaluator)
     check_sampler(config.sampler)  # an unknown sampler fails here
     policy = make_policy(config.policy, parse_ratio(config.ratio, config.sampler, "claude"), config.window)
     return Plan(evaluator, specs, policy)
