@@ -58,12 +58,23 @@ def this_experiment(request, monkeypatch):
     return experiment
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (the README's `uv run pytest`) on a machine of at most 4 cores: one worker more than the cores. Many
+    tests wait (PostgreSQL, search workers' replay delays, CLI subprocesses, Chromium) while another compiles; on the
+    2-core CI machine 3 workers ran the suite in 637 s where 2 took 677 s (2026-12-07 s15, the same tree). Larger
+    machines keep a worker per core."""
+    cores = os.cpu_count() or 1
+    return cores + 1 if cores <= 4 else cores
+
+
 # The slowest files first (seconds on the 2-core CI machine, docs/measurements/2026-12-05-test-suite-time.md). Each
 # file runs whole on one worker (--dist loadfile), in collection order: a long file collected last would keep one
 # core busy while the other idles; longest first leaves the short files to even out the end.
-SLOW_FIRST = ("test_search_workers.py", "test_search_export.py", "test_static_check.py", "test_search_gpu_evaluator.py",
-              "test_readme.py", "test_optional_packages.py", "test_tma_kernel.py", "test_compile_stage.py", "test_splitkv.py",
-              "test_tma_trimmed.py", "test_search_dashboard.py", "test_search_bench.py", "test_step_server.py", "test_user_reports.py")
+# Order of 2026-12-07 s15 (2 workers: 102, 96, 85, 55, 48, 43, 37, 35, 35, 34, 32, 29 ... s per file).
+SLOW_FIRST = ("test_search_export_series.py", "test_search_workers.py", "test_search_export.py", "test_static_check.py",
+              "test_bench_upstream_tests.py", "test_fp8_kernel.py", "test_readme.py", "test_tma_kernel.py",
+              "test_search_resume.py", "test_splitkv.py", "test_learnable_sink.py", "test_backward_kernel_protocol.py",
+              "test_optional_packages.py", "test_step_server.py", "test_search_gpu_evaluator.py", "test_compile_stage.py")
 
 
 def pytest_collection_modifyitems(items):
