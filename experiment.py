@@ -1,9 +1,8 @@
 """experiment.py: the file a coding agent edits (see program.md).
 
-It holds the per-problem-class dispatch tables, the call path the harness times (`attention`, through
-fa4tune.api) and the agent's own kernel classes. Our kernel classes are in kernels/ (one per file); a class defined
-here joins them under the `name` it declares (fa4tune.kernel_class). Everything else (harness, timing,
-correctness gate, metric lines, results.tsv) lives in prepare.py and fa4tune/, which the agent does not edit.
+The per-problem-class dispatch tables, the call path the harness times (`attention`, through fa4tune.api) and the
+agent's own kernel classes (a class defined here joins kernels/' classes under the `name` it declares). The harness,
+timing, correctness gate, metric lines and results.tsv live in prepare.py and fa4tune/: the agent does not edit them.
 
     uv run python experiment.py > run.log          # GPU present: gate + time the dispatch table
     uv run python experiment.py --static > run.log # no GPU needed: compile for sm_120a, read cubins
@@ -28,12 +27,10 @@ from kernels.backward_sm120 import BackwardSm120
 from kernels.cmask_backward_sm120 import CausalAnyWarpsBackwardSm120
 
 # ---------------------------------------------------------------------------------------------
-# Kernel classes. A class defined here is tunable as soon as it declares, as kernels/tma_forward_sm120.py does:
-# `name` (the config's `kernel` value that selects it), `knobs` (its own constructor knobs and their domains),
-# `limits`, `smem_bytes` and `can_implement`. Forward: subclass kernels.tuned_forward_sm120.TunedForwardSm120
-# (upstream's), kernels.tma_forward_sm120.TmaForwardSm120 or kernels.splitkv_forward_sm120.SplitKvForwardSm120.
-# Backward: subclass kernels.backward_sm120.BackwardSm120 (upstream's, "sm120") or kernels.cmask_backward_sm120
-# .CausalAnyWarpsBackwardSm120 (causal, S/dP warps along n). Override what you change; knobs reach the constructor.
+# Kernel classes: one defined here is tunable once it declares `name` (its configs' `kernel` value), `knobs` (its
+# constructor knobs and their domains), `limits`, `smem_bytes` and `can_implement`, as kernels/tma_forward_sm120.py
+# does. Subclass TunedForwardSm120 (upstream's), TmaForwardSm120 or SplitKvForwardSm120 (kernels/) forward, and
+# BackwardSm120 (upstream's) or CausalAnyWarpsBackwardSm120 (imported above) backward; knobs reach the constructor.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -93,13 +90,10 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d256-causal-gqa2-bf16": replace(PREFILL, tile_n=32, num_threads=256, kernel="sm120_tma_lpt"),  # 1.28x sm120_tma's
     "d256-causal-gqa2-decode-bf16": replace(DECODE, tile_m=64, tile_n=32, num_threads=128, num_stages=1),  # 4x, study
     "d128-causal-gqa4-window-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma"),  # 2026-12-07-h200-s14
-    # Gemma 2 27B: Q in registers ran 1.04-1.10x faster emulated, at 3 CTAs/SM where sm_120a's registers allow 2
     "d128-causal-gqa2-window-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32),  # 2.30x, 2026-12-07-h100-s15
-    "d128-causal-gqa2-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32),  # 1.91x
+    "d128-causal-gqa2-softcap-bf16": replace(TRIMMED, tile_m=64, tile_n=32),  # 1.91x (Q in regs: not SM120's occupancy)
     "d64-causal-gqa8-window-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),  # 10.6x, gpt-oss sliding
-    "d128-causal-gqa2-window-bf16": replace(PREFILL, tile_m=64, Q_in_regs=True, kernel="sm120_tma"),  # 5.75x, Gemma 3
-    "d128-causal-gqa4-window-decode-bf16": DECODE,  # split-KV over the window: 5.7x; Gemma 3's 85x (studies: 49x)
-    "d128-causal-gqa2-window-decode-bf16": DECODE,
+    "d128-causal-gqa4-window-decode-bf16": DECODE,  # split-KV over the window: 5.7x, Gemma 3's (GQA 2) 85x
     "d128-noncausal-gqa4-page16-decode-bf16": replace(DECODE, tile_n=32, num_stages=1, Q_in_regs=True),  # 1.05x
 }
 
@@ -120,8 +114,7 @@ BACKWARD_DISPATCH: dict[str, BackwardConfig] = {
     "d64-causal-bf16": replace(CMASK4, kernel="sm120_cmask_kregs"),
     "d128-causal-gqa4-bf16": replace(CMASK8, kernel="sm120_cmask_kregs"),
     "d192v128-causal-bf16": replace(BWD, kernel="sm120_cmask_kregs", num_stages_Q=1, num_threads=256, dQ_swapAB=True,
-                                    AtomLayoutNdKV=4),  # 248 regs, no spills; upstream's spills 1.5 KB on sm_120a (its 30.9x
-    # on an H100 was mostly sm_90a's 30 KB of spills: bench/fidelity.py): 2026-12-06-h100-models-opaque-fp8-wide.md
+                                    AtomLayoutNdKV=4),  # 248 regs; upstream's spills 1.5 KB on sm_120a, 30 KB on sm_90a
     "d128-causal-gqa4-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4, AtomLayoutNdKV=1, AtomLayoutMdQ=1),
     "d128-causal-gqa2-softcap-bf16": replace(BWD, AtomLayoutMSdP=4, AtomLayoutNdKV=1),  # 1.10x, study (Gemma 2 27B)
     "d64-causal-gqa8-window-bf16": replace(BWD, num_stages_Q=1, AtomLayoutMSdP=4),  # 1.13x, 2026-12-07-h100-s15

@@ -55,8 +55,10 @@ def test_a_paged_problem_is_a_forward_of_padded_sequences():
 
 
 def test_a_paged_class_runs_the_contiguous_decode_entry_and_ours_where_no_entry_runs_pages():
-    found = experiment.TABLES.resolution("fwd", DECODE16)
-    assert found.rule == "fallback" and found.source == "d128-noncausal-gqa4-decode-bf16"
+    assert experiment.TABLES.resolution("fwd", DECODE16).rule == "own"  # its study's (2026-12-07 s15)
+    d64 = ProblemClass(64, 64, False, 4, regime="decode", page_size=16)  # no paged d64 class has an entry
+    found = experiment.TABLES.resolution("fwd", d64)
+    assert found.rule == "fallback" and found.source == "d64-noncausal-gqa4-decode-bf16"
     assert found.config.kernel == "sm120_splitkv" and "page size contiguous for 16" in found.describe()
     # the chunked entries' TMA class runs no pages, nor does upstream's: the paged default, on the split-KV class
     chunked = ProblemClass(128, 128, True, 4, regime="chunked", page_size=16)
@@ -291,7 +293,8 @@ def host_calls(monkeypatch):
     torch_op._MEMO.clear()
 
 
-@pytest.mark.parametrize("seqlen_q, expected", [(1, "d128-noncausal-gqa4-decode-bf16's entry"), (64, "ours for paged KV")])
+@pytest.mark.parametrize("seqlen_q, expected", [(1, "d128-noncausal-gqa4-page16-decode-bf16 runs its own entry"),
+                                                (64, "ours for paged KV")])
 def test_the_op_runs_a_paged_decode_and_chunk_on_a_class_that_runs_pages(seqlen_q, expected, host_calls, caplog):
     from fa4tune.kernel_class import runs_features
 

@@ -76,12 +76,12 @@ def test_the_fallback_never_crosses_a_window_or_softcap():
     assert all((n.window, n.softcap) == (True, False)
                for n in fallback.neighbours(pc, ["d128-causal-gqa4-bf16", "d128-causal-gqa2-window-bf16"]))
     assert experiment.TABLES.resolution("fwd", pc).rule == "own"  # Mistral's window class: its own study's entry
-    # d64 causal has entries of its own and a window class of d64 has none: the windowed call runs upstream's config,
+    # d96 causal has entries of its own and a window class of d96 has none: the windowed call runs upstream's config,
     # never the unwindowed entry (a local mask changes the work)
-    d64 = ProblemClass(64, 64, True, window=True)
-    assert "d64-causal-bf16" in experiment.FORWARD_DISPATCH
-    found = experiment.TABLES.resolution("fwd", d64)
-    assert found.rule == "upstream" and experiment.forward_config(d64).kernel == "sm120"
+    d96 = ProblemClass(96, 96, True, window=True)
+    assert "d96-causal-bf16" in experiment.FORWARD_DISPATCH
+    found = experiment.TABLES.resolution("fwd", d96)
+    assert found.rule == "upstream" and experiment.forward_config(d96).kernel == "sm120"
     assert experiment.backward_config(ProblemClass(128, 128, True, 4, softcap=True)).kernel == "sm120"
 
 
