@@ -13,8 +13,8 @@
                                           # each class gated on windows of 0 to 500 keys (and one with a right side, and
                                           # a soft-cap) against the fp32 reference; then gpt-oss's and Mistral's sliding
                                           # layers timed on upstream's SM80 loop (every block down to 0) and on TMA configs
-    python3 bench/dropin_gpu.py window-decode  # the split-KV class with a window: gated on every window, at two split
-                                          # counts, contiguous and paged; the models' window decodes timed vs upstream
+    python3 bench/dropin_gpu.py window-decode  # the split-KV class with a window or soft-cap: gated on every window, at two split
+                                          # counts, contiguous and paged; the models' window / soft-cap decodes timed vs upstream
     python3 bench/dropin_gpu.py softcap   # Gemma 2 27B's soft-cap layers: upstream's SM120 config, the studies' winner
                                           # (whose sm_90a occupancy is not sm_120a's) and configs whose occupancy agrees,
                                           # gated and timed interleaved
@@ -390,15 +390,22 @@ def softcap_step(repeats: int = 30) -> int:
 
 # Split-KV decodes with a sliding window (the class declares `local` since 2026-12-07 s15: its splits divide the
 # window's blocks): (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim), seqlen_k never a tile multiple
-WINDOW_DECODE_GATE = [("decode d128 GQA 4", 2, 1, 3000, 32, 8, 128), ("8 queries d64 GQA 8", 1, 8, 1500, 64, 8, 64)]
+# (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap, windows): the soft-cap case (Gemma 2's) without
+# a window ((-1, -1), a global layer) and with two
+WINDOW_DECODE_GATE = [("decode d128 GQA 4", 2, 1, 3000, 32, 8, 128, 0.0, LOCAL_WINDOWS),
+                      ("8 queries d64 GQA 8", 1, 8, 1500, 64, 8, 64, 0.0, LOCAL_WINDOWS),
+                      ("decode d128 GQA 2 soft-cap 50", 2, 1, 2500, 32, 16, 128, 50.0, [(-1, -1), (128, 0), (500, 0)])]
 WINDOW_DECODE_SPLITS = (0, 4)  # the heuristic's count, and 4 forced (the split path whatever the heuristic says;
 # at most the window's KV blocks: window_decode_cases)
 WINDOW_DECODE_PAGES = (16, 64)  # pages of the first case's cache, window (128, 0), the heuristic's splits
 # the split-KV config the gate runs (experiment.py's DECODE, the decode classes' entry; a test holds them equal)
 SPLIT_DECODE = dict(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_regs=False, kernel="sm120_splitkv")
-# the models suite's window decodes: (label, batch, seqlen_k, heads, heads_kv, head_dim, window_size_left)
-WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32, 8, 128, 4096),
-                       ("Gemma 3 27B decode b1 32k (window 1024)", 1, 32768, 32, 16, 128, 1024)]
+# the models suite's decodes with a window or a soft-cap: (label, batch, seqlen_k, heads, heads_kv, head_dim,
+# window_size_left (-1: none), softcap)
+WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32, 8, 128, 4096, 0.0),
+                       ("Gemma 3 27B decode b1 32k (window 1024)", 1, 32768, 32, 16, 128, 1024, 0.0),
+                       ("Gemma 2 27B global decode b1 8k (soft-cap 50)", 1, 8192, 32, 16, 128, -1, 50.0),
+                       ("Gemma 2 27B local decode b16 8k (4096, 50)", 16, 8192, 32, 16, 128, 4096, 50.0)]
 
 
 def window_decode_cases():
@@ -408,12 +415,13 @@ def window_decode_cases():
     from kernels.splitkv_forward_sm120 import SPLITS_DOMAIN, SplitKvForwardSm120
 
     cases = []
-    for label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim in WINDOW_DECODE_GATE:
-        windows = [(window, 0) for window in LOCAL_WINDOWS]
+    for label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap, gate_windows in WINDOW_DECODE_GATE:
+        windows = [(window, 0) for window in gate_windows]
         windows += [((128, 0), page) for page in WINDOW_DECODE_PAGES] if label == WINDOW_DECODE_GATE[0][0] else []
         for (left, right), page in windows:
-            problem = Problem(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim, right == 0,
-                              backward=False, window_size_left=left, window_size_right=right, page_size=page)
+            problem = Problem(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, head_dim, right <= 0,
+                              backward=False, window_size_left=left, window_size_right=right, softcap=softcap,
+                              page_size=page)
             blocks = SplitKvForwardSm120.num_n_blocks(ForwardConfig(**SPLIT_DECODE), problem)
             for splits in WINDOW_DECODE_SPLITS[:1] if page else WINDOW_DECODE_SPLITS:
                 fits = [d for d in SPLITS_DOMAIN if 0 < d <= min(splits, blocks)]  # the knob's values only
@@ -422,9 +430,10 @@ def window_decode_cases():
 
 
 def window_decode_step(repeats: int = 30) -> int:
-    """The split-KV class with a window: gated (out and LSE, the gate's own rule) on every LOCAL_WINDOWS window at
-    each split count, contiguous and paged; then the suite's window decodes timed on upstream's SM120 config (the
-    SM80 loop reads every key block) against the decode entry's config (experiment.DECODE), which reads the window's."""
+    """The split-KV class with a window or a soft-cap: gated (out and LSE, the gate's own rule) on every LOCAL_WINDOWS
+    window at each split count, contiguous and paged, and soft-capped with and without a window; then the suite's
+    window and soft-cap decodes timed on upstream's SM120 config (the SM80 loop, unsplit, reads every key block)
+    against the decode entry's config (experiment.DECODE), which reads the window's blocks."""
 
     import torch
 
@@ -446,7 +455,7 @@ def window_decode_step(repeats: int = 30) -> int:
         if label not in tensors_of:
             tensors_of[label] = _tensors(p.batch, p.seqlen_q, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim)
         q, k, v = tensors_of[label]
-        window, causal, page = (p.window_size_left, p.window_size_right), p.causal, p.page_size
+        window, causal, page, softcap = (p.window_size_left, p.window_size_right), p.causal, p.page_size, p.softcap
         config = ForwardConfig(**SPLIT_DECODE, extra={"num_splits": splits})
         if page:
             keys = -(-p.seqlen_k // page) * page  # the pool holds whole pages; the used keys stay seqlen_k
@@ -456,7 +465,7 @@ def window_decode_step(repeats: int = 30) -> int:
             extras, args = api.Extras(*window, page_table=table, seqused_k=used), dict(page_table=table, seqused_k=used)
             tensors = (q, k_pool, v_pool)
         else:
-            extras, args, tensors = api.Extras(*window), {}, (q, k, v)
+            extras, args, tensors = api.Extras(*window, softcap=softcap), dict(softcap=softcap), (q, k, v)
         verdict = check_forward_problem(config, p, get_target())
         if not verdict:
             failures += 1
@@ -471,12 +480,13 @@ def window_decode_step(repeats: int = 30) -> int:
               + (f"ok {worst.name} {worst.error:.3g} / {worst.tolerance:.3g}" if result.passed
                  else f"FAILED {result.reason[:160]}"))
     print(f"\n{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
-    for label, batch, seqlen_k, heads, heads_kv, head_dim, left in WINDOW_DECODE_TIMED:
+    for label, batch, seqlen_k, heads, heads_kv, head_dim, left, softcap in WINDOW_DECODE_TIMED:
         q, k, v = _tensors(batch, 1, seqlen_k, heads, heads_kv, head_dim)
-        extras = api.Extras(left, 0)
+        window = (left, 0) if left >= 0 else (-1, -1)
+        extras = api.Extras(*window, softcap=softcap)
         pc = api.problem_class_of(q, k, v, True, extras=extras)
-        ref = gate.reference_attention(q, k, v, True, window_size=(left, 0))
-        low = gate.reference_attention(q, k, v, True, window_size=(left, 0), dtype=torch.bfloat16)
+        ref = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap)
+        low = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap, dtype=torch.bfloat16)
         bound = 2 * _max_diff(low.out, ref.out) + 1e-4
         configs = {"upstream (SM80 loop, every block)": defaults.upstream_forward(pc),
                    "split-KV, the decode entry's config": ForwardConfig(**SPLIT_DECODE, extra={"num_splits": 0}),

@@ -80,10 +80,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
     knobs = {"num_splits": SPLITS_DOMAIN}
     # seqused (seqused_k): a KV cache's per-sequence lengths bound each sequence's block range (upstream's SeqlenInfoQK);
     # paged: a paged KV cache (page_table; load_paged gathers it); local: a sliding window, whose blocks (upstream's
-    # BlockInfo with is_local) the splits divide, every block masked as the causal ones are; no softcap (no score_mod),
-    # no seqused_q (its partial rows are dense); a learnable sink is folded into split 0's partial only (the combine's
-    # log-sum-exp then counts it once)
-    features = frozenset({"seqused", "paged", "learnable_sink", "local"})
+    # BlockInfo with is_local) the splits divide, every block masked as the causal ones are; softcap: upstream's
+    # score_mod on S before the mask, as its SM80 loop applies it; no seqused_q (its partial rows are dense); a
+    # learnable sink is folded into split 0's partial only (the combine's log-sum-exp then counts it once)
+    features = frozenset({"seqused", "paged", "learnable_sink", "local", "softcap"})
     # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included
     # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so
     # a d256 decode study may try it; its trials pass the gate like any
@@ -98,7 +98,7 @@ class SplitKvForwardSm120(TunedForwardSm120):
         self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent
         self.page_size = page_size  # a paged call's tokens per page (0: a contiguous cache); the host passes it
         self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)
-        assert self.score_mod is None and self.mask_mod is None, "sm120_splitkv has no score_mod / mask_mod"
+        assert self.mask_mod is None, "sm120_splitkv has no mask_mod (its score_mod: the soft-cap's)"
 
     @classmethod
     def smem_bytes(cls, config, problem_class) -> tuple[int, str]:
@@ -394,6 +394,8 @@ class SplitKvForwardSm120(TunedForwardSm120):
             smem_copy=SimpleNamespace(smem_thr_copy_Q=smem_thr_copy_Q, smem_thr_copy_K=smem_thr_copy_K,
                                       smem_thr_copy_V=smem_thr_copy_V, tSsQ=tSsQ, tSsK=tSsK, tOsVt=tOsVt),
             softmax=softmax, load_K=load_K, load_V=load_V, n_block_min=n_block_min,
+            score_fn=partial(self.apply_score_mod, thr_mma_qk, batch_idx, head_idx, m_block, softmax_scale=softmax.softmax_scale,
+                             seqlen=seqlen) if const_expr(self.score_mod is not None) else None,
         )
 
         # Prologue: Q, then K and V of the first num_stages blocks, none below the split. Upstream leaves the last
@@ -457,9 +459,10 @@ class SplitKvForwardSm120(TunedForwardSm120):
     @cute.jit
     def compute_block(self, n_block: Int32, smem_pipe_read: Int32, smem_pipe_write: Int32, mma: SimpleNamespace,
                       smem_copy: SimpleNamespace, softmax: Softmax, load_K: Callable, load_V: Callable,
-                      n_block_min: Int32, mask_fn: Callable, is_first_n_block: cutlass.Constexpr = False):
-        """One KV block: S = Q K^T, mask, online softmax, O += P V; upstream's compute_one_n_block, except that
-        the next K/V loads stop at the split's first block (n_block_min), not at block 0."""
+                      n_block_min: Int32, mask_fn: Callable, score_fn: Optional[Callable] = None,
+                      is_first_n_block: cutlass.Constexpr = False):
+        """One KV block: S = Q K^T, the score_mod (score_fn: a soft-cap), mask, online softmax, O += P V; upstream's
+        compute_one_n_block, except that the next K/V loads stop at the split's first block (n_block_min), not at 0."""
         stage_of = lambda index: index if const_expr(self.num_stages > 1) else 0
 
         def sync(pending: cutlass.Constexpr = self.num_stages * 2 - 2):
@@ -479,6 +482,8 @@ class SplitKvForwardSm120(TunedForwardSm120):
             cute.arch.cp_async_commit_group()
         sm80_utils.gemm(mma.thr_mma_qk, acc_S, mma.tSrQ, mma.tSrK, smem_copy.tSsQ, smem_copy.tSsK[None, None, None, stage_of(smem_pipe_read)],
                         smem_copy.smem_thr_copy_Q, smem_copy.smem_thr_copy_K, A_in_regs=self.Q_in_regs)
+        if const_expr(score_fn is not None):
+            score_fn(acc_S, n_block)
         smem_pipe_write = self.advance_pipeline(smem_pipe_write)
 
         def load_K_next():

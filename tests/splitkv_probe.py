@@ -103,6 +103,7 @@ for job in json.loads(sys.stdin.read()):
         "split_kv_compiled": [bool(kernel.is_split_kv) for kernel in instances],
         "page_size_built": [kernel.page_size for kernel in instances],
         "local_compiled": [bool(kernel.is_local) for kernel in instances],
+        "score_mod_compiled": [kernel.score_mod is not None for kernel in instances],
         "combine": [_read_cubin(fn) for key, fn in combine_cache.cache.items() if key not in combines],
         **facts,
     })

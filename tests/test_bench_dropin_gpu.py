@@ -78,17 +78,19 @@ def test_the_window_decode_step_runs_the_split_class_on_every_window_and_the_sui
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target
 
-
     assert experiment.ForwardConfig(**dropin_gpu.SPLIT_DECODE, extra={"num_splits": 0}) == experiment.DECODE
     cases = dropin_gpu.window_decode_cases()
     for label, problem, splits in cases:
         config = dataclasses.replace(experiment.DECODE, extra={"num_splits": splits})
-        assert problem.problem_class.window and check_forward_problem(config, problem, get_target()), (label, problem)
+        pc = problem.problem_class
+        assert (pc.window or pc.softcap) and check_forward_problem(config, problem, get_target()), (label, problem)
     assert {splits for *_, splits in cases} >= {0, 2, 4}  # the heuristic's, and forced splits up to a window's blocks
     assert {problem.page_size for _, problem, _ in cases} == {0, *dropin_gpu.WINDOW_DECODE_PAGES}
     assert any(not problem.causal for _, problem, _ in cases)
-    suite = {(p.batch, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim, p.window_size_left)
-             for p in load_suite("models") if p.seqlen_q == 1 and p.problem_class.window}
+    softcapped = [problem.problem_class for _, problem, _ in cases if problem.softcap]
+    assert softcapped and any(pc.window for pc in softcapped) and any(not pc.window for pc in softcapped)
+    suite = {(p.batch, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim, p.window_size_left, p.softcap)
+             for p in load_suite("models") if p.seqlen_q == 1 and (p.problem_class.window or p.problem_class.softcap)}
     assert {row[1:] for row in dropin_gpu.WINDOW_DECODE_TIMED} == suite
 
 

@@ -261,7 +261,7 @@ def test_the_combine_is_a_programmatic_dependent_launch(arch, tmp_path):
 @pytest.mark.compile
 def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
     jobs = [
-        {"config": split_config().to_dict(), "problem": decode().to_dict()},  # heuristic: 32 splits
+        {"config": split_config().to_dict(), "problem": decode(softcap=50.0).to_dict()},  # heuristic: 32 splits, soft-cap
         # Mistral 7B's window decode (4096 keys of 16384): the window kernel (is_local), its splits over the window
         {"config": split_config(64, 64, 128, 2).to_dict(),
          "problem": decode(batch=8, seqlen_k=16384, causal=True, window_size_left=4096).to_dict()},
@@ -272,6 +272,7 @@ def test_decode_and_chunked_prefill_compile_split_without_spills(tmp_path):
     assert first["splits"] == 32 and first["split_kv_compiled"] == [True]
     assert second["splits"] > 1 and second["split_kv_compiled"] == [True] and second["local_compiled"] == [True]
     assert first["local_compiled"] == chunk["local_compiled"] == [False]
+    assert first["score_mod_compiled"] == [True] and second["score_mod_compiled"] == chunk["score_mod_compiled"] == [False]
     assert chunk["splits"] == 4 and chunk["split_kv_compiled"] == [True]
     assert first["combine"] and all(c["spill_store_bytes"] == 0 for c in first["combine"])  # upstream's combine, sm_120a
     for facts in (first, second, chunk):
@@ -300,7 +301,7 @@ def test_the_split_class_declares_seqused_k_and_not_what_its_code_lacks():
     from fa4tune.api import Extras
     from fa4tune.kernel_class import runs_features
 
-    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged", "learnable_sink", "local"}  # no softcap, seqused_q
+    assert runs_features(SplitKvForwardSm120) == {"seqused", "paged", "learnable_sink", "local", "softcap"}  # no seqused_q
     used = object()
     assert Extras(seqused_k=used).features() == {"seqused"} and Extras(seqused_q=used).features() == {"seqused_q"}
     assert Extras().features() == set()

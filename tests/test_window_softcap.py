@@ -39,10 +39,14 @@ def test_a_problem_s_window_and_softcap_give_its_class():
 
 
 def test_only_a_class_that_declares_the_feature_serves_a_window_or_softcap_class():
-    """The split-KV class runs a window (since 2026-12-07 s15), not a soft-cap (it takes no score_mod)."""
+    """The split-KV class runs windows and soft-caps (since 2026-12-07 s15: Gemma 2's decodes); the FP8 forward runs
+    neither, and the coordinate-mask backward no soft-cap."""
     split = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, kernel="sm120_splitkv", extra={"num_splits": 0})
-    assert check_forward_entry(split, ProblemClass(64, 64, True, window=True, regime="decode"), get_target())
-    verdict = check_forward_entry(split, ProblemClass(64, 64, True, softcap=True, regime="decode"), get_target())
+    for pc in (ProblemClass(64, 64, True, window=True, regime="decode"), ProblemClass(64, 64, True, softcap=True, regime="decode"),
+               ProblemClass(128, 128, True, 2, window=True, softcap=True, regime="decode")):
+        assert check_forward_entry(split, pc, get_target()), pc.name
+    fp8 = ForwardConfig(tile_m=64, tile_n=64, num_threads=128, kernel="sm120_fp8", extra={"pv_fp8": False})
+    verdict = check_forward_entry(fp8, ProblemClass(128, 128, True, dtype="fp8", softcap=True), get_target())
     assert not verdict and verdict.rule == "kernel_softcap"
     softcap = ProblemClass(64, 64, True, softcap=True)
     assert check_backward(experiment.BACKWARD_DISPATCH["d64-causal-bf16"], softcap, get_target()).rule == "kernel_softcap"

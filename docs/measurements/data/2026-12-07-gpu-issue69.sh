@@ -18,8 +18,8 @@
 #                                                                  # loop vs 3 TMA configs (~5 min, most of it compiles)
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh softcap  # Gemma 2 27B soft-cap layers: upstream, the studies' winner and
 #                                                                  # configs whose occupancy sm_90a and sm_120a agree on, timed
-#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh window-decode  # split-KV with a window gated (contiguous, paged), the
-#                                                                  # models' window decodes timed vs upstream
+#   bash docs/measurements/data/2026-12-07-gpu-issue69.sh window-decode  # split-KV with a window or soft-cap gated (contiguous, paged), the
+#                                                                  # models' window / soft-cap decodes timed vs upstream
 #   bash docs/measurements/data/2026-12-07-gpu-issue69.sh tests    # the drop-in's CPU tests on the GPU machine too
 # Several names in one call run in order. Logs go to $OUT (or ./out). Each step's last line: "<step>: ok" or "N failed".
 set -u
