@@ -405,7 +405,8 @@ SPLIT_DECODE = dict(tile_m=32, tile_n=64, num_threads=64, num_stages=2, Q_in_reg
 WINDOW_DECODE_TIMED = [("Mistral 7B decode b16 16k (window 4096)", 16, 16384, 32, 8, 128, 4096, 0.0),
                        ("Gemma 3 27B decode b1 32k (window 1024)", 1, 32768, 32, 16, 128, 1024, 0.0),
                        ("Gemma 2 27B global decode b1 8k (soft-cap 50)", 1, 8192, 32, 16, 128, -1, 50.0),
-                       ("Gemma 2 27B local decode b16 8k (4096, 50)", 16, 8192, 32, 16, 128, 4096, 50.0)]
+                       ("Gemma 2 27B local decode b16 8k (4096, 50)", 16, 8192, 32, 16, 128, 4096, 50.0),
+                       ("gpt-oss-20b sliding decode b16 8k (window 128)", 16, 8192, 64, 8, 64, 128, 0.0)]
 
 
 def window_decode_cases():

@@ -50,7 +50,7 @@ CLASSES = [
     # 2026-12-07 s13: the TMA classes run windows and soft-caps (Gemma 2 9B at d256), and gpt-oss's 128-key window
     "d64-causal-gqa8-window-bf16", "d256-causal-gqa2-window-softcap-bf16", "d256-causal-gqa2-softcap-bf16",
     # 2026-12-07 s15: Gemma 2 27B's decodes with its soft-cap, which the split-KV class runs
-    "d128-causal-gqa2-softcap-decode-bf16", "d128-causal-gqa2-window-softcap-decode-bf16",
+    "d128-causal-gqa2-softcap-decode-bf16", "d128-causal-gqa2-window-softcap-decode-bf16", "d64-causal-gqa8-window-decode-bf16",
 ]
 # The models' own settings (their config.json, cited in each row): sliding_window (window_size (w, 0)) and
 # attn_logit_softcapping; a row of such a model without them is a global layer or a sequence the window does not reach.
@@ -73,7 +73,7 @@ def _model(name):
 
 def test_every_row_loads_and_names_are_unique_and_readable():
     pairs = _rows()
-    assert 40 <= len(pairs) <= 72
+    assert 40 <= len(pairs) <= 73
     names = [p.name for _, p in pairs]
     assert len(set(names)) == len(names)
     assert all(re.fullmatch(r"[a-z0-9./-]+ [a-z0-9 -]+ (bf16|fp16)", n) and n.endswith(p.dtype) for n, (_, p) in zip(names, pairs))
