@@ -273,10 +273,11 @@ LOCAL_TIMED = [("gpt-oss-20b sliding layer (window 128)", 1, 4096, 64, 8, 64, 12
                ("Mistral 7B past its window (4096 of 8192)", 1, 8192, 32, 8, 128, 4096)]
 
 
-def _time_against_upstream(label, shape, left, softcap, configs, repeats, upstream_name="upstream") -> int:
-    """One causal layer (batch, seqlen, heads, heads_kv, head_dim) with a window's left side (-1: none) and a soft-cap:
-    upstream's SM120 config and each (name, ForwardConfig) that SM120's rules accept, gated against the fp32 reference
-    with the same window and soft-cap, then timed interleaved; a row per candidate. Returns the gate's failures."""
+def _time_against_upstream(label, shape, left, softcap, configs, repeats, upstream_name="upstream", seqlen_q=None) -> int:
+    """One causal layer (batch, seqlen, heads, heads_kv, head_dim; seqlen_q queries over them, default all) with a
+    window's left side (-1: none) and a soft-cap: upstream's SM120 config and each (name, ForwardConfig) that SM120's
+    rules accept (a None config: the dispatch table's entry), gated against the fp32 reference with the same window
+    and soft-cap, then timed interleaved; a row per candidate. Returns the gate's failures."""
     import torch
 
     from fa4tune import api, defaults, torch_op
@@ -286,9 +287,11 @@ def _time_against_upstream(label, shape, left, softcap, configs, repeats, upstre
 
     batch, seqlen, heads, heads_kv, head_dim = shape
     window = (left, 0) if left >= 0 else (None, None)
-    q, k, v = _tensors(batch, seqlen, seqlen, heads, heads_kv, head_dim)
+    q, k, v = _tensors(batch, seqlen if seqlen_q is None else seqlen_q, seqlen, heads, heads_kv, head_dim)
     extras = api.Extras(*window, softcap=softcap)
     pc = api.problem_class_of(q, k, v, True, extras=extras)
+    configs = [(name, torch_op.tables_in_use().forward_config(pc) if config is None else config)
+               for name, config in configs]
     ref = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap)
     low = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap, dtype=torch.bfloat16)
     bound = 2 * _max_diff(low.out, ref.out) + 1e-4
@@ -388,10 +391,9 @@ def softcap_step(repeats: int = 30) -> int:
                for label, shape, left in SOFTCAP_TIMED)
 
 
-# Split-KV decodes with a sliding window (the class declares `local` since 2026-12-07 s15: its splits divide the
-# window's blocks): (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim), seqlen_k never a tile multiple
-# (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap, windows): the soft-cap case (Gemma 2's) without
-# a window ((-1, -1), a global layer) and with two
+# Split-KV decodes with a sliding window or a soft-cap (the class declares `local` and `softcap` since 2026-12-07 s15:
+# its splits divide the window's blocks): (label, batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, softcap,
+# windows), seqlen_k never a tile multiple; the soft-cap case (Gemma 2's) without a window ((-1, -1)) and with two
 WINDOW_DECODE_GATE = [("decode d128 GQA 4", 2, 1, 3000, 32, 8, 128, 0.0, LOCAL_WINDOWS),
                       ("8 queries d64 GQA 8", 1, 8, 1500, 64, 8, 64, 0.0, LOCAL_WINDOWS),
                       ("decode d128 GQA 2 soft-cap 50", 2, 1, 2500, 32, 16, 128, 50.0, [(-1, -1), (128, 0), (500, 0)])]
@@ -435,12 +437,11 @@ def window_decode_step(repeats: int = 30) -> int:
     window at each split count, contiguous and paged, and soft-capped with and without a window; then the suite's
     window and soft-cap decodes timed on upstream's SM120 config (the SM80 loop, unsplit, reads every key block)
     against the decode entry's config (experiment.DECODE), which reads the window's blocks."""
-
     import torch
 
     from bench.paged_gpu import scatter_pages
+    from fa4tune import api, torch_op
     from fa4tune.config import ForwardConfig
-    from fa4tune import api, defaults, torch_op
     from fa4tune.feasibility import check_forward_problem
     from fa4tune.harness import gate
     from fa4tune.targets import get_target
@@ -481,25 +482,11 @@ def window_decode_step(repeats: int = 30) -> int:
               + (f"ok {worst.name} {worst.error:.3g} / {worst.tolerance:.3g}" if result.passed
                  else f"FAILED {result.reason[:160]}"))
     print(f"\n{'layer':44s} {'candidate':44s} {'err':>9s} {'ms':>8s} {'vs upstream':>11s}")
+    configs = [("split-KV, the decode entry's config", ForwardConfig(**SPLIT_DECODE, extra={"num_splits": 0})),
+               ("the table's entry (dispatch)", None)]
     for label, batch, seqlen_k, heads, heads_kv, head_dim, left, softcap in WINDOW_DECODE_TIMED:
-        q, k, v = _tensors(batch, 1, seqlen_k, heads, heads_kv, head_dim)
-        window = (left, 0) if left >= 0 else (-1, -1)
-        extras = api.Extras(*window, softcap=softcap)
-        pc = api.problem_class_of(q, k, v, True, extras=extras)
-        ref = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap)
-        low = gate.reference_attention(q, k, v, True, window_size=window, softcap=softcap, dtype=torch.bfloat16)
-        bound = 2 * _max_diff(low.out, ref.out) + 1e-4
-        configs = {"upstream (SM80 loop, every block)": defaults.upstream_forward(pc),
-                   "split-KV, the decode entry's config": ForwardConfig(**SPLIT_DECODE, extra={"num_splits": 0}),
-                   "the table's entry (dispatch)": torch_op.tables_in_use().forward_config(pc)}
-        calls = {name: (lambda c=c: run(q, k, v, True, c, extras)[0]) for name, c in configs.items()}
-        errors = {name: _max_diff(call(), ref.out) for name, call in calls.items()}
-        failures += sum(err > bound for err in errors.values())
-        times = _device_ms(calls, repeats)
-        base = times["upstream (SM80 loop, every block)"]
-        for name in calls:
-            print(f"{label:44s} {name:44s} {errors[name]:9.3g} {times[name]:8.3f} {base / times[name]:10.3f}x"
-                  + ("  FAIL" if errors[name] > bound else ""))
+        failures += _time_against_upstream(label, (batch, seqlen_k, heads, heads_kv, head_dim), left, softcap, configs,
+                                           repeats, "upstream (SM80 loop, every block)", seqlen_q=1)
     return failures
 
 

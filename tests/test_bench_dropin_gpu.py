@@ -74,7 +74,7 @@ def test_the_window_decode_step_runs_the_split_class_on_every_window_and_the_sui
     runs within SM120's rules (pages too); its timed rows are the models suite's window decodes."""
     import dataclasses
 
-    from fa4tune.feasibility import check_forward_problem
+    from fa4tune.feasibility import check_forward_entry, check_forward_problem
     from fa4tune.suites import load_suite
     from fa4tune.targets import get_target
 
@@ -92,6 +92,10 @@ def test_the_window_decode_step_runs_the_split_class_on_every_window_and_the_sui
     suite = {(p.batch, p.seqlen_k, p.num_heads, p.num_heads_kv, p.head_dim, p.window_size_left, p.softcap)
              for p in load_suite("models") if p.seqlen_q == 1 and (p.problem_class.window or p.problem_class.softcap)}
     assert {row[1:] for row in dropin_gpu.WINDOW_DECODE_TIMED} == suite
+    for label, batch, seqlen_k, heads, heads_kv, head_dim, left, softcap in dropin_gpu.WINDOW_DECODE_TIMED:
+        pc = Problem(batch, 1, seqlen_k, heads, heads_kv, head_dim, head_dim, True, window_size_left=left,
+                     window_size_right=0 if left >= 0 else -1, softcap=softcap).problem_class
+        assert check_forward_entry(experiment.DECODE, pc, get_target()), label  # timed, not refused
 
 
 def test_a_bad_step_is_one_line_and_exit_2(capsys):

@@ -45,19 +45,18 @@ def kin(other, problem_class) -> bool:
 
     regimes = ("chunked", "prefill") if problem_class.regime == "chunked" else (problem_class.regime,)
     return (other.regime in regimes and (other.window, other.softcap) == (problem_class.window, problem_class.softcap)
-            and (other.dtype == FP8) == (problem_class.dtype == FP8) and (problem_class.page_size or not other.page_size))
+            and (other.dtype == FP8) == (problem_class.dtype == FP8) and bool(problem_class.page_size or not other.page_size))
 
 
 def transfer_configs(table, kind: str, problem_class, space, target, count: int = TRANSFER_CONFIGS,
                      cover_tiles: bool = True) -> list[dict]:
     """Up to `count` config dicts for `problem_class`, best transfer score first, then (`cover_tiles`) one per tile
     not yet covered where the class has few tiles (see the module's docstring)."""
+    from fa4tune.config import ProblemClass
     from search.storing.history import config_key
 
     shares: dict[tuple, list[float]] = defaultdict(list)
     configs: dict[tuple, object] = {}
-    from fa4tune.config import ProblemClass
-
     for other in table.problem_classes(kind):
         best = table.best(kind, other)
         if other == problem_class.name or not best or not kin(ProblemClass.parse(other), problem_class):
