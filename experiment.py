@@ -95,6 +95,12 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d64-causal-gqa8-window-bf16": replace(TRIMMED, tile_m=64, tile_n=32, Q_in_regs=True),  # 10.6x, gpt-oss sliding
     "d128-causal-gqa4-window-decode-bf16": DECODE,  # split-KV over the window: 5.7x, Gemma 3's (GQA 2) 85x
     "d128-noncausal-gqa4-page16-decode-bf16": replace(DECODE, tile_n=32, num_stages=1, Q_in_regs=True),  # 1.05x
+    "d128-causal-gqa2-softcap-decode-bf16": DECODE,  # Gemma 2 27B global: 6.6x, 2026-12-07-h100-s16
+    # one split fills the GPU for 16 sequences: 2.28x upstream, 1.19x DECODE (2026-12-07-h100-s16)
+    "d128-causal-gqa2-window-softcap-decode-bf16": replace(DECODE, tile_m=16, tile_n=32, num_threads=32, num_stages=1,
+                                                           Q_in_regs=True, extra={"num_splits": 1}),
+    "d64-causal-gqa8-window-decode-bf16": replace(PREFILL, tile_m=32, tile_n=32, num_threads=64, num_stages=3,
+                                                  kernel="sm120_tma"),  # gpt-oss sliding decode 32x, 1.29x DECODE
 }
 
 BWD = BackwardConfig(m_block_size=64, n_block_size=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False,
