@@ -20,7 +20,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from fa4tune import api
-from fa4tune.config import BackwardConfig, ForwardConfig, ProblemClass
+from fa4tune.config import BackwardConfig, ForwardConfig
 from fa4tune.kernel_class import backward_kernel, forward_kernel
 from fa4tune.verdict import OK, Verdict
 from kernels.backward_sm120 import BackwardSm120
@@ -96,9 +96,8 @@ FORWARD_DISPATCH: dict[str, ForwardConfig] = {
     "d128-causal-gqa4-window-decode-bf16": DECODE,  # split-KV over the window: 5.7x, Gemma 3's (GQA 2) 85x
     "d128-noncausal-gqa4-page16-decode-bf16": replace(DECODE, tile_n=32, num_stages=1, Q_in_regs=True),  # 1.05x
     "d128-causal-gqa2-softcap-decode-bf16": DECODE,  # Gemma 2 27B global: 6.6x, 2026-12-07-h100-s16
-    # one split fills the GPU for 16 sequences: 2.28x upstream, 1.19x DECODE (2026-12-07-h100-s16)
     "d128-causal-gqa2-window-softcap-decode-bf16": replace(DECODE, tile_m=16, tile_n=32, num_threads=32, num_stages=1,
-                                                           Q_in_regs=True, extra={"num_splits": 1}),
+                                                           Q_in_regs=True, extra={"num_splits": 1}),  # 2.28x, one split
     "d64-causal-gqa8-window-decode-bf16": replace(PREFILL, tile_m=32, tile_n=32, num_threads=64, num_stages=3,
                                                   kernel="sm120_tma"),  # gpt-oss sliding decode 32x, 1.29x DECODE
 }
@@ -141,22 +140,10 @@ TABLES = api.DispatchTables(FORWARD_DISPATCH, BACKWARD_DISPATCH, BACKWARD_PREPRO
                             varlen=VARLEN_DISPATCH)
 
 
-def forward_config(pc: ProblemClass) -> ForwardConfig:
-    """The dispatch table's forward config for a problem class (its entry, its nearest tuned class's, upstream's)."""
-    return TABLES.forward_config(pc)
-
-
-varlen_forward_config = TABLES.varlen_forward_config  # a packed call's forward config: its varlen entry, then api's rule
-
-
-def backward_config(pc: ProblemClass) -> BackwardConfig:
-    """The dispatch table's backward config for a problem class (its entry, its nearest tuned class's, upstream's)."""
-    return TABLES.backward_config(pc)
-
-
-def preprocess_threads(pc: ProblemClass, bwd_config: BackwardConfig) -> int:
-    """The backward preprocess's thread count for a class (its entry, its nearest tuned class's, then 256)."""
-    return TABLES.preprocess_threads(pc, bwd_config)
+# A problem class's configs: its entry, else its nearest tuned class's, else upstream's (the preprocess: else 256
+# threads); a packed call's forward: its varlen entry, then api's rule. Rebind any of these to change the lookup.
+forward_config, backward_config = TABLES.forward_config, TABLES.backward_config
+preprocess_threads, varlen_forward_config = TABLES.preprocess_threads, TABLES.varlen_forward_config
 
 
 # ---------------------------------------------------------------------------------------------

@@ -307,7 +307,10 @@ def test_the_carried_split_heuristic_picks_our_split_counts(tmp_path):
     ours, theirs = forward_kernel("sm120_splitkv"), module.FlashAttentionForwardSm120SplitKV
     from experiment import FORWARD_DISPATCH
 
-    configs = {c.key(): c for name, c in FORWARD_DISPATCH.items() if c.kernel == "sm120_splitkv"}
+    # an entry with its own num_splits runs that count (select_sm120_num_splits returns it); the rest, the heuristic's
+    split_kv = [c for c in FORWARD_DISPATCH.values() if c.kernel == "sm120_splitkv"]
+    assert all(ours.num_splits_for(c, None, 132) == c.extra_knobs["num_splits"] for c in split_kv if c.extra_knobs.get("num_splits"))
+    configs = {c.key(): c for c in split_kv if not c.extra_knobs.get("num_splits")}
     checked = 0
     for c in configs.values():
         for d, gqa, causal, batch, sq, sk in [(64, 1, False, 1, 1, 4096), (128, 4, True, 8, 1, 8192), (96, 8, False, 32, 2, 1000),
