@@ -213,3 +213,66 @@ def test_the_commit_a_run_records_is_fa4tunes_whatever_the_working_directory(tmp
     monkeypatch.chdir(tmp_path)  # not a git checkout
     commit = git_commit()
     assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", commit) and commit.split("-")[0] == head  # prepare.py's suffix
+
+
+class _SplitCounts:
+    """Measures a split-KV config by its split count: fixed 2.0 TFLOPS, the heuristic's (0) 4.0, any other config 1.0;
+    `missing`: the heuristic's configs come back as a replay's missing ones (never evaluated)."""
+
+    def __init__(self, missing=False):
+        self.calls, self.missing = [], missing
+
+    def evaluate(self, kind, config, problem_class, problems, monitor=None):
+        self.calls.append(config)
+        splits = config.extra_knobs.get("num_splits") if config.kernel == "sm120_splitkv" else None
+        if self.missing and splits == 0:
+            return Measurement(kind, problem_class.name, config.to_dict(),
+                               tuple(ProblemResult(p.label, kind, MISSING, reason="missing from table") for p in problems),
+                               TARGET.name, "test", "replay", "replay")
+        results = tuple(ProblemResult(p.label, kind, "ok", tflops={None: 1.0, 0: 4.0}.get(splits, 2.0), ms_median=1.0)
+                        for p in problems)
+        return Measurement(kind, problem_class.name, config.to_dict(), results, TARGET.name, "test", "emulated")
+
+
+def _decode_loop(evaluator, transfer):
+    from fa4tune.config import Problem
+    from search.proposing.samplers import make_sampler
+    from search.proposing.turns import FixedRatio
+    from search.running.loop import LoopSettings, StopFlag, StudyLoop
+    from search.storing.study import StudySpec, open_study
+    from search_helpers import Recorder
+
+    problem = Problem(8, 1, 8192, 32, 8, 128, 128, False, "bf16", backward=False)
+    s = StudySpec("fwd", problem.problem_class, (problem,), TARGET, transfer=(transfer,))
+    study = open_study(optuna.storages.InMemoryStorage(), s, make_sampler("random", 0, s))
+    settings = LoopSettings(n_trials=2, confirmations=2, results_path=None)
+    return StudyLoop(study, s, evaluator, "random", [], FixedRatio({"random": 1.0}), settings, Recorder(), StopFlag())
+
+
+FIXED_SPLIT = {"tile_m": 16, "tile_n": 32, "num_threads": 32, "num_stages": 1, "Q_in_regs": True, "kernel": "sm120_splitkv",
+               "num_splits": 1}
+
+
+def test_a_winner_that_fixes_its_split_count_meets_its_tiles_with_the_heuristics_count_before_confirmation():
+    # a fixed count is measured on the suite's shapes alone (2026-12-07-h100-s16 section 6: one split won a study at
+    # 16 sequences and ran 2.4x upstream at one, the same tiles split by the heuristic 17.7x)
+    evaluator = _SplitCounts()
+    loop = _decode_loop(evaluator, FIXED_SPLIT)
+    outcome = loop.run()
+    history = records(loop.study)
+    twins = [r for r in history if r.proposer == "split-twin"]
+    assert len(twins) == 1 and twins[0].config == {**FIXED_SPLIT, "num_splits": 0} and twins[0].evaluated
+    assert "heuristic's split count" in twins[0].rationale
+    assert outcome.winner.number == twins[0].number and outcome.confirmed  # the twin won, and is the one confirmed
+    assert [c.extra_knobs.get("num_splits") for c in evaluator.calls if c.kernel == "sm120_splitkv"] == [1, 0, 0, 0]
+
+
+def test_a_heuristic_winner_or_a_twin_missing_from_a_replay_adds_no_endless_trials():
+    heuristic = _decode_loop(_SplitCounts(), {**FIXED_SPLIT, "num_splits": 0})
+    assert heuristic.run().confirmed and not any(r.proposer == "split-twin" for r in records(heuristic.study))
+    missing = _SplitCounts(missing=True)
+    loop = _decode_loop(missing, FIXED_SPLIT)
+    outcome = loop.run()
+    twins = [r for r in records(loop.study) if r.proposer == "split-twin"]
+    assert len(twins) == 1 and twins[0].status == MISSING  # tried once, then the fixed count is confirmed as before
+    assert outcome.confirmed and outcome.winner.config == FIXED_SPLIT

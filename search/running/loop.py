@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import optuna
 from optuna.trial import TrialState
@@ -45,6 +45,7 @@ from search.storing.study import BASELINE, INCUMBENT, close_interrupted, enqueue
 PENALTY = 0.0  # what the GP sampler is shown for an infeasible or failed trial (search.proposing.samplers.ConstrainedGPSampler)
 TOLD_DIGITS = 2  # the value told to Optuna is rounded to 0.01 TFLOPS (what the dashboard shows); the exact one is `geomean_tflops`
 CONFIRMATION = "confirmation"
+SPLIT_TWIN = "split-twin"  # a fixed-split winner's tiles with the heuristic's split count, measured before confirming
 EXPLORE = "explore"  # a random unmeasured feasible config, drawn when the sampler keeps repeating itself
 POLL_S = 0.25  # how often a slot looks again while others finish what it needs
 # How a study's search ended (Outcome.stopped).
@@ -483,14 +484,19 @@ class StudyLoop:
                 if w is None:
                     return None, False
                 done = confirmed_count(history, w)
-                if done >= need:
-                    return w, True
                 if self.stop.requested or ran >= 4 * need + 4:
-                    return w, False
-                underway = [r for r in history if r.confirmation_of == w.number and r.state in ("RUNNING", "WAITING")]
-                if waiting(self.study):
+                    return w, done >= need
+                twin = self._split_twin(w, history)
+                if twin is not None:  # measured first; where it wins, it is the one confirmed
+                    if not any(r.proposer == SPLIT_TWIN and r.state in ("RUNNING", "WAITING") for r in history):
+                        self.study.enqueue_trial(self.space.params(twin), user_attrs={
+                            schema.PROPOSER: SPLIT_TWIN, schema.RATIONALE: f"trial #{w.number}'s tiles, the heuristic's split count"})
+                    asked = self._ask() if waiting(self.study) else None
+                elif done >= need:
+                    return w, True
+                elif waiting(self.study):
                     asked = self._ask()
-                elif done + len(underway) < need:
+                elif done + sum(r.confirmation_of == w.number and r.state in ("RUNNING", "WAITING") for r in history) < need:
                     self._enqueue_confirmation(w)
                     asked = self._ask()
             if asked is None:
@@ -498,6 +504,22 @@ class StudyLoop:
                 continue
             self._measure(asked)
             ran += 1
+
+    def _split_twin(self, w: TrialRecord, history: list[TrialRecord]):
+        """A winner that fixes its split count (split-KV) was measured on the suite's shapes alone, while an entry runs
+        every batch and length of its class: its tiles with the heuristic's count (num_splits=0), where that is in the
+        space, feasible and not measured yet; else None. One split won a study at 16 sequences and ran 2.4x upstream at
+        one, where the same tiles split by the heuristic ran 17.7x (2026-12-07-h100-s16, section 6)."""
+        config = self.space.config(w.config)
+        if not getattr(config, "extra_knobs", {}).get("num_splits"):
+            return None
+        twin = replace(config, extra={**config.extra_knobs, "num_splits": 0})
+        key = config_key(twin.to_dict())
+        tried = key in measured(history) or any(r.proposer == SPLIT_TWIN and r.state not in ("RUNNING", "WAITING")
+                                                and config_key(r.config) == key for r in history)  # (a replay's missing)
+        if tried or self.space.in_domain(twin) or not self.space.check(twin, self.spec.problem_class, self.spec.target):
+            return None
+        return twin
 
     def _enqueue_confirmation(self, w: TrialRecord) -> None:
         """Queues a re-measurement of the winner's config."""

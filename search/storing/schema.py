@@ -31,7 +31,7 @@ PROBLEM_SPECS = "problem_specs"  # [Problem.to_dict(), ...] of its problems in f
 PENDING_TURNS = "pending_turns"  # {worker: {"proposer": name, "k": configs asked, "since": unix time}}: turns in progress
 
 # -- trial ---------------------------------------------------------------------------------------
-PROPOSER = "proposer"  # "tpe" | "gp" | "random" | "claude" | "scripted" | "baseline" | "incumbent" | "transfer" | "explore" | "confirmation"
+PROPOSER = "proposer"  # "tpe" | "gp" | "random" | "claude" | "scripted" | "baseline" | "incumbent" | "transfer" | "explore" | "split-twin" | "confirmation"
 RATIONALE = "rationale"  # the proposer's one-paragraph reason ("" for samplers)
 CONFIG = "config"  # the full config dict (ForwardConfig / BackwardConfig .to_dict())
 STATUS = "status"  # "ok", a Measurement status, "infeasible", or "missing" (replay table lacks it)
