@@ -8,6 +8,7 @@ A `ForwardConfig` maps 1:1 onto `FlashAttentionForwardSm120(...)` (its `kernel` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -66,12 +67,19 @@ class ConfigError(ValueError):
         self.rule = rule
 
 
+@functools.cache
+def _knobs(cls) -> tuple[dict[str, dataclasses.Field], bool]:
+    """A config class's fields but `extra`, by name, and whether it has `extra` (read once per class: a search
+    enumerates hundreds of thousands of configs)."""
+    return {f.name: f for f in fields(cls) if f.name != EXTRA}, any(f.name == EXTRA for f in fields(cls))
+
+
 def _check_knobs(cls, names) -> None:
     """ConfigError naming the first unknown knob and listing the known ones."""
-    known = [f.name for f in fields(cls) if f.name != EXTRA]
+    known, has_extra = _knobs(cls)
     unknown = [name for name in names if name not in known and name != EXTRA]
     if unknown:
-        own = "; a kernel class's own knobs go in extra={...}" if EXTRA in {f.name for f in fields(cls)} else ""
+        own = "; a kernel class's own knobs go in extra={...}" if has_extra else ""
         raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)}{own})")
 
 
@@ -86,10 +94,10 @@ def _from_mapping(cls, data: Mapping[str, Any]):
     A config with an `extra` field (ForwardConfig) takes the names it does not know as its kernel class's own
     knobs: which ones that class has is fa4tune.feasibility's rule `kernel_knobs`, not the record's.
     """
-    known = {f.name: f for f in fields(cls) if f.name != EXTRA}
+    known, has_extra = _knobs(cls)
     unknown = sorted(set(data) - set(known))
     extra = {}
-    if unknown and EXTRA not in {f.name for f in fields(cls)}:
+    if unknown and not has_extra:
         raise ConfigError("unknown_knob", f"{cls.__name__} has no knob {unknown[0]!r} (knobs: {', '.join(known)})")
     for name in unknown:
         value = data[name]
@@ -155,7 +163,7 @@ class _KernelKnobs(_Record):
 
     def to_dict(self) -> dict[str, Any]:
         """Upstream's knobs and `kernel` in declaration order, then the class's own knobs (JSON-ready, flat)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != EXTRA}
+        values = {name: getattr(self, name) for name in _knobs(type(self))[0]}
         return {**values, **dict(self.extra)}
 
     def key(self) -> tuple:

@@ -127,10 +127,16 @@ class Space:
         """Every config of the domain that the static rules accept for the class (enumerated once, then cached)."""
         key = (self.signature(target), problem_class.name)
         if key not in _FEASIBLE:
-            names = list(self.domain)
-            configs = (self.config(dict(zip(names, values))) for values in itertools.product(*(self.domain[n] for n in names)))
-            unique = {config_key(c.to_dict()): c for c in configs}  # another class's knobs repeat a config
-            _FEASIBLE[key] = [c for c in unique.values() if self.check(c, problem_class, target)]
+            names, active = list(self.domain), {}  # kernel class -> the knobs its configs take (as `config` reads them)
+            unique = {}  # another class's knobs repeat a config: each once, in the product's order
+            for values in itertools.product(*(self.domain[n] for n in names)):
+                params = dict(zip(names, values))
+                kernel = params.get("kernel")
+                if kernel not in active:
+                    active[kernel] = set(self.active(params))
+                config = self.config_class.from_dict({n: v for n, v in params.items() if n in active[kernel]})
+                unique.setdefault(config, config)
+            _FEASIBLE[key] = [c for c in unique if self.check(c, problem_class, target)]
         return _FEASIBLE[key]
 
     def for_class(self, problem_class: ProblemClass, target: Target) -> "Space":
