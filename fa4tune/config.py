@@ -69,8 +69,7 @@ class ConfigError(ValueError):
 
 @functools.cache
 def _knobs(cls) -> tuple[dict[str, dataclasses.Field], bool]:
-    """A config class's fields but `extra`, by name, and whether it has `extra` (read once per class: a search
-    enumerates hundreds of thousands of configs)."""
+    """A config class's fields but `extra`, by name, and whether it has `extra` (read once: searches build 10^5)."""
     return {f.name: f for f in fields(cls) if f.name != EXTRA}, any(f.name == EXTRA for f in fields(cls))
 
 
