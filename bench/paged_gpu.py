@@ -7,7 +7,9 @@
     python3 bench/paged_gpu.py time     # Llama 3 8B decodes: paged (16 / 64 / 256) vs the same decode on a contiguous
                                         # cache (target: within 5 %) vs torch SDPA's decode, gated first, then timed
                                         # interleaved in one step per shape (the harness's timer: a blocking kernel
-                                        # ahead of each round, L2 flushed before every call), medians
+                                        # ahead of each round, L2 flushed before every call), medians; and the
+                                        # shuffle's floor: the same pages copied out by torch's index_select,
+                                        # shuffled against in order (no attention: what the memory system charges)
     python3 bench/paged_gpu.py graphs   # the paged decode captured in a CUDA graph, replayed on new q, new pages, a new
                                         # table and new used lengths: each replay within the gate's rule of the fp32
                                         # reference and bit-identical to the eager call on the same inputs
@@ -37,6 +39,8 @@ GATE_CASES = [
 TIME_CASES = [("llama3-8b decode b8 16k", 8, 16384), ("llama3-8b decode b1 64k", 1, 65536), ("llama3-8b decode b32 4k", 32, 4096)]
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 IN_ORDER = "paged 16 in order"
+# the shuffle's floor: torch's index_select reading the shuffled 16-token pages, against the same in order (ratio)
+GATHER, GATHER_IN_ORDER = "gather 16", "gather 16 in order"
 
 
 def scatter_pages(cache, page_size: int, seed: int, in_order: bool = False):
@@ -134,7 +138,7 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
 
     device = torch.device("cuda")
     flusher, timer = make_flusher(device), timing.CudaEventTimer()
-    failures, ratios = 0, {name: [] for name in [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER]}
+    failures, ratios = 0, {name: [] for name in [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER, GATHER]}
     print(f"{'shape':26s} {'candidate':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs contiguous':>14s} {'vs SDPA':>8s}")
     for label, batch, slots in TIME_CASES:
         sets = []
@@ -161,6 +165,13 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
             table, k_pool, v_pool = pools[name]
             return lambda: flash_attn_varlen_func(q, k_pool, v_pool, page_table=table, seqused_k=used, causal=True)[0]
 
+        def gather(s, name):  # K's and V's 16-token pages copied out in table order: the pool's reads alone
+            q, k, v, used, pools = s
+            table, k_pool, v_pool = pools["paged 16" if name == GATHER else IN_ORDER]
+            rows = table.flatten().long()
+            return lambda: (k_pool.index_select(0, rows), v_pool.index_select(0, rows))
+
+        gathers = {name: [gather(s, name) for s in sets] for name in (GATHER, GATHER_IN_ORDER)}
         names = [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER, "contiguous", "sdpa"]
         calls = {name: [call(name, s) for s in sets] for name in names}
         with torch.no_grad():
@@ -185,9 +196,20 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
             if name.startswith("paged") and contiguous:
                 ratios[name].append(t.median_ms / contiguous)
             print(f"{label:26s} {name:18s} {t.median_ms:10.4f} {t.min_ms:8.4f} {t.max_ms:8.4f} {vs_contiguous:>14s} {vs_sdpa:>8s}")
+        if gathers:  # the floor: the same K and V bytes gathered page by page by torch's index kernel (no attention)
+            timings = timing.benchmark(gathers, timer=timer, flush=flusher, warmup=3, rounds=rounds, seed=slots + 1)
+            base = timings[GATHER_IN_ORDER].median_ms
+            for name, t in timings.items():
+                if name == GATHER:
+                    ratios[name].append(t.median_ms / base)
+                print(f"{label:26s} {name:18s} {t.median_ms:10.4f} {t.min_ms:8.4f} {t.max_ms:8.4f} "
+                      f"{t.median_ms / base:13.3f}x")
     for name, values in ratios.items():
         if values:
             mean = geomean(values)
+            if name == GATHER:
+                print(f"{name}: time / in order (the shuffle's floor), geomean over {len(values)} shapes {mean:.3f}")
+                continue
             print(f"{name}: time / contiguous, geomean over {len(values)} shapes {mean:.3f} "
                   f"({'within' if max(values) <= WITHIN else 'NOT within'} {WITHIN - 1:.0%} on every shape)")
     print("(SDPA ratio: SDPA's time over the candidate's; above 1: faster than SDPA)")
