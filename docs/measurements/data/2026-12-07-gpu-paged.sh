@@ -17,6 +17,10 @@
 #   bash docs/measurements/data/2026-12-07-gpu-paged.sh harness  # ~5 min: prepare.py on the decode suite's paged rows (our table:
 #                                                                #   gate with shuffled pages and ragged lengths, timed, checked)
 #   bash docs/measurements/data/2026-12-07-gpu-paged.sh tests    # ~1 min: the paged CPU tests on the GPU machine too
+#   AB_PATCH=<patch> bash docs/measurements/data/2026-12-07-gpu-paged.sh ab  # ~4 min: `time` in this tree and in a copy
+#                                                                #   with the patch's kernels/ applied (default: s13's page-
+#                                                                #   table read ahead), A B A B in one call: a kernel change
+#                                                                #   against main on the same GPU (paged ratios move by GPU)
 # Several names in one call run in order (gate time graphs: ~6 min). Logs go to $OUT (or ./out). Each bench step's
 # last line: "<step>: ok" or "<step>: N failed". Needs nothing carried beyond the installs (../shared/device/README.md).
 # Label every figure "SM120 kernels emulated on <GPU>" (FLASH_ATTENTION_ARCH=sm_120); SDPA runs the GPU's own kernels.
@@ -35,6 +39,19 @@ for step in "$@"; do
     tests)
       timeout 300 python3 -m pytest -n 0 -q -m "not compile" tests/test_paged_kv.py tests/test_bench_paged_gpu.py \
         2>&1 | tee "$OUT/paged-tests.log" | tail -5 ;;
+    ab)
+      patch=$(realpath "${AB_PATCH:-docs/measurements/data/2026-12-07-paged-prefetch.patch}")
+      rm -rf .paged-ab && mkdir .paged-ab
+      tar --exclude=./.paged-ab --exclude=./.cache --exclude=./.devbundle --exclude=./.git --exclude=./docs --exclude=./.before66 --exclude=./.peers --exclude=./.upstream-tests --exclude=./.venv -cf - . | tar -xf - -C .paged-ab
+      (cd .paged-ab && git apply --include='kernels/*' "$patch") || { echo "ab: $patch does not apply to kernels/" >&2; exit 2; }
+      for round in 1 2; do
+        for tree in . .paged-ab; do
+          name=$([ $tree = . ] && echo main || echo patched)
+          echo "== round $round: $name"
+          (cd $tree && timeout ${STEP_TIMEOUT:-200} python3 bench/paged_gpu.py time 2>&1) | tee "$OUT/paged-ab-$name-$round.log" \
+            | grep -E "^(paged|gather)[^:]*:|gate FAILED|^time:"
+        done
+      done 2>&1 | tee "$OUT/paged-ab.log" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
