@@ -17,9 +17,10 @@
 #   bash docs/measurements/data/2026-12-07-gpu-paged.sh harness  # ~5 min: prepare.py on the decode suite's paged rows (our table:
 #                                                                #   gate with shuffled pages and ragged lengths, timed, checked)
 #   bash docs/measurements/data/2026-12-07-gpu-paged.sh tests    # ~1 min: the paged CPU tests on the GPU machine too
-#   AB_PATCH=<patch> bash docs/measurements/data/2026-12-07-gpu-paged.sh ab  # ~4 min: `time` in this tree and in a copy
-#                                                                #   with the patch's kernels/ applied (default: s13's page-
-#                                                                #   table read ahead), A B A B in one call: a kernel change
+#   AB_PATCH="<patch> ..." bash docs/measurements/data/2026-12-07-gpu-paged.sh ab  # ~6 min: `time` in this tree and in a
+#                                                                #   copy per patch with its kernels/ applied (default: s13's
+#                                                                #   page-table read ahead for pages under a tile, and s17's for
+#                                                                #   every page size), two rounds in one call: kernel changes
 #                                                                #   against main on the same GPU (paged ratios move by GPU)
 # Several names in one call run in order (gate time graphs: ~6 min). Logs go to $OUT (or ./out). Each bench step's
 # last line: "<step>: ok" or "<step>: N failed". Needs nothing carried beyond the installs (../shared/device/README.md).
@@ -40,15 +41,21 @@ for step in "$@"; do
       timeout 300 python3 -m pytest -n 0 -q -m "not compile" tests/test_paged_kv.py tests/test_bench_paged_gpu.py \
         2>&1 | tee "$OUT/paged-tests.log" | tail -5 ;;
     ab)
-      patch=$(realpath "${AB_PATCH:-docs/measurements/data/2026-12-07-paged-prefetch.patch}")
-      rm -rf .paged-ab && mkdir .paged-ab
-      tar --exclude=./.paged-ab --exclude=./.cache --exclude=./.devbundle --exclude=./.git --exclude=./docs --exclude=./.before66 --exclude=./.peers --exclude=./.upstream-tests --exclude=./.venv -cf - . | tar -xf - -C .paged-ab
-      (cd .paged-ab && git apply --include='kernels/*' "$patch") || { echo "ab: $patch does not apply to kernels/" >&2; exit 2; }
+      trees=(.) names=(main) i=0
+      for patch in ${AB_PATCH:-docs/measurements/data/2026-12-07-paged-prefetch.patch docs/measurements/data/2026-12-07-paged-readahead-all.patch}; do
+        i=$((i + 1)); tree=.paged-ab-$i; patch=$(realpath "$patch")
+        rm -rf $tree && mkdir $tree
+        tar --exclude='./.paged-ab*' --exclude=./.cache --exclude=./.devbundle --exclude=./.git --exclude=./docs --exclude=./.before66 \
+          --exclude=./.peers --exclude=./.upstream-tests --exclude=./.venv -cf - . | tar -xf - -C $tree
+        # outside any repository (a tree inside one would skip the paths above it, silently)
+        (cd $tree && GIT_CEILING_DIRECTORIES=$(realpath ..) git apply --include='kernels/*' "$patch") \
+          && ! diff -rq kernels $tree/kernels >/dev/null || { echo "ab: $patch does not change kernels/ here" >&2; exit 2; }
+        trees+=($tree) names+=("$(basename "$patch" .patch)")
+      done
       for round in 1 2; do
-        for tree in . .paged-ab; do
-          name=$([ $tree = . ] && echo main || echo patched)
-          echo "== round $round: $name"
-          (cd $tree && timeout ${STEP_TIMEOUT:-200} python3 bench/paged_gpu.py time 2>&1) | tee "$OUT/paged-ab-$name-$round.log" \
+        for k in "${!trees[@]}"; do
+          echo "== round $round: ${names[$k]}"
+          (cd ${trees[$k]} && timeout ${STEP_TIMEOUT:-200} python3 bench/paged_gpu.py time 2>&1) | tee "$OUT/paged-ab-${names[$k]}-$round.log" \
             | grep -E "^(paged|gather)[^:]*:|gate FAILED|^time:"
         done
       done 2>&1 | tee "$OUT/paged-ab.log" ;;
