@@ -30,10 +30,10 @@ with FakeTensorMode():
     torch_op.tuned_forward(q, k, v, None, None, None, used, table, None, None, None, True, None, None, 0.0, 1, None, False)
 fn = compiled[0]
 cubin = fn.__cubin__
-path = f"/tmp/sass/p{page}.cubin"
+path = os.path.join(sys.argv[1], f"p{page}.cubin")
 path = path.replace(".cubin", os.environ.get("TAG", "") + ".cubin"); open(path, "wb").write(cubin)
 sass = subprocess.run([str(tool_path("nvdisasm")), "-c", path], capture_output=True, text=True).stdout
-open(f"/tmp/sass/p{page}.sass", "w").write(sass)
+open(path.replace(".cubin", ".sass"), "w").write(sass)
 ops = collections.Counter()
 for line in sass.splitlines():
     m = re.match(r"\s*(?:/\*[0-9a-f]+\*/)?\s*(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_.]+)?", line.strip().split(";")[0])
