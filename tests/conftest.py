@@ -18,27 +18,28 @@ def _keep_static_workers() -> None:
     Each call of the one-call form starts its workers, and each worker imports torch, the CuTe DSL and flash-attn-4
     before it compiles (about 13 s on the 2-core CI machine): a dozen calls across the compile tests paid that a
     dozen times. Here one StaticChecker (the kept form the search's GPU evaluator uses) serves consecutive calls with
-    the same target, experiment.py, worker count, timeout and compile-relevant environment; any other call closes it
-    and starts its own. The facts cache is the call's own (set per call): a test with its own cache file sees its
-    own. Patched when conftest is imported, before the test modules bind the name."""
+    the same target, experiment.py, worker count, timeout and compile-relevant environment; a call with other ones
+    starts its own, and the two most recently used are kept (a test's own experiment.py between two of the tree's
+    does not cost the tree's checker its worker: about 7 s a start). The facts cache is the call's own (set per
+    call): a test with its own cache file sees its own. Patched when conftest is imported, before the test modules
+    bind the name."""
     import atexit
     import hashlib
     import os
 
     from fa4tune import static_check
 
-    kept: dict = {}
+    kept: dict = {}  # key -> StaticChecker, least recently used first
 
     def run_static(jobs, target, experiment_path="experiment.py", workers=None, timeout_s=300.0,
                    cache_path=static_check.DEFAULT_CACHE, on_result=None):
         env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("FA4TUNE_", "CUTE_", "FLASH_ATTENTION_", "CUDA")))
         key = (target.name, str(Path(experiment_path).resolve()), workers, timeout_s, hashlib.sha256(repr(env).encode()).hexdigest())
         if key not in kept:
-            for checker in kept.values():
-                checker.close()
-            kept.clear()
+            while len(kept) >= KEPT_CHECKERS:  # the least recently used goes
+                kept.pop(next(iter(kept))).close()
             kept[key] = static_check.StaticChecker(target, experiment_path, workers, timeout_s, cache_path)
-        checker = kept[key]
+        checker = kept[key] = kept.pop(key)  # the most recently used last
         checker.cache = static_check.FactsCache(cache_path)
         return checker.check(jobs, on_result)
 
@@ -46,6 +47,7 @@ def _keep_static_workers() -> None:
     atexit.register(lambda: [checker.close() for checker in kept.values()])
 
 
+KEPT_CHECKERS = 2
 _keep_static_workers()
 
 

@@ -500,20 +500,20 @@ def test_the_shipped_tables_export_says_which_winners_ran_at_the_h200s_occupancy
 
     db = tmp_path / "shipped.db"
     db.write_bytes(lzma.decompress((ROOT / "docs/measurements/data/2026-12-01-standard-study.db.xz").read_bytes()))
-    url, re_run = f"sqlite:///{db}", []
+    url, re_run, later = f"sqlite:///{db}", [], []
     for name in ("2026-12-02-occupancy-study", "2026-12-02-occupancy2-study"):
         occ = tmp_path / f"{name}.db"
         occ.write_bytes(lzma.decompress((ROOT / f"docs/measurements/data/{name}.db.xz").read_bytes()))
         occ_url = f"sqlite:///{occ}"
         for study in optuna.get_all_study_names(occ_url):
             if not optuna.load_study(study_name=study, storage=occ_url).get_trials(states=(optuna.trial.TrialState.COMPLETE,)):
-                continue  # the GQA backward study, cut by the call's time limit before its first trial ended
-            optuna.delete_study(study_name=study, storage=url)
-            optuna.copy_study(from_study_name=study, from_storage=occ_url, to_storage=url)
+                optuna.delete_study(study_name=study, storage=occ_url)  # the GQA backward study, cut by the call's
+                continue  # time limit before its first trial ended: the standard study's stays
             re_run.append(study)
+        later += ["--storage", occ_url]  # a later storage's study replaces the standard study's of the same name
     assert len(re_run) == 13
     patch = tmp_path / "sm120-tuned.patch"
-    done = _export(url, out=patch)
+    done = _export(url, *later, out=patch)
     assert done.returncode == 0, done.stderr
     pr = (tmp_path / "sm120-tuned.pr.md").read_text()
     assert exporter.OCCUPANCY_CAVEAT in pr

@@ -33,7 +33,7 @@ def facts(tmp_path_factory):
         StaticJob("fwd", ForwardConfig(tile_m=128, tile_n=128, num_threads=128, num_stages=2), ProblemClass(128, 128, False)),
     ]
     cache = tmp_path_factory.mktemp("cache") / "facts.jsonl"
-    results = run_static(jobs, TARGET, ROOT / "experiment.py", workers=2, cache_path=cache)
+    results = run_static(jobs, TARGET, ROOT / "experiment.py", workers=1, cache_path=cache)
     return dict(zip(["upstream", "t256", "stage2", "bwd", "over99k"], results)), jobs, cache
 
 

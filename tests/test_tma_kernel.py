@@ -45,7 +45,7 @@ JOBS = {
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache") / "facts.jsonl"
-    results = run_static(JOBS.values(), TARGET, ROOT / "experiment.py", workers=2, cache_path=cache)
+    results = run_static(JOBS.values(), TARGET, ROOT / "experiment.py", workers=1, cache_path=cache)
     return dict(zip(JOBS, results))
 
 
