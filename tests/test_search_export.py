@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
+from functools import partial
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from fa4tune.targets import get_target
 from review_studies import (BWD, BWD_CLASS, FWD_GQA, FWD_GQA_RUNNER_UP, FWD_MHA, FWD_MHA_RUNNER_UP, FailingConfirmations,
                             backward_table, forward_table, run_study)
 from search.proposing.samplers import make_sampler
-from search.reviewing import carry, upstream_lint
+from search.reviewing import carry, entry_tests, upstream_lint
 from search.reviewing import export as exporter
 from search.reviewing.evidence import load_studies
 from search.storing.storage import open_storage
@@ -97,6 +99,7 @@ def test_dry_run_prints_the_patch_with_its_evidence_and_writes_nothing(winners_u
             base = ev.default().tflops[problem]
             assert f"{tuned / base:.2f}x" in row and f"{base:.1f}" not in row
     assert "Correctness gate" in message and "Every winner and each of its confirmations passed: 9 (config, problem) checks" in prose
+    assert "Tuned on bf16 inputs only; the entries key on dtype, so fp16 calls keep the previous defaults." in prose
     assert f"uv run python -m search export --storage {winners_url} --out {out}" in message
 
 
@@ -118,39 +121,57 @@ def test_the_patch_applies_with_git_to_a_pristine_copy_of_the_pinned_wheel(winne
     assert "num_stages=config.num_stages,\n                num_threads=config.num_threads,\n                Q_in_regs=config.Q_in_regs," in patched
     config = (checkout / "flash_attn/cute/config.py").read_text()
     assert "def select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile:" in config
-    # only the SM120 tables and plumbing change: the GQA class keys on qhead_per_kvhead because its winner differs
-    assert "if inputs.causal and inputs.qhead_per_kvhead == 1:" in config and "if inputs.causal and inputs.qhead_per_kvhead == 4:" in config
+    # only the SM120 tables and plumbing change: the GQA class keys on qhead_per_kvhead because its winner differs, and
+    # every entry on the dtype its study was tuned on
+    assert 'if inputs.causal and inputs.qhead_per_kvhead == 1 and inputs.dtype == "torch.bfloat16":' in config
+    assert 'if inputs.causal and inputs.qhead_per_kvhead == 4 and inputs.dtype == "torch.bfloat16":' in config
 
 
-def _patched_config(winners_url, tmp_path: Path):
-    """The exported patch applied to the pinned wheel's sources, and its config.py (host-only) loaded on its own."""
-    patch = tmp_path / "sm120-tuned.patch"
-    assert _export(winners_url, "--allow-replay", out=patch).returncode == 0
-    checkout = _pristine_checkout(tmp_path / "flash-attention")
-    subprocess.run(["git", "apply", str(patch)], cwd=checkout, check=True)
-    spec = importlib.util.spec_from_file_location("patched_config", checkout / "flash_attn/cute/config.py")
+def _load_config(path: Path):
+    """A config.py (host-only) loaded on its own."""
+    spec = importlib.util.spec_from_file_location("patched_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _patched_config(winners_url, tmp_path: Path):
+    """The exported patch applied to the pinned wheel's sources, and its config.py loaded on its own."""
+    patch = tmp_path / "sm120-tuned.patch"
+    assert _export(winners_url, "--allow-replay", out=patch).returncode == 0
+    checkout = _pristine_checkout(tmp_path / "flash-attention")
+    subprocess.run(["git", "apply", str(patch)], cwd=checkout, check=True)
+    return _load_config(checkout / "flash_attn/cute/config.py")
+
+
+def _fwd_inputs(cfg, hd, causal, gqa, dtype="torch.bfloat16", **more):
+    """Forward inputs of the config module `cfg` for an SM120 call of that shape and dtype."""
+    return cfg.FwdHeuristicInputs(device_arch=120, num_sms=170, dtype=dtype, head_dim=hd, head_dim_v=hd, num_heads=2 * gqa,
+                                  num_heads_kv=2, batch_size=1, total_q=512, total_k=512, max_seqlen_q=512,
+                                  max_seqlen_k=512, causal=causal, **more)
+
+
+def _bwd_inputs(cfg, hd, causal, arch=120, dtype="torch.bfloat16"):
+    return cfg.BwdHeuristicInputs(device_arch=arch, head_dim=hd, head_dim_v=hd, num_heads=2, num_heads_kv=2, dtype=dtype,
+                                  causal=causal)
+
+
+def _knobs(config) -> dict:
+    """A forward config's SM120 knobs (FwdConfig's or ours)."""
+    return {k: getattr(config, k) for k in ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")}
+
+
 def test_the_patched_config_selects_each_exported_config_and_validates_only_its_shapes_entry(winners_url, tmp_path):
     cfg = _patched_config(winners_url, tmp_path)
-
-    def fwd(hd, causal, gqa, **more):
-        return cfg.FwdHeuristicInputs(device_arch=120, num_sms=170, dtype="torch.bfloat16", head_dim=hd, head_dim_v=hd,
-                                      num_heads=2 * gqa, num_heads_kv=2, batch_size=1, total_q=512, total_k=512,
-                                      max_seqlen_q=512, max_seqlen_k=512, causal=causal, **more)
-
-    def bwd(hd, causal, arch=120):
-        return cfg.BwdHeuristicInputs(device_arch=arch, head_dim=hd, head_dim_v=hd, num_heads=2, num_heads_kv=2,
-                                      dtype="torch.bfloat16", causal=causal)
-
-    knobs = ("tile_m", "tile_n", "num_threads", "num_stages", "Q_in_regs")
+    fwd, bwd = partial(_fwd_inputs, cfg), partial(_bwd_inputs, cfg)
     for inputs, winner in ((fwd(128, True, 1), FWD_MHA), (fwd(128, True, 4), FWD_GQA)):
-        assert {k: getattr(cfg.select_fwd_config(inputs), k) for k in knobs} == {k: getattr(winner, k) for k in knobs}
-    untuned = upstream_forward(ProblemClass(64, 64, False))
-    assert {k: getattr(cfg.select_fwd_config(fwd(64, False, 1)), k) for k in knobs} == {k: getattr(untuned, k) for k in knobs}
+        assert _knobs(cfg.select_fwd_config(inputs)) == _knobs(winner)
+    assert _knobs(cfg.select_fwd_config(fwd(64, False, 1))) == _knobs(upstream_forward(ProblemClass(64, 64, False)))
+    # the studies ran on bf16: an fp16 call of a tuned shape keeps the previous default, forward and backward
+    fp16 = cfg.select_fwd_config(fwd(128, True, 1, dtype="torch.float16"))
+    assert _knobs(fp16) == _knobs(upstream_forward(ProblemClass(128, 128, True))) != _knobs(FWD_MHA)
+    fp16 = cfg.select_bwd_config(bwd(128, False, dtype="torch.float16"))
+    assert (fp16.num_threads, fp16.num_stages_Q) == (128, 1) and BWD.num_threads != 128
     # a requested tile keeps the previous knobs; the SM120 fields are refused on other architectures
     requested = cfg.select_fwd_config(fwd(128, True, 1, requested_tile_m=64, requested_tile_n=64))
     assert (requested.tile_m, requested.num_threads, requested.num_stages) == (64, 128, 1)
@@ -235,11 +256,40 @@ def test_a_gqa_class_with_the_same_winner_shares_the_entry_and_a_default_winner_
     same = exporter.Winner(gqa.study, gqa.trial, mha.config, gqa.confirmations, gqa.default)
     code = exporter.forward_function([mha, same])
     assert code.count("return Sm120FwdTile(128, 128, num_threads=256") == 1
-    assert "if inputs.causal and inputs.qhead_per_kvhead in (1, 4):" in code
+    assert 'if inputs.causal and inputs.qhead_per_kvhead in (1, 4) and inputs.dtype == "torch.bfloat16":' in code
     unchanged = exporter.Winner(mha.study, mha.trial, upstream_forward(mha.study.problem_class), mha.confirmations, mha.default)
     assert not unchanged.changed
     assert exporter.forward_function([unchanged]) == exporter.forward_function([])
     compile(exporter.forward_function([mha, gqa]), "<generated>", "exec")
+
+
+def test_studies_of_one_shape_in_both_dtypes_give_each_dtype_its_own_winner(winners_url, tmp_path):
+    """The tables key on dtype: a shape tuned on bf16 and on fp16 has an entry per dtype, each dtype takes its own
+    study's winner, and a shape tuned on one dtype keeps the previous default in the other (forward and backward)."""
+    studies = {(ev.direction, ev.problem_class.name): ev for ev in load_studies(open_storage(winners_url))}
+    mha, gqa, bwd = (exporter._accept(studies[key], 2, True) for key in (("fwd", MHA), ("fwd", GQA), ("bwd", BWD_CLASS)))
+    # the causal d128 study as if run on fp16, won by another config than the bf16 study's
+    pc = replace(mha.study.problem_class, dtype="fp16")
+    mha16 = replace(mha, study=replace(mha.study, name=f"fwd:{pc.name}:sm120", problem_class=pc), config=FWD_GQA)
+    winners = [mha, mha16, gqa, bwd]
+    text = exporter.patch_upstream(exporter.pristine_sources(), winners)[exporter.CONFIG_PATH]
+    assert 'if inputs.causal and inputs.qhead_per_kvhead == 1 and inputs.dtype == "torch.float16":' in text
+    (tmp_path / "config.py").write_text(text)
+    cfg = _load_config(tmp_path / "config.py")
+    fwd = lambda *shape, dtype: _knobs(cfg.select_fwd_config(_fwd_inputs(cfg, *shape, dtype=dtype)))  # noqa: E731
+    assert fwd(128, True, 1, dtype="torch.bfloat16") == _knobs(FWD_MHA)
+    assert fwd(128, True, 1, dtype="torch.float16") == _knobs(FWD_GQA)
+    assert fwd(128, True, 4, dtype="torch.float16") == _knobs(upstream_forward(ProblemClass(128, 128, True, 4)))
+    assert cfg.select_bwd_config(_bwd_inputs(cfg, 128, False)).num_threads == BWD.num_threads
+    assert cfg.select_bwd_config(_bwd_inputs(cfg, 128, False, dtype="torch.float16")).num_threads == 128
+    message = " ".join(exporter.commit_message(winners, winners_url, ["export"]).split())
+    assert ("Tuned on bf16 and fp16 inputs; the entries key on dtype, so each dtype takes the entries tuned on it, and "
+            "the previous defaults elsewhere.") in message
+    # the upstream test lists the untuned dtype of a tuned shape only: fp16 of GQA 4 and of the backward, not of MHA
+    test = entry_tests.entries(winners).split("FWD_DEFAULTS = [")[1]
+    assert '("d128-causal-gqa4-fp16", 128, True, 4, False, torch.float16, dict(tile_m=128, tile_n=64,' in test
+    assert '("d128-noncausal-fp16", 128, False, 1, False, torch.float16, dict(tile_m=64, tile_n=64,' in test
+    assert '"d128-causal-fp16"' not in test and '"d128-causal-bf16"' not in test
 
 
 # -- refusals: one line on stderr, exit code 2, nothing written ------------------------------------------
@@ -527,8 +577,8 @@ def test_the_shipped_tables_export_says_which_winners_ran_at_the_h200s_occupancy
 
 
 def test_an_fp8_study_is_left_out_with_a_note(winners_url, tmp_path):
-    """Upstream's SM120 tables key on head dims, causal and GQA ratio, not the dtype, and upstream has no FP8 path
-    there: an opt-in FP8 class's study is never exported (an empty one is no error either)."""
+    """Upstream has no FP8 path on SM120: an opt-in FP8 class's study is never exported (an empty one is no error
+    either)."""
     db = tmp_path / "search.db"
     shutil.copy(winners_url.removeprefix("sqlite:///"), db)
     url = f"sqlite:///{db}"

@@ -363,7 +363,8 @@ def _counts(done: subprocess.CompletedProcess) -> dict[str, int]:
 
 def test_the_entry_tests_select_each_tuned_entry_of_the_patched_tree_and_only_there(series, tmp_path):
     """tests/cute/test_flash_attn_sm120_configs.py's CPU part in the tree with all patches: a case per tuned class and
-    length, forward and backward (GQA 4 and d96 among them); the same file fails on the pristine tables."""
+    length, forward and backward (GQA 4 and d96 among them), and the same in fp16, which no study tuned, taking the
+    previous default; the tuned cases fail on the pristine tables, whose defaults the fp16 cases expect."""
     from search.reviewing.entry_tests import PATH
 
     _, out, _, _ = series
@@ -371,19 +372,24 @@ def test_the_entry_tests_select_each_tuned_entry_of_the_patched_tree_and_only_th
     for stem in SERIES:
         assert _apply(checkout, out / f"{stem}.patch").returncode == 0, stem
     test = (checkout / PATH).read_text()
-    for row in ('("d128-causal-gqa4-bf16", 128, True, 4, False, dict(tile_m=64, tile_n=128, num_threads=128, num_stages=1, '
-                'Q_in_regs=False, use_split_kv=False, use_tma=True))', '("d96-causal-bf16", 96, True, 1, False, dict(tile_m=64, '
-                'tile_n=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False, '
+    for row in ('("d128-causal-gqa4-bf16", 128, True, 4, False, torch.bfloat16, dict(tile_m=64, tile_n=128, num_threads=128, num_stages=1, '
+                'Q_in_regs=False, use_split_kv=False, use_tma=True))', '("d96-causal-bf16", 96, True, 1, False, torch.bfloat16, '
+                'dict(tile_m=64, tile_n=64, num_stages_Q=2, num_stages_dO=1, num_threads=128, SdP_swapAB=False, dKV_swapAB=False, dQ_swapAB=False, '
                 'AtomLayoutMSdP=4, AtomLayoutNdKV=2, AtomLayoutMdQ=2, V_in_regs=False))'):
         assert row in test, row
-    done = _pytest_in(checkout, PATH, "-k", "is_the_tuned_entry or output_sm120_tuned")
-    # 19 forward classes (13 decode, 6 TMA) and 7 backward ones, 2 lengths each; the GPU cases skip without SM120
-    assert done.returncode == 0 and _counts(done) == {"passed": 52, "skipped": 52, "deselected": 26}, done.stdout[-3000:]
+    assert ('("d96-causal-fp16", 96, True, 1, False, torch.float16, dict(tile_m=64, tile_n=64, num_stages_Q=1, '
+            'num_stages_dO=1, num_threads=128,') in test
+    done = _pytest_in(checkout, PATH, "-k", "is_the_tuned_entry or keeps_the_previous_default or output_sm120_tuned")
+    # 19 forward classes (13 decode, 6 TMA) and 7 backward ones, 2 lengths each, in bf16 and (defaults) fp16; the GPU
+    # cases skip without SM120
+    assert done.returncode == 0 and _counts(done) == {"passed": 104, "skipped": 52, "deselected": 26}, done.stdout[-3000:]
     pristine = _pristine_checkout(tmp_path / "pristine")
     (pristine / PATH).parent.mkdir(parents=True)
     (pristine / PATH).write_text(test)
     done = _pytest_in(pristine, PATH, "-k", "bwd_config_is_the_tuned_entry")
-    assert _counts(done) == {"failed": 14, "deselected": 116}, done.stdout[-3000:]
+    assert _counts(done) == {"failed": 14, "deselected": 168}, done.stdout[-3000:]
+    done = _pytest_in(pristine, PATH, "-k", "bwd_untuned_dtype_keeps_the_previous_default")
+    assert _counts(done) == {"passed": 14, "deselected": 168}, done.stdout[-3000:]
 
 
 @pytest.mark.compile
@@ -397,4 +403,4 @@ def test_the_entry_tests_fake_compile_the_gqa4_entries_for_sm120_on_the_cpu(seri
     for stem in SERIES:
         assert _apply(checkout, out / f"{stem}.patch").returncode == 0, stem
     done = _pytest_in(checkout, PATH, "-k", "compiles_for_sm120 and d128-causal-gqa4-bf16")
-    assert done.returncode == 0 and _counts(done) == {"passed": 2, "deselected": 128}, done.stdout[-3000:]
+    assert done.returncode == 0 and _counts(done) == {"passed": 2, "deselected": 180}, done.stdout[-3000:]

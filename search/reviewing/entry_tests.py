@@ -1,11 +1,16 @@
 """The upstream test the series adds for its tuned entries (tests/cute/test_flash_attn_sm120_configs.py): the template
 under upstream_files/ with FWD_ENTRIES and BWD_ENTRIES written from a stage's winners, so each patch's test lists the
-entries its config.py has, each with the FwdConfig / BwdConfig fields it sets."""
+entries its config.py has, each with the FwdConfig / BwdConfig fields it sets; and FWD_DEFAULTS / BWD_DEFAULTS, each
+tuned shape in a dtype it was not tuned on, with the previous default's fields, which calls of that dtype keep."""
 
 from __future__ import annotations
 
-from search.reviewing.carry import SPLITKV, TEMPLATES, TMA
-from search.reviewing.export import Winner, is_split_kv
+from dataclasses import replace
+
+from fa4tune.config import ProblemClass
+from search.reviewing.carry import SPLITKV, TEMPLATES, TMA, carried
+from search.reviewing.export import TORCH_DTYPES, Winner, is_split_kv
+from search.space import get_space
 
 PATH = "tests/cute/test_flash_attn_sm120_configs.py"
 TEMPLATE = "test_flash_attn_sm120_configs.py.txt"
@@ -17,42 +22,59 @@ BWD_KNOBS = {"tile_m": "m_block_size", "tile_n": "n_block_size", "num_stages_Q":
              "AtomLayoutNdKV": "AtomLayoutNdKV", "AtomLayoutMdQ": "AtomLayoutMdQ", "V_in_regs": "V_in_regs"}
 
 
-def fwd_fields(w: Winner, split_kv: bool, tma: bool) -> dict:
+def fwd_fields(config, split_kv: bool, tma: bool) -> dict:
     """The FwdConfig fields a forward entry sets; the split-KV and TMA flags where the stage's FwdConfig has them."""
-    c = w.config
-    fields = {name: getattr(c, name) for name in FWD_KNOBS}
+    fields = {name: getattr(config, name) for name in FWD_KNOBS}
     if split_kv:
-        fields[SPLITKV.flag] = is_split_kv(c)
+        fields[SPLITKV.flag] = is_split_kv(config)
     if tma:
-        fields[TMA.flag] = w.carried is TMA
+        fields[TMA.flag] = carried(config.kernel) is TMA
     return fields
 
 
-def bwd_fields(w: Winner) -> dict:
+def bwd_fields(config) -> dict:
     """The BwdConfig fields a backward entry sets (sm120_bwd_fields' names)."""
-    return {name: getattr(w.config, ours) for name, ours in BWD_KNOBS.items()}
+    return {name: getattr(config, ours) for name, ours in BWD_KNOBS.items()}
 
 
-def _row(w: Winner, fields: dict) -> str:
-    pc = w.study.problem_class
+def _row(pc: ProblemClass, fields: dict) -> str:
     knobs = ", ".join(f"{name}={value!r}" for name, value in fields.items())
     return (f'    ("{pc.name}", {pc.head_dim}, {pc.causal}, {pc.qhead_per_kvhead}, {pc.regime == "decode"}, '
-            f"dict({knobs})),")
+            f"{TORCH_DTYPES[pc.dtype]}, dict({knobs})),")
+
+
+def _shape(direction: str, pc: ProblemClass) -> tuple:
+    """What a table entry keys on (the decode and prefill tables of one shape and dtype count as one)."""
+    return direction, pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead, pc.dtype
 
 
 def entries(winners: list[Winner]) -> str:
-    """FWD_ENTRIES and BWD_ENTRIES as Python: one row per changed winner (an entry shared by classes has one per class)."""
+    """FWD_ENTRIES and BWD_ENTRIES as Python, one row per changed winner (an entry shared by classes has one per class);
+    FWD_DEFAULTS and BWD_DEFAULTS, a row per changed winner's class in each dtype no entry of its shape was tuned on."""
     changed = [w for w in winners if w.changed]
     split_kv = any(w.study.problem_class.regime == "decode" for w in winners)  # the stage has FwdConfig.use_split_kv
     tma = any(w.carried is TMA for w in changed)
+    tuned = {_shape(w.direction, w.study.problem_class) for w in changed}
+    rows = {name: [] for name in ("FWD_ENTRIES", "BWD_ENTRIES", "FWD_DEFAULTS", "BWD_DEFAULTS")}
     order = lambda w: (w.study.problem_class.regime, w.study.problem_class.head_dim, w.study.problem_class.causal,
-                       w.study.problem_class.qhead_per_kvhead)
-    fwd = [_row(w, fwd_fields(w, split_kv, tma)) for w in sorted(changed, key=order) if w.direction == "fwd"]
-    bwd = [_row(w, bwd_fields(w)) for w in sorted(changed, key=order) if w.direction == "bwd"]
-    head = ("# (class, head_dim, causal, qhead_per_kvhead, decode, the config fields its entry sets): one row per tuned\n"
-            "# class; {direction} entries.\n")
-    return ("# fmt: off\n" + head.format(direction="forward") + "FWD_ENTRIES = [\n" + "".join(f"{r}\n" for r in fwd) + "]\n"
-            + head.format(direction="backward") + "BWD_ENTRIES = [\n" + "".join(f"{r}\n" for r in bwd) + "]\n# fmt: on\n")
+                       w.study.problem_class.qhead_per_kvhead, w.study.problem_class.dtype)
+
+    def fields(direction: str, config) -> dict:
+        return fwd_fields(config, split_kv, tma) if direction == "fwd" else bwd_fields(config)
+
+    for w in sorted(changed, key=order):
+        rows[f"{w.direction.upper()}_ENTRIES"].append(_row(w.study.problem_class, fields(w.direction, w.config)))
+        for other in (replace(w.study.problem_class, dtype=dtype) for dtype in TORCH_DTYPES):
+            if _shape(w.direction, other) not in tuned:
+                default = get_space(w.direction).upstream(other)
+                rows[f"{w.direction.upper()}_DEFAULTS"].append(_row(other, fields(w.direction, default)))
+    heads = ["# (class, head_dim, causal, qhead_per_kvhead, decode, dtype, the config fields its entry sets): one row per\n"
+             "# tuned class; {direction} entries.\n",
+             "# Each tuned class in a dtype no entry of its shape was tuned on, with the previous default's fields, which\n"
+             "# that dtype keeps; {direction}.\n"]
+    return "# fmt: off\n" + "".join(
+        heads[name.endswith("DEFAULTS")].format(direction="forward" if name.startswith("FWD") else "backward")
+        + f"{name} = [\n" + "".join(f"{r}\n" for r in found) + "]\n" for name, found in rows.items()) + "# fmt: on\n"
 
 
 def entry_test(winners: list[Winner]) -> str:

@@ -6,8 +6,9 @@ each of which must match once, and diffed. Written in config.py's own way (b40 k
   - config.py: FwdConfig gains num_threads, num_stages and Q_in_regs (neutral elsewhere, validate_fwd_config
     says so); `select_sm120_fwd_tile` (an `Sm120FwdTile` per tuned shape) feeds select_initial_fwd_tile and
     `sm120_fwd_fields` the selected FwdConfig; `sm120_bwd_fields` becomes the per-shape backward table, which
-    validate_bwd_config checks against; both tables key on head_dim, causal and qhead_per_kvhead, and shapes
-    that were not tuned keep the previous defaults;
+    validate_bwd_config checks against; both tables key on head_dim, causal, qhead_per_kvhead and dtype (an entry
+    applies to the dtype its study was tuned and gated on), and shapes and dtypes that were not tuned keep the
+    previous defaults;
   - interface.py: FlashAttentionForwardSm120 takes num_threads, num_stages and Q_in_regs from the config (in the
     compile key through fwd_codegen_config), and the SM120 backward postprocess runs with the main kernel's threads.
 The commit message carries the evidence: device, mode, per-problem TFLOPS of the default and the winner, the
@@ -30,7 +31,8 @@ from fa4tune import emulated_occupancy
 from fa4tune.config import FP8, BackwardConfig, ConfigError, ForwardConfig
 from fa4tune.harness.measurement import ProblemResult
 from fa4tune.kernel_class import backward_kernel, forward_kernel, upstream_class
-from fa4tune.sm120_interface import PINNED_FLASH_ATTN_VERSION, UPSTREAM_FWD_CONSTRUCTOR, fwd_constructor
+from fa4tune.sm120_interface import (PINNED_FLASH_ATTN_VERSION, TORCH_DTYPE_NAMES, UPSTREAM_FWD_CONSTRUCTOR,
+                                     fwd_constructor)
 from fa4tune.targets import TARGETS
 from search.reviewing import mask_fix
 from search.reviewing.carry import SPLITKV, CarriedClass, apply_edits, carried, upstream_source, upstream_test
@@ -66,12 +68,17 @@ OCCUPANCY_CAVEAT = ("Winners marked \"at <GPU>'s CTAs per SM\" were measured bef
                     "with more shared memory (the others ran with each launch padded to SM120's CTAs per SM).")
 
 # What the patch changes in each upstream file, for the pull request's text.
-CONFIG_CHANGE = (f"`{CONFIG_PATH}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead) "
+CONFIG_CHANGE = (f"`{CONFIG_PATH}`: SM120 forward and backward configs per (head_dim, causal, qhead_per_kvhead, dtype) "
                  "(`select_sm120_fwd_tile` / `Sm120FwdTile`, `sm120_bwd_fields`); FwdConfig gains num_threads, num_stages "
                  "and Q_in_regs, neutral on other architectures (`validate_fwd_config`).")
 INTERFACE_CHANGE = (f"`{UPSTREAM_PATH}`: FlashAttentionForwardSm120 takes num_threads, num_stages and Q_in_regs from the "
                     "config (in the compile key through `fwd_codegen_config`); the SM120 backward postprocess uses the main "
                     "kernel's threads.")
+
+# The tables' docstrings: what an entry is keyed on, and what every other call keeps.
+TABLE_DOC = ("    Tuned per (head_dim, causal, qhead_per_kvhead, dtype); every entry fits SM120's 99 KB of SMEM.\n"
+             "    Other shapes and dtypes, and local attention, keep the previous defaults.\n")
+TORCH_DTYPES = {name: torch_name for torch_name, name in TORCH_DTYPE_NAMES.items()}  # "bf16": inputs.dtype's text
 
 
 @dataclass(frozen=True)
@@ -132,19 +139,18 @@ def select(storage, storage_text: str, target: str = "sm120", needed: int = 2, a
         studies = [ev for ev in studies if ev not in matched]
         notes.append(f"{name}: left out (--leave-out).")
     fp8 = [ev for ev in studies if ev.problem_class.dtype == FP8]
-    for ev in fp8:  # upstream's SM120 tables are keyed without the dtype, and upstream has no FP8 path on SM120
+    for ev in fp8:  # upstream has no FP8 path on SM120
         notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: an opt-in FP8 class, which upstream's SM120 path "
                      "does not run.")
     studies = [ev for ev in studies if ev not in fp8]
     left = [ev for ev in studies if ev.problem_class.regime not in (("prefill", "decode") if decode else ("prefill",))]
     for ev in left:
-        # upstream's SM120 tables key on head_dim, causal and qhead_per_kvhead, not on the query length: a decode
+        # upstream's SM120 tables key on head_dim, causal, qhead_per_kvhead and dtype, not on the query length: a decode
         # class's entry would also pick the config for every prefill of that shape
         notes.append(f"{ev.direction}:{ev.problem_class.name}: left out: a {ev.problem_class.regime} class, and "
                      "upstream's SM120 tables do not key on the query length.")
     winners = [_accept(ev, needed, allow_replay, upstream_only, split_kv=decode, open_fixes=open_fixes)
                for ev in studies if ev not in left]
-    _check_no_conflict(winners)
     return winners, notes
 
 
@@ -248,39 +254,31 @@ def upstream_kernel(config: ForwardConfig, head: str = "the config uses", leave_
     return upstream
 
 
-def _check_no_conflict(winners: list[Winner]) -> None:
-    """Upstream's tables do not key on dtype: two dtypes of one shape must agree."""
-    seen: dict[tuple, Winner] = {}
-    for w in winners:
-        pc = w.study.problem_class
-        key = (w.direction, pc.head_dim, pc.head_dim_v, pc.causal, pc.qhead_per_kvhead, pc.regime)
-        other = seen.setdefault(key, w)
-        if other is not w and other.config != w.config:
-            raise ConfigError("dtype_conflict", f"{other.study.name} and {w.study.name} have different winners, and upstream's "
-                              f"SM120 tables do not key on dtype: export one of them with --problem-class")
-
-
 # ------------------------------------------------------------------------------------------------
 # The code, in interface.py's own style.
 # ------------------------------------------------------------------------------------------------
 
 
-def _entries(winners: list[Winner], direction: str, regime: str = "prefill") -> dict[tuple, list[tuple[bool, tuple[int, ...], object, str]]]:
-    """{(head_dim, head_dim_v): [(causal, qhead_per_kvhead values, config, comment)]}, changed winners of the regime only.
+def _entries(winners: list[Winner], direction: str, regime: str = "prefill") -> dict[tuple, list[tuple[bool, str, tuple[int, ...], object, str]]]:
+    """{(head_dim, head_dim_v): [(causal, dtype, qhead_per_kvhead values, config, comment)]}, changed winners of the
+    regime only.
 
-    Classes of one shape and causality with the same winner share an entry (GQA only where it matters).
+    Classes of one shape, causality and dtype with the same winner share an entry (GQA only where it matters); each
+    dtype has entries of its own, since a winner is tuned and gated on its study's dtype only.
     """
     grouped: dict[tuple, dict] = {}
     for w in sorted((w for w in winners if w.direction == direction and w.changed and w.study.problem_class.regime == regime),
-                    key=lambda w: (w.study.problem_class.causal, w.study.problem_class.qhead_per_kvhead)):
+                    key=lambda w: (w.study.problem_class.causal, w.study.problem_class.qhead_per_kvhead,
+                                   w.study.problem_class.dtype)):
         pc = w.study.problem_class
         by_config = grouped.setdefault((pc.head_dim, pc.head_dim_v), {})
-        qheads, comments = by_config.setdefault((pc.causal, w.config), ([], []))
+        qheads, comments = by_config.setdefault((pc.causal, pc.dtype, w.config), ([], []))
         if pc.qhead_per_kvhead not in qheads:
             qheads.append(pc.qhead_per_kvhead)
         comments.append(_speedup_comment(w))
     return {
-        shape: [(causal, tuple(q), config, "; ".join(comments)) for (causal, config), (q, comments) in by_config.items()]
+        shape: [(causal, dtype, tuple(q), config, "; ".join(comments))
+                for (causal, dtype, config), (q, comments) in by_config.items()]
         for shape, by_config in sorted(grouped.items())
     }
 
@@ -298,22 +296,21 @@ def _table_function(signature: str, doc: str, entries: dict, render, fallback: l
         f"def {signature}:",
         f'    """{doc}',
         "",
-        "    Tuned per (head_dim, causal, qhead_per_kvhead); every entry fits SM120's 99 KB of SMEM.",
-        "    Other shapes, and local attention, keep the previous defaults.",
+        *TABLE_DOC.splitlines(),
         '    """',
         *preamble,
     ]
     for (hd, hdv), shape_entries in entries.items():
         lines.append(f"    if not inputs.local and inputs.head_dim == {hd} and inputs.head_dim_v == {hdv}:")
-        for is_causal, qheads, config, comment in shape_entries:
-            lines += [f"        if {_condition('inputs.causal', is_causal, qheads)}:", f"            # {comment}", *render(config)]
+        for is_causal, dtype, qheads, config, comment in shape_entries:
+            lines += [f"        if {_condition(is_causal, dtype, qheads)}:", f"            # {comment}", *render(config)]
     return "\n".join(lines + fallback) + "\n"
 
 
-def _condition(causal_name: str, causal: bool, qheads: tuple[int, ...]) -> str:
+def _condition(causal: bool, dtype: str, qheads: tuple[int, ...]) -> str:
     gqa = (f"inputs.qhead_per_kvhead == {qheads[0]}" if len(qheads) == 1
            else f"inputs.qhead_per_kvhead in {tuple(sorted(qheads))}")
-    return f"{causal_name} and {gqa}" if causal else f"not {causal_name} and {gqa}"
+    return f'{"" if causal else "not "}inputs.causal and {gqa} and inputs.dtype == "{TORCH_DTYPES[dtype]}"'
 
 
 def forward_entry(c: ForwardConfig, extra: str = "") -> str:
@@ -689,11 +686,12 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
     target = TARGETS.get(winners[0].study.target)
     unchanged = [w.study.problem_class.name for w in winners if not w.changed]
     dtypes = sorted({w.study.problem_class.dtype for w in winners})
+    untuned = sorted(set(TORCH_DTYPES) - set(dtypes))
     lines = [line for i, p in enumerate(intro) for line in ([""] if i else []) + _wrap(p)] if intro else _wrap(
         "SM120 picked its forward tile by head_dim alone and allowed one backward configuration. Both now come "
-        "from per-shape tables in config.py, select_sm120_fwd_tile and sm120_bwd_fields, keyed on head_dim, causal "
-        "and qhead_per_kvhead; shapes that were not tuned, and local attention, keep the previous defaults, and "
-        "validate_bwd_config checks a backward config against its shape's entry."
+        "from per-shape tables in config.py, select_sm120_fwd_tile and sm120_bwd_fields, keyed on head_dim, causal, "
+        "qhead_per_kvhead and dtype; shapes and dtypes that were not tuned, and local attention, keep the previous "
+        "defaults, and validate_bwd_config checks a backward config against its shape's entry."
     ) + [""] + _wrap(
         "FwdConfig gains num_threads, num_stages and Q_in_regs (128, 1 and False, the only values other "
         "architectures accept), which select_fwd_config fills from the table for the tile it chose (a requested "
@@ -749,9 +747,9 @@ def commit_message(winners: list[Winner], storage_url: str, export_argv: list[st
             + ("replayed from the table (not measured by the harness) " if any(w.trial.evaluator == "replay" for w in winners) else "re-measured ")
             + " or ".join(sorted({str(len(w.confirmations)) for w in searched})) + " times and confirmed within tolerance")
            if searched else "")
-        + f". Tuned on {' and '.join(dtypes)} inputs only; the tables do not key on dtype"
-        + "".join(f", so {d} calls of these shapes take the same entries, which were neither timed nor gated in {d}"
-                  for d in [", ".join(sorted({"bf16", "fp16"} - set(dtypes)))] if d) + "."
+        + f". Tuned on {' and '.join(dtypes)} inputs{' only' if untuned else ''}; the entries key on dtype, so "
+        + (f"{' and '.join(untuned)} calls keep the previous defaults." if untuned
+           else "each dtype takes the entries tuned on it, and the previous defaults elsewhere.")
     )
     for w in winners:
         if w.replaces is not None:

@@ -123,9 +123,7 @@ def split_kv_edits(decode: list[Winner], tma: bool) -> dict[str, list[tuple[str,
     name = SPLITKV.upstream_class
     sm120 = "(FlashAttentionForwardSm120TmaElected if config.use_tma else FlashAttentionForwardSm120)" if tma else "FlashAttentionForwardSm120"
     fwd_doc = ("def select_sm120_fwd_tile(inputs: FwdHeuristicInputs) -> Sm120FwdTile:\n"
-               '    """Return the SM120 forward tile and knobs.\n\n'
-               "    Tuned per (head_dim, causal, qhead_per_kvhead); every entry fits SM120's 99 KB of SMEM.\n"
-               '    Other shapes, and local attention, keep the previous defaults.\n    """\n')
+               '    """Return the SM120 forward tile and knobs.\n\n' + exporter.TABLE_DOC + '    """\n')
     config = [
         ("    # select_sm120_fwd_tile; other architectures carry 128, 1 and False.\n"
          "    num_threads: int = 128\n    num_stages: int = 1\n    Q_in_regs: bool = False\n",
@@ -248,8 +246,8 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
             "sm120-splitkv-decode", SUBJECTS["splitkv"], decode,
             _changed(stage1, stage2) + (_carried_files(SPLITKV) if has_split else []), [
                 f"SM120 decodes (max_seqlen_q <= {DECODE_MAX_SEQLEN_Q}) now take their config from select_sm120_decode_fwd_tile "
-                "(config.py), keyed on head_dim, causal and qhead_per_kvhead; other shapes keep the prefill table's. An entry with "
-                f"use_split_kv runs {SPLITKV.upstream_class} ({SPLITKV.upstream_path}, new): FlashAttentionForwardSm120 with "
+                "(config.py), keyed on head_dim, causal, qhead_per_kvhead and dtype; other shapes and dtypes keep the prefill "
+                f"table's. An entry with use_split_kv runs {SPLITKV.upstream_class} ({SPLITKV.upstream_path}, new): FlashAttentionForwardSm120 with "
                 "the KV sequence split across CTAs, each split writing fp32 partial O and LSE from its accumulators, an empty "
                 "split LSE = -inf. The split count (select_sm120_num_splits, so FwdConfig.num_splits is exact as everywhere) "
                 "is the entry's num_splits, or (0) split_kv_heuristic's: one wave over SMs x the class's ctas_per_sm, at "
@@ -284,8 +282,8 @@ def plan(winners: list[Winner], pristine: dict[str, str]) -> list[SeriesPatch]:
 
 ENTRY_TEST_CHANGE = (f"`{entry_tests.PATH}` (new): each tuned entry (GQA 4 and head_dim 96 included, which "
                      "test_flash_attn.py's parameters do not reach) selected by select_fwd_config / select_bwd_config on "
-                     "the CPU, compiled for sm_120a under FakeTensorMode anywhere, its outputs and gradients against "
-                     "`attention_ref` on SM120.")
+                     "the CPU, and its shape in an untuned dtype given the previous default; each entry compiled for "
+                     "sm_120a under FakeTensorMode anywhere, its outputs and gradients against `attention_ref` on SM120.")
 ENTRY_TEST_GROWS = f"{entry_tests.PATH} lists the {{which}} entries with the others."
 
 
