@@ -39,8 +39,11 @@ GATE_CASES = [
 TIME_CASES = [("llama3-8b decode b8 16k", 8, 16384), ("llama3-8b decode b1 64k", 1, 65536), ("llama3-8b decode b32 4k", 32, 4096)]
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 IN_ORDER = "paged 16 in order"
-# the shuffle's floor: torch's index_select reading the shuffled 16-token pages, against the same in order (ratio)
+# the shuffle's floor: torch's index_select reading the shuffled 16-token pages, against the same in order (ratio):
+# whole pages (all KV heads' rows, contiguous), and by head (each KV head's rows of every page, head after head: the
+# grain our kernel reads at, one KV head a CTA)
 GATHER, GATHER_IN_ORDER = "gather 16", "gather 16 in order"
+BY_HEAD, BY_HEAD_IN_ORDER = "gather 16 by head", "gather 16 by head in order"
 
 
 def scatter_pages(cache, page_size: int, seed: int, in_order: bool = False):
@@ -57,6 +60,14 @@ def scatter_pages(cache, page_size: int, seed: int, in_order: bool = False):
     pool = torch.empty(batch * pages, page_size, *cache.shape[2:], dtype=cache.dtype, device=cache.device)
     pool[table.flatten()] = cache.reshape(batch * pages, page_size, *cache.shape[2:])
     return pool, table.to(torch.int32)
+
+
+def gather_by_head(pool, rows):
+    """Each KV head's rows of the pool's pages `rows`, head after head: (heads, len(rows), page_size, words). Each
+    row's head_dim is read as 8-byte words, so torch's index kernel moves the same bytes in as few elements as it can."""
+    import torch
+
+    return pool.view(torch.int64).permute(2, 0, 1, 3).index_select(1, rows)
 
 
 def used_lengths(batch: int, slots: int, given, seed: int, low: int = 1):
@@ -138,7 +149,7 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
 
     device = torch.device("cuda")
     flusher, timer = make_flusher(device), timing.CudaEventTimer()
-    failures, ratios = 0, {name: [] for name in [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER, GATHER]}
+    failures, ratios = 0, {name: [] for name in [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER, GATHER, BY_HEAD]}
     print(f"{'shape':26s} {'candidate':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs contiguous':>14s} {'vs SDPA':>8s}")
     for label, batch, slots in TIME_CASES:
         sets = []
@@ -167,11 +178,13 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
 
         def gather(s, name):  # K's and V's 16-token pages copied out in table order: the pool's reads alone
             q, k, v, used, pools = s
-            table, k_pool, v_pool = pools["paged 16" if name == GATHER else IN_ORDER]
+            table, k_pool, v_pool = pools["paged 16" if name in (GATHER, BY_HEAD) else IN_ORDER]
             rows = table.flatten().long()
+            if name in (BY_HEAD, BY_HEAD_IN_ORDER):
+                return lambda: (gather_by_head(k_pool, rows), gather_by_head(v_pool, rows))
             return lambda: (k_pool.index_select(0, rows), v_pool.index_select(0, rows))
 
-        gathers = {name: [gather(s, name) for s in sets] for name in (GATHER, GATHER_IN_ORDER)}
+        gathers = {name: [gather(s, name) for s in sets] for name in (GATHER, GATHER_IN_ORDER, BY_HEAD, BY_HEAD_IN_ORDER)}
         names = [f"paged {page}" for page in PAGE_SIZES] + [IN_ORDER, "contiguous", "sdpa"]
         calls = {name: [call(name, s) for s in sets] for name in names}
         with torch.no_grad():
@@ -198,15 +211,16 @@ def time_step(rounds: int = 20, input_sets: int = 2) -> int:
             print(f"{label:26s} {name:18s} {t.median_ms:10.4f} {t.min_ms:8.4f} {t.max_ms:8.4f} {vs_contiguous:>14s} {vs_sdpa:>8s}")
         # the floor: the same K and V bytes gathered page by page by torch's index kernel (no attention)
         timings = timing.benchmark(gathers, timer=timer, flush=flusher, warmup=3, rounds=rounds, seed=slots + 1)
-        base = timings[GATHER_IN_ORDER].median_ms
-        ratios[GATHER].append(timings[GATHER].median_ms / base)
+        ratios[GATHER].append(timings[GATHER].median_ms / timings[GATHER_IN_ORDER].median_ms)
+        ratios[BY_HEAD].append(timings[BY_HEAD].median_ms / timings[BY_HEAD_IN_ORDER].median_ms)
         for name, t in timings.items():
-            print(f"{label:26s} {name:18s} {t.median_ms:10.4f} {t.min_ms:8.4f} {t.max_ms:8.4f} "
-                  f"{t.median_ms / base:13.3f}x (vs gather in order)")
+            base = GATHER_IN_ORDER if name in (GATHER, GATHER_IN_ORDER) else BY_HEAD_IN_ORDER
+            print(f"{label:26s} {name:26s} {t.median_ms:10.4f} {t.min_ms:8.4f} {t.max_ms:8.4f} "
+                  f"{t.median_ms / timings[base].median_ms:13.3f}x (vs {base})")
     for name, values in ratios.items():
         if values:
             mean = geomean(values)
-            if name == GATHER:
+            if name in (GATHER, BY_HEAD):
                 print(f"{name}: time / in order (the shuffle's floor), geomean over {len(values)} shapes {mean:.3f}")
                 continue
             print(f"{name}: time / contiguous, geomean over {len(values)} shapes {mean:.3f} "

@@ -25,6 +25,16 @@ def test_scattered_pages_gather_back_to_the_contiguous_cache_in_a_shuffled_order
     assert identity.flatten().tolist() == list(range(48)) and torch.equal(ordered.reshape(3, 256, 2, 8), cache)
 
 
+def test_the_floor_by_head_reads_each_kv_heads_rows_of_the_pages_in_table_order():
+    cache = torch.randn(2, 64, 3, 8, dtype=torch.bfloat16)  # 8 bf16 = two 8-byte words a row
+    pool, table = paged_gpu.scatter_pages(cache, 16, seed=3)
+    rows = table.flatten().long()
+    by_head = paged_gpu.gather_by_head(pool, rows)
+    assert by_head.shape == (3, 8, 16, 2) and by_head.dtype == torch.int64
+    for h in range(3):  # head h's rows, sequence after sequence, are the cache's rows of head h
+        assert torch.equal(by_head[h].view(torch.bfloat16).reshape(2, 64, 8), cache[:, :, h])
+
+
 def test_the_cases_are_paged_classes_the_split_kv_class_runs_at_every_page_size():
     for label, batch, seqlen_q, slots, heads, kv_heads, head_dim, causal, given in paged_gpu.GATE_CASES:
         assert slots % max(paged_gpu.PAGE_SIZES) == 0, label  # contiguous and paged caches: the same keys per sequence
