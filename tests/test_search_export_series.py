@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fa4tune.config import Problem
+from fa4tune.config import ConfigError, Problem
 from fa4tune.kernel_class import forward_kernel
 from search.reviewing import carry, upstream_lint
 from search.reviewing.cli import open_storages
@@ -259,7 +259,6 @@ def test_the_split_kv_patch_shows_the_decode_run_against_upstream_and_sdpa(serie
 
 
 def test_a_replayed_study_is_no_screenshot_and_screenshots_go_with_a_series(tmp_path):
-    from fa4tune.config import ConfigError
     from search.reviewing.screenshot import study_screenshot
 
     url = f"sqlite:///{tmp_path / 'replayed.db'}"
@@ -321,6 +320,30 @@ def test_the_carried_split_heuristic_picks_our_split_counts(tmp_path):
             assert module.split_kv_heuristic(batch * 8 * rows, -(-sk // c.tile_n), slots) == ours.num_splits_for(c, problem, 132)
             checked += 1
     assert checked >= 10
+
+
+def test_the_carried_split_kv_class_is_the_decode_class_and_refuses_what_the_dispatch_keeps_off():
+    """Patch 2 keeps varlen, paged KV, sinks, score/mask mods and windows off split-KV: the carried file has none of
+    their code (ours has all), and its asserts refuse them."""
+    ours, new = (ROOT / carry.SPLITKV.source).read_text(), carry.upstream_source(carry.SPLITKV)
+    dead = ("page_size", "load_paged", "_copy_row", "fold_learnable_sink", "apply_score_mod", "score_fn", "self.is_local, self.is_split_kv",
+            "mSeqUsedK=", "window_size_left: Optional", "window_size_left = Int32")
+    assert all(word in ours for word in dead)
+    assert [word for word in dead if word in new] == []
+    assert "assert learnable_sink is None and mPageTable is None" in new and "mSeqUsedK is None" in new
+    assert "self.score_mod is None and self.mask_mod is None and not self.is_local" in new
+
+
+@pytest.mark.parametrize("citation, named", [("all pruned: issue 68", "issue 68"), ("see issue #70", "issue #70"),
+                                              ("the split-KV record, section 4", "record, section")])
+def test_a_carried_file_citing_our_issues_or_records_is_refused(tmp_path, citation, named):
+    source = (ROOT / carry.SPLITKV.source).read_text()
+    (tmp_path / "kernels").mkdir()
+    cited = source.replace("    def epilogue_partial(", f"    # {citation}\n    def epilogue_partial(", 1)
+    assert cited != source
+    (tmp_path / carry.SPLITKV.source).write_text(cited)
+    with pytest.raises(ConfigError, match=f"carry_source.*names {re.escape(named)}, which is fa4-tune's own"):
+        carry.upstream_source(carry.SPLITKV, root=tmp_path)
 
 
 def test_a_series_into_a_missing_directory_is_refused(series, tmp_path):

@@ -12,6 +12,7 @@ A source that references anything else of ours is refused (carry_source), so the
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,8 @@ OURS = ("fa4tune", "kernels")  # packages upstream does not have
 # what a carried file must not name: our packages, our records, our project (an upstream file stands on its own)
 LEAKS = ("fa4tune", "fa4-tune", "kernels/", "tests/test_", "docs/measurements", "experiment.py", "SPLITS_DOMAIN",
          "num_splits_for", "trim_masked", "visible_keys", "inline_asm")
+# and what cites our tracker or records by number or section ("issue 68", "the split-KV record, section 4")
+LEAK_PATTERNS = (re.compile(r"\bissues? #?\d+", re.I), re.compile(r"\brecords?, sections?\b", re.I))
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,8 @@ class CarriedClass:
     can_implement: str  # the upstream-style can_implement method (source, indented for the class body)
     header: str = ""  # the new file's opening comment (format fields: flag, source, our_class); "" for HEADER
     module_cut: tuple[str, ...] = ()  # top-level names of our module that only our protocol uses, cut with it
-    member_cut: tuple[str, ...] = ()  # class members the upstream file does not carry (ours only, or off in it)
+    member_cut: tuple[str, ...] = ()  # class members the upstream file does not carry (ours only, or off in it),
+    # each with the comment lines right above it
     # (old, new, what) edits of the carried text, each matching once: the uses of what was cut, comments citing ours
     source_edits: tuple[tuple[str, str, str], ...] = ()
 
@@ -139,9 +143,6 @@ GEMM_PV_OLD = (  # gemm_PV with its `n_valid` branch (the trimmed variant's)
 # The sliding-window loop (2026-12-07 s13: key blocks from a window's first, loads ahead bounded there) is not in the
 # shipped entries' measurements yet: the carried class keeps the loop they were measured with (every block to 0).
 LOCAL_WINDOW_EDITS = (
-    ("    # a learnable sink folded after the mainloop, as its base class folds it; a sliding window's blocks bounded and\n"
-     "    # masked in `mainloop`; the soft-cap as upstream's host hands it over (a score_mod, applied in gemm_QK)\n",
-     "", "features comment"),
     ("            # no load below the first block this tile reads (a sliding window's n_block_min; 0 otherwise): a copy\n"
      "            # nobody waits for would still be landing when the CTA exits (with Q_in_regs, in the buffer O reuses)\n"
      "            n_block_floor = n_block_min if const_expr(self.is_local) else 0\n", "", "prologue floor"),
@@ -195,10 +196,6 @@ LOCAL_WINDOW_EDITS = (
 # The TMA class as measured: the trimmed-PV variant's switch (`trim_masked`, off in this class, on in a subclass of
 # ours) and the fp16 opaque thread index (added 2026-12-06, after the shipped TMA entries were measured) stay ours.
 TMA_SOURCE_EDITS = LOCAL_WINDOW_EDITS + (
-    ("    # True: in the masked KV blocks (the last one and the causal diagonal's), each warp skips the PV MMAs, and their V\n"
-     "    # reads, over the key columns that no row of its own may see (`warp_visible_cols`). Not the QK ones: trimming\n"
-     "    # those too, or alone, was slower than this on every problem measured (docs/measurements/2026-12-04-h200-trimmed-pv.md)\n",
-     "", "trim_masked comment"),
     (" (tests/test_tma_kernel.py checks every coordinate)", "", "_tma_layout test reference"),
     ("        # fp16 always; bf16 where a warp owns at most 16 rows, where it costs no registers on sm_120a and the sm_90a\n"
      "        # build keeps its ldmatrix prefetch (at 32 rows a warp it spills more on sm_120a: bf16 traced as before)\n"
@@ -306,7 +303,8 @@ def upstream_source(c: CarriedClass, root: Path = ROOT) -> str:
     if cls is None:
         raise ConfigError("carry_source", f"{c.source} defines no class {c.our_class}")
     source = apply_edits("".join(out).rstrip("\n") + "\n", c.source_edits)
-    leaks = sorted({word for word in LEAKS if word in source})
+    leaks = sorted({word for word in LEAKS if word in source}
+                   | {m.group() for p in LEAK_PATTERNS for m in p.finditer(source)})
     if leaks:
         raise ConfigError("carry_source", f"{c.source}: the carried {c.upstream_path} names {', '.join(leaks)}, which is "
                           "fa4-tune's own (cut it with the CarriedClass's member_cut / source_edits)")
@@ -345,6 +343,8 @@ def _upstream_class(c: CarriedClass, lines: list[str], node: ast.ClassDef) -> st
                    [t.id for t in getattr(member, "targets", [getattr(member, "target", None)]) if isinstance(t, ast.Name)])
         if any(t in PROTOCOL_MEMBERS or t in c.member_cut for t in targets):
             s, e = _segment(lines, member)
+            while s > header_end and lines[s - 1].lstrip().startswith("#"):  # the comment above it is about it
+                s -= 1
             while e < end and not lines[e].strip():  # the blank line after a cut member
                 e += 1
             cut |= set(range(s, e))
@@ -396,9 +396,150 @@ SPLITKV_SOURCE_EDITS = (
      "    runs upstream's combine after;",
      "The interface allocates the partials when FwdConfig.num_splits > 1 and runs\n"
      "    flash_fwd_combine after;", "class docstring host"),
-    ("    # head dims: 64-128 gated on the GPU (the gate matrix); 256 compiles for sm_120a without spills, combine included\n"
-     "    # (32x32 and 32x64 tiles with 64 threads: 233-253 registers; docs/measurements/2026-12-05-wide-head-dims.md), so\n"
-     "    # a d256 decode study may try it; its trials pass the gate like any\n", "", "head dims comment"),
+)
+
+# Patch 2's dispatch keeps varlen (seqused_k included), paged KV, learnable sinks, score/mask mods and sliding windows off
+# split-KV: the carried class is the plain decode class its table was measured with, and refuses them as that one did.
+SPLITKV_DECODE_ONLY_EDITS = (
+    ("num_splits: int = 0, page_size: int = 0, **kwargs):\n"
+     "        super().__init__(*args, **kwargs)\n"
+     "        self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent\n"
+     "        self.page_size = page_size  # a paged call's tokens per page (0: a contiguous cache); the host passes it\n"
+     "        self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)\n"
+     '        assert self.mask_mod is None, "sm120_splitkv has no mask_mod (its score_mod: the soft-cap\'s)"\n',
+     "num_splits: int = 0, **kwargs):\n"
+     "        super().__init__(*args, **kwargs)\n"
+     "        self.num_splits = num_splits  # the host's choice reaches the kernel as the partials' leading extent\n"
+     "        self.V_ahead = not self.Q_in_regs  # the prologue sends the last stage's V too (see mainloop)\n"
+     "        assert self.score_mod is None and self.mask_mod is None and not self.is_local, \\\n"
+     '            "sm120_splitkv has no score_mod / mask_mod / local window"\n', "__init__"),
+    ("(num_splits, b, h, s);\n"
+     "        mSeqUsedK (a KV cache's used lengths, one per sequence) bounds each sequence's KV blocks and so its splits.\n"
+     "        With mPageTable (batch, pages per sequence) K and V are page pools (num_pages, page_size, h_kv, d).\"\"\"\n"
+     '        assert (mPageTable is not None) == (self.page_size > 0), "sm120_splitkv: a page table needs its page_size"\n'
+     "        assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None, \\\n"
+     '            "sm120_splitkv: no packed batches, no seqused_q (seqused_k only)"\n',
+     "(num_splits, b, h, s).\"\"\"\n"
+     '        assert learnable_sink is None and mPageTable is None, "sm120_splitkv: no learnable sink, no paged KV"\n'
+     "        assert mCuSeqlensQ is None and mCuSeqlensK is None and mSeqUsedQ is None and mSeqUsedK is None, \\\n"
+     '            "sm120_splitkv: no varlen"\n', "__call__ asserts"),
+    ("(s, d, h, b) (page pools: (page_size, d, h, page)); the partials' split mode goes last\n",
+     "(s, d, h, b); the partials' split mode goes last: (s, d, h, b, split)\n", "layout comment"),
+    ("        if const_expr(window_size_left is not None):\n"
+     "            window_size_left = Int32(window_size_left)\n"
+     "        if const_expr(window_size_right is not None):\n"
+     "            window_size_right = Int32(window_size_right)\n"
+     "        self.kernel(\n"
+     "            mQ, mK, mV, mO, mLSE, mSeqUsedK, mPageTable, softmax_scale_log2, softmax_scale, num_splits,\n"
+     "            window_size_left, window_size_right,\n"
+     "            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,\n"
+     "            self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,\n"
+     "            tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params, learnable_sink,\n",
+     "        self.kernel(\n"
+     "            mQ, mK, mV, mO, mLSE, softmax_scale_log2, softmax_scale, num_splits,\n"
+     "            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,\n"
+     "            self.gmem_tiled_copy_Q, self.gmem_tiled_copy_K, self.gmem_tiled_copy_V, self.gmem_tiled_copy_O,\n"
+     "            tiled_mma_qk, tiled_mma_pv, SharedStorage, tile_sched_params,\n", "kernel launch"),
+    ("        mSeqUsedK: Optional[cute.Tensor],\n"
+     "        mPageTable: Optional[cute.Tensor],\n"
+     "        softmax_scale_log2: Float32,\n"
+     "        softmax_scale: Optional[Float32],\n"
+     "        num_splits: Int32,\n"
+     "        window_size_left: Optional[Int32],\n"
+     "        window_size_right: Optional[Int32],\n",
+     "        softmax_scale_log2: Float32,\n"
+     "        softmax_scale: Optional[Float32],\n"
+     "        num_splits: Int32,\n", "kernel parameters"),
+    ("        tile_sched_params,\n        learnable_sink: Optional[cute.Tensor] = None,\n",
+     "        tile_sched_params,\n", "kernel sink parameter"),
+    ("        # keys per sequence: a page-table row's pages, or the cache's rows\n"
+     "        seqlen_k_static = mK.shape[0] if const_expr(mPageTable is None) else self.page_size * mPageTable.shape[1]\n"
+     "        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, seqlen_k_static)\n"
+     "        qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1\n"
+     "        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, self.is_local, self.is_split_kv,\n"
+     "                               window_size_left, window_size_right, qhead_per_kvhead_packgqa=qhead_packed,\n"
+     "                               num_splits=num_splits)\n"
+     "        seqlen = SeqlenInfoQK.create(\n"
+     "            batch_idx=batch_idx,\n"
+     "            seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],\n"
+     "            seqlen_k_static=seqlen_k_static,\n"
+     "            mSeqUsedK=mSeqUsedK,  # this sequence's used keys: its split ranges divide them, its masks stop at them\n",
+     "        m_block, head_idx, batch_idx = self.order_tile(m_block, head_idx, batch_idx, mK.shape[0])\n"
+     "        qhead_packed = self.qhead_per_kvhead if const_expr(self.pack_gqa) else 1\n"
+     "        block_info = BlockInfo(self.tile_m, self.tile_n, self.is_causal, False, self.is_split_kv,\n"
+     "                               qhead_per_kvhead_packgqa=qhead_packed,\n"
+     "                               num_splits=num_splits)\n"
+     "        seqlen = SeqlenInfoQK.create(\n"
+     "            batch_idx=batch_idx,\n"
+     "            seqlen_q_static=mQ.shape[0] if const_expr(not self.pack_gqa) else mQ.shape[0][1],\n"
+     "            seqlen_k_static=mK.shape[0],\n", "block range"),
+    ("n_block_max, tidx, mPageTable)\n"
+     "            softmax.rescale_O(acc_O, softmax.finalize())\n"
+     "        else:\n"
+     "            # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight\n"
+     "            softmax.row_sum.fill(-Float32.inf)\n"
+     "        if const_expr(learnable_sink is not None):\n"
+     "            if split_idx == 0:  # once per row: the combine weighs split 0's folded partial by its LSE, the sink with it\n"
+     "                self.fold_learnable_sink(acc_O, softmax.row_sum, learnable_sink, tiled_mma_pv, tidx, m_block, head_idx)\n",
+     "n_block_max, tidx)\n"
+     "            softmax.rescale_O(acc_O, softmax.finalize())\n"
+     "        else:\n"
+     "            # an empty split (or an empty KV): O stays 0 and the LSE -inf, so the combine gives it no weight\n"
+     "            softmax.row_sum.fill(-Float32.inf)\n", "sink fold"),
+    ("n_block_max, tidx, mPageTable=None):\n"
+     "        \"\"\"Upstream's SM80 mainloop over KV blocks [n_block_min, n_block_max), last block first; K and V from a\n"
+     "        contiguous cache, or gathered from their pages (load_paged).\"\"\"\n"
+     "        num_head_kv = head_idx if const_expr(self.pack_gqa) else head_idx // self.qhead_per_kvhead\n"
+     "        mQ_cur = mQ[None, None, head_idx, batch_idx]\n"
+     "        paged = const_expr(mPageTable is not None)\n"
+     "        # a page pool's (page_size, d, page) of this KV head, or this sequence's (s, d) tiled into KV blocks\n"
+     "        mK_cur = mK[None, None, num_head_kv, None] if paged else mK[None, None, num_head_kv, batch_idx]\n"
+     "        mV_cur = mV[None, None, num_head_kv, None] if paged else mV[None, None, num_head_kv, batch_idx]\n"
+     "        if const_expr(not paged):\n"
+     "            gK = cute.local_tile(mK_cur, (self.tile_n, self.tile_hdim), (None, 0))\n"
+     "            gV = cute.local_tile(mV_cur, (self.tile_n, self.tile_hdimv), (None, 0))\n"
+     "        else:  # the first tile of page 0: only its partition's layout is used (load_paged moves it to each row's page)\n"
+     "            gK = cute.local_tile(mK_cur[None, None, 0], (self.tile_n, self.tile_hdim), (0, 0))\n"
+     "            gV = cute.local_tile(mV_cur[None, None, 0], (self.tile_n, self.tile_hdimv), (0, 0))\n",
+     "n_block_max, tidx):\n"
+     "        \"\"\"Upstream's SM80 mainloop over KV blocks [n_block_min, n_block_max), last block first.\"\"\"\n"
+     "        num_head_kv = head_idx if const_expr(self.pack_gqa) else head_idx // self.qhead_per_kvhead\n"
+     "        mQ_cur = mQ[None, None, head_idx, batch_idx]\n"
+     "        gK = cute.local_tile(mK[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdim), (None, 0))\n"
+     "        gV = cute.local_tile(mV[None, None, num_head_kv, batch_idx], (self.tile_n, self.tile_hdimv), (None, 0))\n",
+     "mainloop tiles"),
+    ("        if const_expr(not paged):\n"
+     "            load_K = partial(self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k)\n"
+     "            load_V = partial(self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k)\n"
+     "        else:\n"
+     "            page_row = mPageTable[batch_idx, None]\n"
+     "            load_K = partial(self.load_paged, gmem_tiled_copy_K, gmem_thr_copy_K, mK_cur, page_row, tKgK, tKsK, tKcK,\n"
+     "                             t0KcK, tKpK, self.tile_hdim, self.check_hdim_oob, seqlen=seqlen.seqlen_k)\n"
+     "            load_V = partial(self.load_paged, gmem_tiled_copy_V, gmem_thr_copy_V, mV_cur, page_row, tVgV, tVsV, tVcV,\n"
+     "                             t0VcV, tVpV, self.tile_hdimv, self.check_hdim_v_oob, seqlen=seqlen.seqlen_k)\n",
+     "        load_K = partial(self.load_K, gmem_tiled_copy_K, tKgK, tKsK, tKcK, t0KcK, tKpK, seqlen=seqlen.seqlen_k)\n"
+     "        load_V = partial(self.load_V, gmem_tiled_copy_V, tVgV, tVsV, tVcV, t0VcV, tVpV, seqlen=seqlen.seqlen_k)\n",
+     "mainloop loads"),
+    ("            score_fn=partial(self.apply_score_mod, thr_mma_qk, batch_idx, head_idx, m_block, softmax_scale=softmax.softmax_scale,\n"
+     "                             seqlen=seqlen) if const_expr(self.score_mod is not None) else None,\n", "", "score_fn"),
+    ("        # a window masks every block as the causal mask does (upstream's SM80 loop masks each block causally); its\n"
+     "        # splits divide the window's blocks alone (block_info), so no block wholly outside it is read\n"
+     "        mask = AttentionMask(self.tile_m, self.tile_n, seqlen, block_info.window_size_left,\n"
+     "                             block_info.window_size_right, qhead_packed_of(self))\n"
+     "        mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block, thr_mma=thr_mma_qk,\n"
+     "                          mask_causal=self.is_causal, mask_local=self.is_local, mask_mod=None)\n",
+     "        mask = AttentionMask(self.tile_m, self.tile_n, seqlen, None, None, qhead_packed_of(self))\n"
+     "        mask_fn = partial(mask.apply_mask, batch_idx=batch_idx, head_idx=head_idx, m_block=m_block, thr_mma=thr_mma_qk,\n"
+     "                          mask_causal=self.is_causal, mask_local=False, mask_mod=None)\n", "mask"),
+    ("mask_fn: Callable, score_fn: Optional[Callable] = None,\n"
+     "                      is_first_n_block: cutlass.Constexpr = False):\n"
+     "        \"\"\"One KV block: S = Q K^T, the score_mod (score_fn: a soft-cap), mask, online softmax, O += P V; upstream's\n"
+     "        compute_one_n_block, except that the next K/V loads stop at the split's first block (n_block_min), not at 0.\"\"\"\n",
+     "mask_fn: Callable,\n"
+     "                      is_first_n_block: cutlass.Constexpr = False):\n"
+     "        \"\"\"One KV block: S = Q K^T, mask, online softmax, O += P V; upstream's compute_one_n_block, except that\n"
+     "        the next K/V loads stop at the split's first block (n_block_min), not at block 0.\"\"\"\n", "compute_block"),
+    ("        if const_expr(score_fn is not None):\n            score_fn(acc_S, n_block)\n", "", "score_mod"),
 )
 
 # Not in CARRIED: the single-patch export keeps falling back to upstream's kernel for a split-KV winner; the
@@ -417,8 +558,8 @@ SPLITKV = CarriedClass(
     can_implement=SPLITKV_CTAS_PER_SM,
     header=SPLITKV_HEADER,
     module_cut=("ctas_per_sm", "STATIC_SHAPES", "SPLITS_DOMAIN"),
-    member_cut=("num_n_blocks",),
-    source_edits=SPLITKV_SOURCE_EDITS,
+    member_cut=("num_n_blocks", "load_paged", "_copy_row"),
+    source_edits=SPLITKV_SOURCE_EDITS + SPLITKV_DECODE_ONLY_EDITS,
 )
 
 
