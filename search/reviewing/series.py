@@ -45,7 +45,12 @@ RELATED = {
     ],
     "splitkv": [
         "#2336 builds SM120 split-KV on flash_fwd.py's SM80 path (and #2348 paged KV); this patch carries its own "
-        "class beside FlashAttentionForwardSm120 instead. If #2336 lands first, the decode table and the split count "
+        "class beside FlashAttentionForwardSm120 instead, for now. As of 4.0.0b40, #2336 does not apply (the SM120 "
+        "config moved to config.py; flash_fwd.py's kernel body is under is_valid_tile), and on b40 its BlockInfo, "
+        "built without num_splits=, gives split 0 every KV block and the other splits none (get_n_block_min_max "
+        "reads self.num_splits). It also turns pack_gqa off when splitting (a GQA decode then reads each K/V tile "
+        "once per query head of the group), prefetches K/V below the split's first block, and pre-fills the partials "
+        "(torch.zeros / torch.full). Once #2336 is on b40 with those addressed, the decode table and the split count "
         "here should drive its kernel, and flash_fwd_sm120_splitkv.py be dropped.",
         "#2758 changes the same num_splits check in _select_fwd_config; the two must be merged by hand.",
     ],
