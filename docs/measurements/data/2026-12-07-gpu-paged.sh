@@ -18,9 +18,10 @@
 #                                                                #   gate with shuffled pages and ragged lengths, timed, checked)
 #   bash docs/measurements/data/2026-12-07-gpu-paged.sh tests    # ~1 min: the paged CPU tests on the GPU machine too
 #   AB_PATCH="<patch> ..." bash docs/measurements/data/2026-12-07-gpu-paged.sh ab  # ~6 min: `time` in this tree and in a
-#                                                                #   copy per patch with its kernels/ applied (default: s13's
-#                                                                #   page-table read ahead for pages under a tile, and s17's for
-#                                                                #   every page size), two rounds in one call: kernel changes
+#                                                                #   copy per patch with its kernels/ applied (default: s18's
+#                                                                #   per-page-slot row pointers, s13's page-table read ahead for
+#                                                                #   pages under a tile, s17's for every page size; the read
+#                                                                #   aheads lost on the H100), two rounds in one call: kernel changes
 #                                                                #   against main on the same GPU (paged ratios move by GPU)
 # Several names in one call run in order (gate time graphs: ~6 min). Logs go to $OUT (or ./out). Each bench step's
 # last line: "<step>: ok" or "<step>: N failed". Needs nothing carried beyond the installs (../shared/device/README.md).
@@ -42,7 +43,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/paged-tests.log" | tail -5 ;;
     ab)
       trees=(.) names=(main) i=0
-      for patch in ${AB_PATCH:-docs/measurements/data/2026-12-07-paged-prefetch.patch docs/measurements/data/2026-12-07-paged-readahead-all.patch}; do
+      for patch in ${AB_PATCH:-docs/measurements/data/2026-12-07-paged-slot-base.patch docs/measurements/data/2026-12-07-paged-prefetch.patch docs/measurements/data/2026-12-07-paged-readahead-all.patch}; do
         i=$((i + 1)); tree=.paged-ab-$i; patch=$(realpath "$patch")
         rm -rf $tree && mkdir $tree
         tar --exclude='./.paged-ab*' --exclude=./.cache --exclude=./.devbundle --exclude=./.git --exclude=./docs --exclude=./.before66 \
