@@ -26,7 +26,9 @@ uv run python -m search export --storage "sqlite:///$work/2026-12-01-standard-st
 for f in "$out"/*; do
   dest="docs/measurements/data/2026-12-07-upstream-series-$(basename "$f")"
   case "$f" in
-    *.pr.md) sed 's|(\([0-9]\{4\}-[a-z0-9-]*\.dashboard\.png\))|(2026-12-07-upstream-series-\1)|' "$f" > "$dest" ;;
+    # the storages by their shipped names (docs/measurements/data/<name>.db.xz, decompressed), not this run's temp dir
+    *.pr.md) sed -e 's|(\([0-9]\{4\}-[a-z0-9-]*\.dashboard\.png\))|(2026-12-07-upstream-series-\1)|' \
+               -e "s|sqlite:///$work/|sqlite:///|g" -e "s|--series $out|--series series|g" "$f" > "$dest" ;;
     *) cp "$f" "$dest" ;;
   esac
 done
