@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import types
@@ -456,3 +457,27 @@ def test_resume_leaves_out_the_steps_a_cut_off_call_measured(experiment_module, 
                                                                           "direction": steps[1].step.direction, "run": 1, "candidate": "fa2"}) + "\n")
     assert peers.left_to_run(steps, out, runs=1) == steps[1:]  # a peer's record alone does not make a step done
     assert peers.left_to_run(steps, out, runs=2) == steps
+
+
+def test_the_gpu_script_spreads_the_named_steps_over_several_gpus_one_queue_each(tmp_path):
+    """GPUS=0,1 (a host of several GPUs): each step runs once, on one GPU, in its queue's order, its compiles on the
+    host's share of cores; summary is refused in that mode (it reads every step's records)."""
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    calls = tmp_path / "calls.txt"
+    for name in ("python3", "nvidia-smi"):
+        (stub / name).write_text(f'#!/bin/sh\necho "$CUDA_VISIBLE_DEVICES {name} $*" >> {calls}\n')
+        (stub / name).chmod(0o755)
+    script = ROOT / "docs" / "measurements" / "data" / "2026-12-07-gpu-peers.sh"
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "OUT": str(tmp_path / "out"), "GPUS": "0,1"}
+    done = subprocess.run(["bash", str(script), "std-fwd-1", "std-fwd-2", "std-bwd"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    steps = [line.split() for line in calls.read_text().splitlines() if "bench/peers.py" in line]
+    jobs = str(max(1, (len(os.sched_getaffinity(0)) // 2) - 1))
+    by_step = {s[s.index("--out") + 1].rsplit("peers-", 1)[1]: (s[0], s[s.index("--compile-jobs") + 1]) for s in steps}
+    assert by_step == {"std-fwd-1.jsonl": ("0", jobs), "std-fwd-2.jsonl": ("1", jobs), "std-bwd.jsonl": ("0", jobs)}
+    assert [s[s.index("--out") + 1].rsplit("-", 1)[1] for s in steps if s[0] == "0"] == ["1.jsonl", "bwd.jsonl"]
+    refused = subprocess.run(["bash", str(script), "std-bwd", "summary"], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "summary after the steps" in refused.stderr

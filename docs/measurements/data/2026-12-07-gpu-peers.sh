@@ -14,6 +14,11 @@
 #   bash docs/measurements/data/2026-12-07-gpu-peers.sh models-bwd decode                # (~5, ~4 min)
 #   bash docs/measurements/data/2026-12-07-gpu-peers.sh summary        # every step's records in one summary (seconds)
 #
+#   GPUS=0,1,2,3,4,5,6,7 bash docs/measurements/data/2026-12-07-gpu-peers.sh std-fwd-1 ... decode  # several GPUs of one
+#        host (nvidia-h100-x8 or the like): the named steps in parallel, GPU i taking steps i, i+n, ... in order, each
+#        step's compiles on the host's cores / n - 1 processes; every step is timed on one GPU, so its ratios hold.
+#        Over 8 files: give OUT a folder outside $OUT and tar it into $OUT at the end of the call
+#
 # One step per call (each fits a 10-minute call; several names run in order). The minutes are estimates, not
 # measurements: ~9 s a problem for the table and upstream (the lead's figure) plus ~3 s per further candidate, ~5-10 s
 # of autotuner tuning per forward problem (its 5 rounds x 31 CUDA-graph replays per candidate, 2-4 own and ~13 of ours),
@@ -28,9 +33,22 @@ export FLASH_ATTENTION_ARCH=sm_120 FLASH_ATTENTION_NUM_SMS=132
 python3 bench/peer_sources.py check || exit 2
 peers() {  # name, then bench/peers.py arguments
   local name=$1; shift
-  timeout ${STEP_TIMEOUT:-560} python3 bench/peers.py "$@" --out "$OUT/peers-$name.jsonl" ${RESUME:+--resume} 2>&1 \
+  timeout ${STEP_TIMEOUT:-560} python3 bench/peers.py "$@" --out "$OUT/peers-$name.jsonl" ${RESUME:+--resume} \
+    ${COMPILE_JOBS:+--compile-jobs $COMPILE_JOBS} 2>&1 \
     | tee -a "$OUT/peers-$name.log" | tail -80
 }
+if [[ -n "${GPUS:-}" ]]; then  # one queue of steps per GPU, the queues in parallel; each step's output in its log
+  IFS=, read -ra gpus <<< "$GPUS"; n=${#gpus[@]}; steps=("$@")
+  for step in "${steps[@]}"; do [[ $step == summary ]] && { echo "GPUS: run summary after the steps, alone" >&2; exit 2; }; done
+  export COMPILE_JOBS=$(( $(nproc) / n > 1 ? $(nproc) / n - 1 : 1 ))
+  for i in "${!gpus[@]}"; do
+    mine=(); for ((j = i; j < ${#steps[@]}; j += n)); do mine+=("${steps[j]}"); done
+    [[ ${#mine[@]} -gt 0 ]] || continue
+    (export CUDA_VISIBLE_DEVICES=${gpus[i]}; GPUS= bash "$0" "${mine[@]}" > "$OUT/gpu${gpus[i]}.out" 2>&1) &
+  done
+  wait
+  for f in "$OUT"/gpu*.out; do echo "== $f"; tail -n 12 "$f"; done; exit 0
+fi
 for step in "$@"; do
   case "$step" in
     smoke) peers smoke --suites quick ;;
