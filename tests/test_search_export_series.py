@@ -204,7 +204,10 @@ def test_each_pr_text_has_its_own_studies_numbers_from_the_storage_and_the_cavea
                 and ev.problem_class.name != "d128-noncausal-bf16"}
     for stem, belongs in expected.items():
         pr = (out / f"{stem}.pr.md").read_text()
-        assert "SM120 kernels emulated on NVIDIA H200" in pr
+        head = pr.split("## What changes", 1)[0]  # the emulation said once, first; the caveat adds only the occupancy note
+        assert head.count("SM120 kernels emulated on NVIDIA H200") == 1 and "not on SM120 hardware" not in head
+        caveat = head.find("**Caveat:**")
+        assert caveat == -1 or head.index("Not run on SM120 hardware") < head.index("**Caveat:** Winners marked") == caveat
         rows = [line for line in pr.splitlines() if line.startswith("| fwd |") or line.startswith("| bwd |")]
         named = {f"{r.split(' | ')[0].lstrip('| ')}:{r.split(' | ')[1]}:sm120" for r in rows}
         assert named == {n for n, ev in studies.items() if belongs(ev) and f"{ev.direction}:{ev.problem_class.name}" not in LEAVE_OUT

@@ -665,15 +665,17 @@ def _class_of(w: Winner) -> str:
     return "FlashAttentionForwardSm120" if w.direction == "fwd" else "FlashAttentionBackwardSm120"
 
 
-def caveat(winners: list[Winner], table_meta: dict | None = None) -> str:
-    """The emulation caveat when any winner was measured (or recorded) in emulation, else ''."""
+def caveat(winners: list[Winner], table_meta: dict | None = None, emulation: bool = True) -> str:
+    """The emulation caveat when any winner was measured (or recorded) in emulation, else ''; `emulation=False`: only
+    what follows the emulation sentence (the occupancy note), for a text that states the emulation already."""
     sources = {w.study.source() for w in winners} | {((table_meta or {}).get("device"), (table_meta or {}).get("mode"))}
     gpus = sorted({device for device, mode in sources if mode == "emulated" and device})
     if not any(mode == "emulated" for _, mode in sources):
         return ""
     text = EMULATION_CAVEAT.format(gpus=" and ".join(gpus) or "another GPU",
                                    that="that GPU" if len(gpus) < 2 else "those GPUs")
-    return text + " " + OCCUPANCY_CAVEAT if any(_occupancy_note(w) for w in winners) else text
+    occupancy = OCCUPANCY_CAVEAT if any(_occupancy_note(w) for w in winners) else ""
+    return " ".join(t for t in (text if emulation else "", occupancy) if t)
 
 
 def commit_message(winners: list[Winner], storage_url: str, export_argv: list[str],
